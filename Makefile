@@ -1,0 +1,45 @@
+# Two commands matter: `make demo` and `make test`. Everything else is a helper for those.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+WL_CACHE ?= $(HOME)/.cache/weightlift
+
+.PHONY: venv tools controlplane test unit lint crd demo clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	# torch first, so later packages that require torch (nixl) do not pull a second build.
+	$(PY) -m pip install -q "torch>=2.5"
+	$(PY) -m pip install -q -e ".[worker,p2p,bench,dev]"
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+tools: venv
+	$(PY) hack/install_tools.py --cache $(WL_CACHE)
+
+controlplane: tools
+	hack/build-controlplane.sh $(WL_CACHE)
+
+crd: venv
+	$(VENV)/bin/weightlift crd > crds/modeldeployment.yaml
+	cp crds/modeldeployment.yaml helm/weightlift/crds/modeldeployment.yaml
+
+lint: venv
+	$(VENV)/bin/ruff check operator worker tests
+	$(VENV)/bin/mypy operator worker
+
+unit: venv
+	$(PY) -m pytest tests/unit -q
+
+test: controlplane
+	$(PY) -m pytest -q
+
+demo: controlplane
+	$(VENV)/bin/weightlift demo
+
+clean:
+	rm -rf $(VENV) .state

@@ -1,0 +1,73 @@
+"""The worker's plan: everything the operator tells one worker process (JSON in WEIGHTLIFT_PLAN).
+
+This is the contract between operator and worker; it imports no torch so the operator can build it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from pydantic import Field
+
+from weightlift.operator.api import (
+    ApiModel,
+    InferenceProbe,
+    InitHooks,
+    LoadingSpec,
+    LoadStrategy,
+    ModelSource,
+    Role,
+    RuntimeSpec,
+)
+
+PLAN_ENV = "WEIGHTLIFT_PLAN"
+
+
+class PeerCandidate(ApiModel):
+    pod: str = Field(description="Source pod name.")
+    address: str = Field(description="host:port of the source worker's HTTP endpoint.")
+
+
+class WorkerPlan(ApiModel):
+    namespace: str = "default"
+    deployment: str
+    pod_name: str
+    replica: int = 0
+    role: Role = Role.SOURCE
+    model_identity: str
+    model: ModelSource
+    # Local directory holding model.pt2 and the safetensors files (the resolved uri mount).
+    model_dir: str
+    served_model_name: str
+    tensor_parallel: int = 1
+    # Ranks this process drives; one process may drive all local ranks of a replica.
+    ranks: list[int] = Field(default_factory=lambda: [0])
+    # "cpu", or "cuda" (rank r uses cuda:r) ; the operator writes "auto" and the worker decides.
+    device: str = "auto"
+    loading: LoadingSpec = Field(default_factory=LoadingSpec)
+    # Candidates to pull from when role is Target, best first.
+    peers: list[PeerCandidate] = Field(default_factory=list)
+    init_hooks: InitHooks | None = None
+    runtime: RuntimeSpec = Field(default_factory=RuntimeSpec)
+    probe: InferenceProbe | None = None
+    host: str = "0.0.0.0"
+
+    @property
+    def strategy(self) -> LoadStrategy:
+        return LoadStrategy(self.loading.strategy)
+
+    def to_env(self) -> str:
+        return json.dumps(self.wire(), separators=(",", ":"))
+
+    @classmethod
+    def from_env(cls, environ: dict[str, str] | None = None) -> WorkerPlan:
+        env = os.environ if environ is None else environ
+        if PLAN_ENV not in env:
+            raise ValueError(f"{PLAN_ENV} is not set and no --plan file was given")
+        return cls.model_validate_json(env[PLAN_ENV])
+
+    @classmethod
+    def from_file(cls, path: Path) -> WorkerPlan:
+        return cls.model_validate_json(path.read_text())
