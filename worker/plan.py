@@ -71,3 +71,31 @@ class WorkerPlan(ApiModel):
     @classmethod
     def from_file(cls, path: Path) -> WorkerPlan:
         return cls.model_validate_json(path.read_text())
+
+
+class HookReport(ApiModel):
+    library: str
+    device_index: int
+    ok: bool
+    message: str = ""
+
+
+class WorkerReport(ApiModel):
+    """What GET /weightlift/v1/status returns; the operator reads it into the replica status."""
+
+    phase: str = "Starting"  # Starting | InitHooks | Loading | Serving | Failed | Stopping
+    message: str = ""
+    # True when retrying cannot help (missing init symbol, corrupt file): the pod is not restarted.
+    permanent_failure: bool = False
+    model: str = ""
+    model_identity: str = ""
+    role: str = ""
+    ranks: list[int] = Field(default_factory=list)
+    strategy: str = ""  # the loader actually used: preload | direct | p2p
+    loaded_from: str | None = None  # "storage" | "peer:<pod>"
+    bytes_loaded: int = 0
+    bytes_total: int = 0
+    gbps: float | None = None
+    load_seconds: float | None = None
+    hooks_run: bool = False
+    hooks: list[HookReport] = Field(default_factory=list)
