@@ -1,0 +1,212 @@
+"""Generate the ModelDeployment CRD from the pydantic models in api.py.
+
+pydantic emits JSON Schema 2020-12; the API server wants a *structural* OpenAPI v3 schema:
+no $ref, no anyOf-with-null (use nullable), no titles, every object typed. The translation is
+small and explicit here rather than a dependency, because no maintained library targets
+Kubernetes structural schemas.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import click
+import yaml
+
+from weightlift.operator.api import (
+    GROUP,
+    KIND,
+    PLURAL,
+    SHORT_NAMES,
+    SINGULAR,
+    VERSION,
+    ModelDeploymentSpec,
+    ModelDeploymentStatus,
+)
+
+_DROP_KEYS = {"title", "$defs", "discriminator"}
+
+# Rules the API server enforces at admission (CEL), each naming the field it guards.
+_SPEC_VALIDATIONS = [
+    {
+        "rule": "!has(self.runtime) || self.runtime.type != 'External' "
+        "|| (has(self.runtime.command) && size(self.runtime.command) > 0)",
+        "message": "spec.runtime.command is required when spec.runtime.type is External",
+        "fieldPath": ".runtime.command",
+    },
+    {
+        "rule": "self.model.format != 'safetensors' "
+        "|| (has(self.runtime) && self.runtime.type == 'External')",
+        "message": "spec.model.format safetensors needs spec.runtime.type External "
+        "(the Builtin runtime serves pt2 programs)",
+        "fieldPath": ".model.format",
+    },
+]
+
+
+def _resolve(node: Any, defs: dict[str, Any]) -> Any:
+    if isinstance(node, list):
+        return [_resolve(item, defs) for item in node]
+    if not isinstance(node, dict):
+        return node
+    if "$ref" in node:
+        target = copy.deepcopy(defs[node["$ref"].split("/")[-1]])
+        extra = {k: v for k, v in node.items() if k != "$ref"}
+        target.update(extra)  # a field's own description/default wins over the def's
+        return _resolve(target, defs)
+    out: dict[str, Any] = {}
+    for key, value in node.items():
+        if key in _DROP_KEYS:
+            continue
+        if key == "properties":
+            out[key] = {name: _resolve(sub, defs) for name, sub in value.items()}
+        else:
+            out[key] = _resolve(value, defs)
+    return _structural(out)
+
+
+def _structural(node: dict[str, Any]) -> dict[str, Any]:
+    """Rewrite the JSON-Schema-isms the API server rejects."""
+    for combinator in ("anyOf", "oneOf"):
+        options = node.get(combinator)
+        if options is None:
+            continue
+        non_null = [o for o in options if o.get("type") != "null"]
+        if len(non_null) == 1 and len(non_null) < len(options):
+            merged = dict(non_null[0])
+            merged.update({k: v for k, v in node.items() if k != combinator})
+            merged["nullable"] = True
+            if merged.get("default", ...) is None:
+                merged.pop("default")
+            return merged
+        raise ValueError(f"cannot express {combinator} structurally: {options}")
+    if "const" in node:
+        node["enum"] = [node.pop("const")]
+    if node.get("default", ...) is None:
+        node.pop("default")
+    if node.get("x-kubernetes-preserve-unknown-fields"):
+        node.pop("additionalProperties", None)
+        node.setdefault("type", "object")
+    if node.get("type") == "object" and "additionalProperties" in node and "properties" in node:
+        node.pop("additionalProperties")  # extra="forbid": the API server prunes unknown fields
+    if node.get("additionalProperties") is False:
+        node.pop("additionalProperties")
+    # Optional nested objects default to {} so the API server applies their inner defaults
+    # (pydantic's default_factory leaves no trace in JSON Schema).
+    required = set(node.get("required", []))
+    for name, sub in node.get("properties", {}).items():
+        if (
+            name not in required
+            and sub.get("type") == "object"
+            and "properties" in sub
+            and "default" not in sub
+            and not sub.get("nullable")
+        ):
+            sub["default"] = {}
+    return node
+
+
+def openapi_schema(model: type[Any]) -> dict[str, Any]:
+    raw = model.model_json_schema(by_alias=True, mode="validation")
+    defs = raw.get("$defs", {})
+    return _resolve(raw, defs)  # type: ignore[no-any-return]
+
+
+def missing_descriptions(schema: dict[str, Any], path: str = "spec") -> list[str]:
+    """Field paths without a description (kubectl explain would show nothing)."""
+    missing: list[str] = []
+    for name, sub in schema.get("properties", {}).items():
+        here = f"{path}.{name}"
+        if not sub.get("description"):
+            missing.append(here)
+        missing += missing_descriptions(sub, here)
+        if sub.get("type") == "array" and isinstance(sub.get("items"), dict):
+            missing += missing_descriptions(sub["items"], here + "[]")
+    return missing
+
+
+def build_crd() -> dict[str, Any]:
+    spec_schema = openapi_schema(ModelDeploymentSpec)
+    spec_schema["description"] = "Desired state: which model, how many replicas, how to load."
+    spec_schema["x-kubernetes-validations"] = _SPEC_VALIDATIONS
+    status_schema = openapi_schema(ModelDeploymentStatus)
+    status_schema["description"] = "Observed state, written by the operator."
+    # The status is written only by the operator; keep unknown fields so an older CRD never
+    # silently drops what a newer operator writes.
+    status_schema["x-kubernetes-preserve-unknown-fields"] = True
+    columns = [
+        ("Phase", "string", ".status.phase", "Lifecycle phase"),
+        ("Ready", "string", ".status.ready", "Replicas that passed inference probes / desired"),
+        ("Sources", "integer", ".status.readySources", "Ready P2P sources"),
+        ("Loaded", "string", ".status.loaded", "Percent of weight bytes loaded"),
+        ("Identity", "string", ".status.modelIdentity", "Model identity hash"),
+    ]
+    printer = [
+        {"name": name, "type": typ, "jsonPath": path, "description": desc}
+        for name, typ, path, desc in columns
+    ]
+    printer[-1]["priority"] = 1  # only with -o wide
+    printer.append({"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"})
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {
+            "name": f"{PLURAL}.{GROUP}",
+            "labels": {"app.kubernetes.io/name": "weightlift"},
+        },
+        "spec": {
+            "group": GROUP,
+            "scope": "Namespaced",
+            "names": {
+                "kind": KIND,
+                "listKind": f"{KIND}List",
+                "plural": PLURAL,
+                "singular": SINGULAR,
+                "shortNames": SHORT_NAMES,
+                "categories": ["all", "weightlift"],
+            },
+            "versions": [
+                {
+                    "name": VERSION,
+                    "served": True,
+                    "storage": True,
+                    "subresources": {
+                        "status": {},
+                        "scale": {
+                            "specReplicasPath": ".spec.replicas",
+                            "statusReplicasPath": ".status.replicas",
+                            "labelSelectorPath": ".status.selector",
+                        },
+                    },
+                    "additionalPrinterColumns": printer,
+                    "schema": {
+                        "openAPIV3Schema": {
+                            "type": "object",
+                            "description": "A model served by GPU replicas that load weights "
+                            "from storage or from each other, Ready only after inference probes.",
+                            "required": ["spec"],
+                            "properties": {
+                                "apiVersion": {"type": "string"},
+                                "kind": {"type": "string"},
+                                "metadata": {"type": "object"},
+                                "spec": spec_schema,
+                                "status": status_schema,
+                            },
+                        }
+                    },
+                }
+            ],
+        },
+    }
+
+
+def render_crd() -> str:
+    header = "# Generated by `weightlift crd` from operator/api.py. Do not edit.\n"
+    return header + yaml.safe_dump(build_crd(), sort_keys=False, width=100)
+
+
+@click.command("crd")
+def crd_command() -> None:
+    """Print the ModelDeployment CRD (YAML) generated from the pydantic model."""
+    click.echo(render_crd(), nl=False)
