@@ -295,9 +295,7 @@ class ModelDeploymentSpec(ApiModel):
     parallelism: Parallelism = Field(
         default_factory=Parallelism, description="Parallelism within one replica."
     )
-    template: PodTemplate = Field(
-        default_factory=PodTemplate, description="Worker pod settings."
-    )
+    template: PodTemplate = Field(default_factory=PodTemplate, description="Worker pod settings.")
     loading: LoadingSpec = Field(
         default_factory=LoadingSpec, description="How weights reach the GPUs."
     )
@@ -381,7 +379,9 @@ class ModelDeploymentStatus(ApiModel):
     phase: Phase = Field(Phase.PENDING, description="Lifecycle phase.")
     message: str = Field("", description="Why the phase is what it is.")
     observed_generation: int | None = Field(None, description="Generation last reconciled.")
-    model_identity: str | None = Field(None, description="Hash of uri, revision, format, dtype, TP.")
+    model_identity: str | None = Field(
+        None, description="Hash of uri, revision, format, dtype and TP layout."
+    )
     replicas: int = Field(0, ge=0, description="Worker pods that exist.")
     ready_replicas: int = Field(0, ge=0, description="Replicas that passed inference probes.")
     updated_replicas: int = Field(0, ge=0, description="Ready replicas of the current identity.")

@@ -13,7 +13,6 @@ from typing import Any
 
 import click
 import yaml
-
 from weightlift.operator.api import (
     GROUP,
     KIND,
@@ -110,7 +109,8 @@ def _structural(node: dict[str, Any]) -> dict[str, Any]:
 def openapi_schema(model: type[Any]) -> dict[str, Any]:
     raw = model.model_json_schema(by_alias=True, mode="validation")
     defs = raw.get("$defs", {})
-    return _resolve(raw, defs)  # type: ignore[no-any-return]
+    schema: dict[str, Any] = _resolve(raw, defs)
+    return schema
 
 
 def missing_descriptions(schema: dict[str, Any], path: str = "spec") -> list[str]:
@@ -142,7 +142,7 @@ def build_crd() -> dict[str, Any]:
         ("Loaded", "string", ".status.loaded", "Percent of weight bytes loaded"),
         ("Identity", "string", ".status.modelIdentity", "Model identity hash"),
     ]
-    printer = [
+    printer: list[dict[str, Any]] = [
         {"name": name, "type": typ, "jsonPath": path, "description": desc}
         for name, typ, path, desc in columns
     ]

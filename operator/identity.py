@@ -1,0 +1,24 @@
+"""Model identity: replicas with the same identity hold bit-identical weights per rank, so any of
+them can feed another, across ModelDeployments of a namespace."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+from weightlift.operator.api import ModelDeploymentSpec
+
+IDENTITY_LENGTH = 16
+
+
+def model_identity(spec: ModelDeploymentSpec) -> str:
+    """Hash of what determines the bytes on each rank: uri, revision, format, dtype, TP layout."""
+    material = {
+        "uri": spec.model.uri.rstrip("/"),
+        "revision": spec.model.revision,
+        "format": str(spec.model.format),
+        "dtype": spec.model.dtype,
+        "tensor": spec.parallelism.tensor,
+    }
+    digest = hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
+    return digest[:IDENTITY_LENGTH]

@@ -1,0 +1,553 @@
+"""Planning: a pure function from (spec, observed state) to desired pod changes and status.
+
+Handlers gather observations, call `plan`, apply the difference and patch the status; every
+decision about roles, scaling, rollover and phases lives here so it can be tested exhaustively.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from weightlift.operator.api import (
+    Condition,
+    ConditionType,
+    LoadStrategy,
+    ModelDeploymentSpec,
+    ModelDeploymentStatus,
+    Phase,
+    ProbeResult,
+    ReplicaStatus,
+    Role,
+    SourceEndpoint,
+)
+from weightlift.operator.identity import model_identity
+from weightlift.worker.plan import WorkerReport
+
+DEPLOYMENT_LABEL = "weightlift.dev/deployment"
+IDENTITY_LABEL = "weightlift.dev/identity"
+ROLE_LABEL = "weightlift.dev/role"
+REPLICA_LABEL = "weightlift.dev/replica"
+
+# How soon to look again while something is in motion (seconds).
+POLL_WHILE_LOADING = 2.0
+POLL_STEADY = 30.0
+
+SUPPORTED_STORAGE = ("hostpath", "file", "pvc")
+
+
+@dataclass(frozen=True)
+class ObservedPod:
+    """One worker pod as the handlers saw it (pod object + worker report + probe result)."""
+
+    name: str
+    replica: int
+    identity: str
+    role: Role
+    phase: str = "Pending"  # the pod's phase: Pending, Running, Succeeded, Failed, Unknown
+    node: str | None = None
+    pod_ip: str | None = None
+    terminating: bool = False
+    pod_ready: bool = False  # the worker's readiness probe passed: hooks ran, weights bound
+    unschedulable: str | None = None  # the scheduler's message while PodScheduled is False
+    failure: str | None = None  # why the container terminated, if it did
+    worker: WorkerReport | None = None
+    probe: ProbeResult | None = None
+
+    @property
+    def failed(self) -> bool:
+        worker_failed = self.worker is not None and self.worker.phase == "Failed"
+        return self.phase in ("Failed", "Succeeded") or worker_failed
+
+    @property
+    def permanent_failure(self) -> bool:
+        return self.failed and self.worker is not None and self.worker.permanent_failure
+
+    @property
+    def inference_ready(self) -> bool:
+        return (
+            not self.terminating
+            and not self.failed
+            and self.pod_ready
+            and self.probe is not None
+            and self.probe.passed
+        )
+
+    @property
+    def loading(self) -> bool:
+        return not self.terminating and not self.failed and not self.pod_ready
+
+    @property
+    def failure_message(self) -> str:
+        if self.worker is not None and self.worker.message:
+            return self.worker.message
+        return self.failure or f"pod phase {self.phase}"
+
+
+@dataclass(frozen=True)
+class Observed:
+    name: str
+    namespace: str
+    generation: int
+    now: datetime
+    pods: list[ObservedPod] = field(default_factory=list)
+    # Ready sources published by other ModelDeployments of the namespace (any identity).
+    sibling_sources: list[SourceEndpoint] = field(default_factory=list)
+    previous: ModelDeploymentStatus | None = None
+    deleting: bool = False
+    # Most GPUs any schedulable node offers; None when unknown (no node list permission).
+    max_node_gpus: int | None = None
+
+
+@dataclass(frozen=True)
+class DesiredPod:
+    name: str
+    replica: int
+    role: Role
+    identity: str
+    peers: list[SourceEndpoint]
+
+
+@dataclass(frozen=True)
+class Event:
+    type: str  # Normal | Warning
+    reason: str
+    message: str
+
+
+@dataclass
+class Plan:
+    create: list[DesiredPod] = field(default_factory=list)
+    delete: dict[str, str] = field(default_factory=dict)  # pod -> reason
+    relabel: dict[str, Role] = field(default_factory=dict)  # pod -> new role
+    status: ModelDeploymentStatus = field(default_factory=ModelDeploymentStatus)
+    events: list[Event] = field(default_factory=list)
+    requeue_after: float = POLL_STEADY
+
+
+def pod_name(deployment: str, identity: str, replica: int) -> str:
+    return f"{deployment}-{identity[:6]}-{replica}"
+
+
+def rfc3339(moment: datetime) -> str:
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_rfc3339(text: str) -> datetime:
+    return datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+
+
+def validate(spec: ModelDeploymentSpec, observed: Observed) -> str | None:
+    """Semantic checks the CRD schema cannot express; returns a message naming the field."""
+    scheme = spec.model.uri.split("://", 1)[0]
+    if scheme not in SUPPORTED_STORAGE:
+        return (
+            f"spec.model.uri: scheme {scheme}:// needs a storage downloader this version does "
+            f"not ship; use one of {', '.join(s + '://' for s in SUPPORTED_STORAGE)}"
+        )
+    if scheme == "pvc" and "/" not in spec.model.uri.removeprefix("pvc://").strip("/"):
+        return "spec.model.uri: pvc:// needs a claim and a path, e.g. pvc://models/llama-3"
+    tp = spec.parallelism.tensor
+    if observed.max_node_gpus is not None and tp > observed.max_node_gpus:
+        return (
+            f"spec.parallelism.tensor: {tp} GPUs per replica but the largest node offers "
+            f"{observed.max_node_gpus} nvidia.com/gpu"
+        )
+    hooks = spec.init_hooks
+    escapes = hooks is not None and (
+        hooks.library.startswith("/") or ".." in hooks.library.split("/")
+    )
+    if hooks is not None and escapes and not hooks.allow_outside_model_dir:
+        return (
+            f"spec.initHooks.library: {hooks.library!r} is outside the model dir; use a "
+            "path relative to it or set spec.initHooks.allowOutsideModelDir"
+        )
+    if spec.probe is not None and not isinstance(spec.probe.request.get("inputs"), list):
+        return "spec.probe.request: a KServe v2 request needs an 'inputs' list"
+    return None
+
+
+def plan(spec: ModelDeploymentSpec, observed: Observed) -> Plan:
+    identity = model_identity(spec)
+    result = Plan()
+    live = [p for p in observed.pods if not p.terminating]
+
+    if observed.deleting:
+        result.delete = {p.name: "ModelDeployment deleted" for p in observed.pods}
+        result.status = _status(spec, observed, identity, live, [], Phase.PENDING, "Deleting")
+        return result
+
+    problem = validate(spec, observed)
+    if problem is not None:
+        # Lose nothing: existing replicas keep serving until the spec is fixed.
+        result.status = _status(spec, observed, identity, live, [], Phase.FAILED, problem)
+        result.status.conditions = _conditions(observed, [], result.status, "InvalidSpec")
+        result.events.append(Event("Warning", "InvalidSpec", problem))
+        return result
+
+    current = [p for p in live if p.identity == identity]
+    old = [p for p in live if p.identity != identity]
+
+    # Transient failures are replaced; permanent ones (bad files, missing init symbol) stay so
+    # the status and the pod keep saying why, until the spec changes.
+    for pod in current:
+        if pod.failed and not pod.permanent_failure:
+            result.delete[pod.name] = f"replacing failed replica: {pod.failure_message}"
+    current = [p for p in current if p.name not in result.delete]
+
+    sources = _ready_sources(spec, observed, identity, current)
+    _scale_down(spec, current, sources, result)
+    current = [p for p in current if p.name not in result.delete]
+    _promote(current, result)
+    _roll_over(spec, current, old, result)
+    waiting = _scale_up(spec, observed, identity, current, old, sources, result)
+
+    phase, message = _phase(spec, current, old, waiting, result)
+    result.status = _status(spec, observed, identity, live, sources, phase, message)
+    result.status.waiting_since = _waiting_since(observed, waiting)
+    result.status.conditions = _conditions(observed, current, result.status, None)
+    previous_phase = observed.previous.phase if observed.previous else None
+    if previous_phase != phase:
+        kind = "Warning" if phase in (Phase.FAILED, Phase.DEGRADED) else "Normal"
+        result.events.append(Event(kind, f"Phase{phase}", message or f"phase is {phase}"))
+    busy = waiting or any(p.loading or not p.inference_ready for p in current) or old
+    result.requeue_after = POLL_WHILE_LOADING if busy else _steady_poll(spec)
+    if waiting and observed.previous and observed.previous.waiting_since:
+        result.requeue_after = min(result.requeue_after, _wait_left(spec, observed))
+    return result
+
+
+def _steady_poll(spec: ModelDeploymentSpec) -> float:
+    return float(spec.probe.period_seconds) if spec.probe else POLL_STEADY
+
+
+def _ready_sources(
+    spec: ModelDeploymentSpec, observed: Observed, identity: str, current: list[ObservedPod]
+) -> list[SourceEndpoint]:
+    """Replicas that passed inference probes hold verified weights: they can feed others."""
+    ranks = list(range(spec.parallelism.tensor))
+    own = [
+        SourceEndpoint(
+            pod=p.name,
+            deployment=observed.name,
+            address=f"{p.pod_ip}:{spec.runtime.port}",
+            model_identity=identity,
+            ranks=ranks,
+        )
+        for p in sorted(current, key=lambda p: p.replica)
+        if p.inference_ready and p.pod_ip
+    ]
+    siblings = [
+        s
+        for s in observed.sibling_sources
+        if s.model_identity == identity and s.deployment != observed.name
+    ]
+    return own + siblings
+
+
+def _scale_down(
+    spec: ModelDeploymentSpec,
+    current: list[ObservedPod],
+    sources: list[SourceEndpoint],
+    result: Plan,
+) -> None:
+    excess = len(current) - spec.replicas
+    if excess <= 0:
+        return
+    # Cheapest first: not-ready before ready, targets before sources, highest index first.
+    victims = sorted(current, key=lambda p: (p.inference_ready, p.role == Role.SOURCE, -p.replica))
+    remaining_sources = {s.pod for s in sources}
+    for pod in victims:
+        if excess == 0:
+            break
+        survivors = [p for p in current if p.name != pod.name and p.name not in result.delete]
+        someone_loading = any(p.loading for p in survivors)
+        if pod.name in remaining_sources and remaining_sources == {pod.name} and someone_loading:
+            result.events.append(
+                Event(
+                    "Normal",
+                    "ScaleDownDeferred",
+                    f"keeping {pod.name}: last source while a target is still loading",
+                )
+            )
+            continue
+        result.delete[pod.name] = "scaled down"
+        remaining_sources.discard(pod.name)
+        excess -= 1
+
+
+def _promote(current: list[ObservedPod], result: Plan) -> None:
+    """If no Source-role replica is left, a loaded target takes the role."""
+    if any(p.role == Role.SOURCE and not p.failed for p in current):
+        return
+    loaded = sorted((p for p in current if p.inference_ready), key=lambda p: p.replica)
+    if loaded:
+        chosen = loaded[0]
+        result.relabel[chosen.name] = Role.SOURCE
+        result.events.append(
+            Event("Normal", "Promoted", f"{chosen.name} promoted to source: no source was left")
+        )
+
+
+def _roll_over(
+    spec: ModelDeploymentSpec, current: list[ObservedPod], old: list[ObservedPod], result: Plan
+) -> None:
+    """Retire replicas of a previous identity without dropping below the ready count."""
+    if not old:
+        return
+    for pod in old:
+        if not pod.inference_ready:
+            result.delete[pod.name] = "superseded by a new model identity"
+    ready_old = sorted(
+        (p for p in old if p.inference_ready),
+        key=lambda p: (p.role == Role.SOURCE, -p.replica),
+    )
+    ready_new = sum(p.inference_ready for p in current)
+    retire = max(0, ready_new + len(ready_old) - spec.replicas)
+    if ready_new >= spec.replicas:
+        retire = len(ready_old)
+    for pod in ready_old[:retire]:
+        result.delete[pod.name] = "rolled over to the new model identity"
+
+
+def _scale_up(
+    spec: ModelDeploymentSpec,
+    observed: Observed,
+    identity: str,
+    current: list[ObservedPod],
+    old: list[ObservedPod],
+    sources: list[SourceEndpoint],
+    result: Plan,
+) -> int:
+    """Create missing replicas; returns how many wait for a source."""
+    need = spec.replicas - len(current)
+    old_left = [p for p in old if p.name not in result.delete]
+    if old_left:
+        need = min(need, spec.replicas + spec.rollout.max_surge - len(current) - len(old_left))
+    if need <= 0:
+        return 0
+    taken = {p.replica for p in observed.pods if p.identity == identity}
+    free = (i for i in range(10**6) if i not in taken)
+    strategy = LoadStrategy(spec.loading.strategy)
+    storage_only = strategy in (LoadStrategy.PRELOAD, LoadStrategy.DIRECT)
+    storage_loaders = sum(p.role == Role.SOURCE and p.loading for p in current)
+    wait_expired = _wait_left(spec, observed) <= 0 if _was_waiting(observed) else False
+    waiting = 0
+    for _ in range(need):
+        if storage_only:
+            role, peers = Role.SOURCE, []
+        elif sources:
+            role, peers = Role.TARGET, list(sources)
+        elif storage_loaders < spec.loading.initial_sources or wait_expired:
+            role, peers = Role.SOURCE, []
+            storage_loaders += 1
+        else:
+            waiting += 1
+            continue
+        replica = next(free)
+        result.create.append(
+            DesiredPod(pod_name(observed.name, identity, replica), replica, role, identity, peers)
+        )
+    if wait_expired and any(d.role == Role.SOURCE for d in result.create) and not sources:
+        result.events.append(
+            Event(
+                "Normal",
+                "WaitForSourceExpired",
+                f"no source became Ready within {spec.loading.wait_for_source_seconds}s: "
+                "loading from storage",
+            )
+        )
+    return waiting
+
+
+def _was_waiting(observed: Observed) -> bool:
+    return bool(observed.previous and observed.previous.waiting_since)
+
+
+def _wait_left(spec: ModelDeploymentSpec, observed: Observed) -> float:
+    assert observed.previous is not None and observed.previous.waiting_since is not None
+    since = parse_rfc3339(observed.previous.waiting_since)
+    waited = (observed.now - since).total_seconds()
+    return max(0.0, spec.loading.wait_for_source_seconds - waited)
+
+
+def _waiting_since(observed: Observed, waiting: int) -> str | None:
+    if not waiting:
+        return None
+    if _was_waiting(observed):
+        assert observed.previous is not None
+        return observed.previous.waiting_since
+    return rfc3339(observed.now)
+
+
+def _phase(
+    spec: ModelDeploymentSpec,
+    current: list[ObservedPod],
+    old: list[ObservedPod],
+    waiting: int,
+    result: Plan,
+) -> tuple[Phase, str]:
+    kept = [p for p in current if p.name not in result.delete]
+    broken = [p for p in kept if p.permanent_failure]
+    if broken:
+        pod = broken[0]
+        return Phase.FAILED, f"{pod.name}: {pod.failure_message}"
+    ready_new = sum(p.inference_ready for p in kept)
+    old_left = [p for p in old if p.name not in result.delete]
+    if ready_new >= spec.replicas and not old_left and not result.create:
+        return Phase.READY, f"{ready_new}/{spec.replicas} replicas passed inference probes"
+    unschedulable = [p for p in kept if p.unschedulable]
+    if unschedulable:
+        pod = unschedulable[0]
+        return Phase.PENDING, f"{pod.name} unschedulable: {pod.unschedulable}"
+    if any(p.loading for p in kept) or result.create:
+        if not any(p.node for p in kept):
+            return Phase.PENDING, "waiting for worker pods to be scheduled"
+        return Phase.LOADING, "replicas are loading weights"
+    if waiting:
+        return Phase.WAITING_FOR_SOURCE, f"{waiting} replica(s) wait for a Ready source"
+    failing = [p for p in kept if p.pod_ready and p.probe is not None and not p.probe.passed]
+    if failing and ready_new > 0:
+        pod = failing[0]
+        return Phase.DEGRADED, f"{pod.name} fails inference probes: {pod.probe.message}"  # type: ignore[union-attr]
+    if failing:
+        pod = failing[0]
+        return Phase.PROBING, f"{pod.name} fails inference probes: {pod.probe.message}"  # type: ignore[union-attr]
+    if any(p.pod_ready and not p.inference_ready for p in kept):
+        return Phase.PROBING, "weights loaded; waiting for inference probes"
+    return Phase.PENDING, "creating replicas"
+
+
+def _status(
+    spec: ModelDeploymentSpec,
+    observed: Observed,
+    identity: str,
+    live: list[ObservedPod],
+    sources: list[SourceEndpoint],
+    phase: Phase,
+    message: str,
+) -> ModelDeploymentStatus:
+    ready = sum(p.inference_ready for p in live)
+    updated = sum(p.inference_ready for p in live if p.identity == identity)
+    current = [p for p in live if p.identity == identity]
+    total = sum(p.worker.bytes_total for p in current if p.worker)
+    done = sum(p.worker.bytes_loaded for p in current if p.worker)
+    loaded = round(100 * done / total) if total else (100 if current and updated else 0)
+    own_sources = [s for s in sources if s.deployment == observed.name]
+    return ModelDeploymentStatus(
+        phase=phase,
+        message=message,
+        observed_generation=observed.generation,
+        model_identity=identity,
+        replicas=len(live),
+        ready_replicas=ready,
+        updated_replicas=updated,
+        ready=f"{ready}/{spec.replicas}",
+        ready_sources=len(own_sources),
+        loaded=f"{min(loaded, 100)}%",
+        selector=f"{DEPLOYMENT_LABEL}={observed.name}",
+        sources=own_sources,
+        replica_statuses=[
+            _replica_status(p)
+            for p in sorted(live, key=lambda p: (p.identity != identity, p.replica))
+        ],
+    )
+
+
+def _replica_status(pod: ObservedPod) -> ReplicaStatus:
+    report = pod.worker
+    if pod.failed:
+        phase = "Failed"
+    elif pod.inference_ready:
+        phase = "Ready"
+    elif report is not None and report.phase not in ("", "Starting"):
+        phase = report.phase
+    elif pod.node:
+        phase = "Scheduled"
+    else:
+        phase = "Pending"
+    message = pod.failure_message if pod.failed else (pod.unschedulable or "")
+    return ReplicaStatus(
+        name=pod.name,
+        replica=pod.replica,
+        model_identity=pod.identity,
+        role=pod.role,
+        phase=phase,
+        node=pod.node,
+        pod_ip=pod.pod_ip,
+        loaded_from=report.loaded_from if report else None,
+        bytes_loaded=report.bytes_loaded if report else 0,
+        bytes_total=report.bytes_total if report else 0,
+        gbps=report.gbps if report else None,
+        load_seconds=report.load_seconds if report else None,
+        hooks_run=report.hooks_run if report else None,
+        ready=pod.inference_ready,
+        probe=pod.probe,
+        message=message,
+    )
+
+
+def _conditions(
+    observed: Observed,
+    current: list[ObservedPod],
+    status: ModelDeploymentStatus,
+    invalid_reason: str | None,
+) -> list[Condition]:
+    scheduled = [p for p in current if p.node]
+    unschedulable = next((p for p in current if p.unschedulable), None)
+    loaded = [p for p in current if p.pod_ready]
+    want = max(len(current), 1)
+    failing_probe = next(
+        (p for p in current if p.pod_ready and p.probe and not p.probe.passed), None
+    )
+    table: list[tuple[ConditionType, bool, str, str]] = [
+        (
+            ConditionType.SCHEDULED,
+            len(scheduled) == len(current),
+            "AllScheduled"
+            if len(scheduled) == len(current)
+            else "Unschedulable"
+            if unschedulable
+            else "Pending",
+            unschedulable.unschedulable or "" if unschedulable else "",
+        ),
+        (
+            ConditionType.WEIGHTS_LOADED,
+            len(loaded) >= want and bool(current),
+            "Loaded" if len(loaded) >= want and current else "Loading",
+            f"{len(loaded)}/{len(current)} replicas loaded",
+        ),
+        (
+            ConditionType.INFERENCE_READY,
+            status.phase == Phase.READY,
+            "ProbesPassed"
+            if status.phase == Phase.READY
+            else "ProbeFailed"
+            if failing_probe
+            else "Probing",
+            failing_probe.probe.message if failing_probe and failing_probe.probe else "",
+        ),
+        (
+            ConditionType.READY,
+            status.phase == Phase.READY,
+            invalid_reason or str(status.phase),
+            status.message,
+        ),
+    ]
+    previous = {c.type: c for c in (observed.previous.conditions if observed.previous else [])}
+    now = rfc3339(observed.now)
+    conditions = []
+    for ctype, ok, reason, message in table:
+        value = "True" if ok else "False"
+        before = previous.get(ctype)
+        since = before.last_transition_time if before and before.status == value else now
+        conditions.append(
+            Condition(
+                type=ctype,
+                status=value,
+                reason=reason,
+                message=message,
+                last_transition_time=since,
+            )
+        )
+    return conditions
