@@ -1,0 +1,784 @@
+"""A real local Kubernetes control plane for tests, the demo and `weightlift cluster up`.
+
+etcd, kube-apiserver (TLS on 127.0.0.1, static-token admin in system:masters, service-account
+signing keys, Node,RBAC authorization), kube-controller-manager (garbage collector, service
+accounts and their tokens), kube-scheduler and kwok (simulated GPU nodes; pods bound to them
+become Running/Ready through kwok's default stages). The binaries are built from Go modules by
+``hack/build-controlplane.sh`` (``make controlplane``); kubectl and helm come from
+``hack/install_tools.py`` (``make tools``).
+
+Python API::
+
+    with ControlPlane(Path(".state")) as info:   # or cp.up() ... cp.down()
+        os.environ["KUBECONFIG"] = str(info.kubeconfig)
+
+Every process is started in its own session with its log in ``STATE/logs/<name>.log`` and its
+pid in ``STATE/pids.json``; ``down`` stops them by pid (SIGTERM, then SIGKILL) and only after
+checking that the pid still runs the binary we started.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import datetime as dt
+import ipaddress
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import click
+import httpx
+import yaml
+
+# Pinned versions. hack/build-controlplane.sh and hack/install_tools.py carry the same values
+# (tests/integration/test_cluster.py checks they agree).
+K8S_VERSION = "v1.36.3"
+ETCD_VERSION = "v3.6.8"
+KWOK_VERSION = "v0.8.0"
+KUBECTL_LAYER_VERSION = "2.2.2"
+
+CONTROLPLANE_BINARIES = (
+    "etcd",
+    "kube-apiserver",
+    "kube-controller-manager",
+    "kube-scheduler",
+    "kwok",
+)
+TOOLS = ("kubectl", "helm")
+
+KWOK_ANNOTATION = "kwok.x-k8s.io/node"
+ADMIN_USER = "weightlift-admin"
+SERVICE_CIDR = "10.96.0.0/16"
+POD_CIDR = "10.244.0.0/16"
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+class ControlPlaneError(RuntimeError):
+    """A component is missing, failed to start or did not become ready."""
+
+
+# ----------------------------------------------------------------------------- locating binaries
+
+
+def cache_dir() -> Path:
+    """The build cache: ``$WL_CACHE`` or ``~/.cache/weightlift`` (the Makefile's default)."""
+    env = os.environ.get("WL_CACHE")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "weightlift"
+
+
+def controlplane_bin_dir(cache: Path | None = None) -> Path:
+    base = cache if cache is not None else cache_dir()
+    return base / f"controlplane-k8s{K8S_VERSION}-etcd{ETCD_VERSION}-kwok{KWOK_VERSION}" / "bin"
+
+
+def tools_bin_dir(cache: Path | None = None) -> Path:
+    base = cache if cache is not None else cache_dir()
+    return base / f"tools-kubectl-v35-{KUBECTL_LAYER_VERSION}" / "bin"
+
+
+def missing_binaries(cache: Path | None = None) -> list[str]:
+    """Names of control-plane binaries and tools that are not built/installed yet."""
+    cp, tools = controlplane_bin_dir(cache), tools_bin_dir(cache)
+    missing = [b for b in CONTROLPLANE_BINARIES if not os.access(cp / b, os.X_OK)]
+    return missing + [t for t in TOOLS if not os.access(tools / t, os.X_OK)]
+
+
+def binary_path(name: str, cache: Path | None = None) -> Path:
+    """Path of a control-plane binary; a clear error (run `make controlplane`) when absent."""
+    path = controlplane_bin_dir(cache) / name
+    if not os.access(path, os.X_OK):
+        raise ControlPlaneError(
+            f"{name} not found at {path}: build the control plane first with `make controlplane` "
+            f"(hack/build-controlplane.sh {cache if cache is not None else cache_dir()})"
+        )
+    return path
+
+
+def tool_path(name: str, cache: Path | None = None) -> Path:
+    """Path of ``kubectl`` or ``helm`` from the cache (``make tools``), else from ``$PATH``."""
+    if name not in TOOLS:
+        raise ValueError(f"unknown tool {name!r}; known: {TOOLS}")
+    path = tools_bin_dir(cache) / name
+    if os.access(path, os.X_OK):
+        return path
+    on_path = shutil.which(name)
+    if on_path:
+        return Path(on_path)
+    raise ControlPlaneError(
+        f"{name} not found at {path} nor on PATH: install it with `make tools` "
+        f"(hack/install_tools.py --cache {cache if cache is not None else cache_dir()})"
+    )
+
+
+# ----------------------------------------------------------------------------------- certificates
+
+
+def _write_certs(certs: Path) -> None:
+    """A CA, the apiserver's serving cert and the service-account signing key pair."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec, rsa
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    certs.mkdir(parents=True, exist_ok=True)
+    now = dt.datetime.now(dt.UTC) - dt.timedelta(minutes=5)
+    later = now + dt.timedelta(days=365)
+
+    def pem_key(key: Any) -> bytes:
+        out: bytes = key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+        return out
+
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "weightlift-local-ca")])
+    ca_cert = (
+        x509.CertificateBuilder()
+        .subject_name(ca_name)
+        .issuer_name(ca_name)
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now)
+        .not_valid_after(later)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                key_cert_sign=True,
+                crl_sign=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
+    server_key = ec.generate_private_key(ec.SECP256R1())
+    sans: list[x509.GeneralName] = [
+        x509.DNSName(n)
+        for n in (
+            "localhost",
+            "kubernetes",
+            "kubernetes.default",
+            "kubernetes.default.svc",
+            "kubernetes.default.svc.cluster.local",
+        )
+    ]
+    sans += [
+        x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
+        x509.IPAddress(next(ipaddress.ip_network(SERVICE_CIDR).hosts())),
+    ]
+    server_cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kube-apiserver")]))
+        .issuer_name(ca_name)
+        .public_key(server_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now)
+        .not_valid_after(later)
+        .add_extension(x509.SubjectAlternativeName(sans), critical=False)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    sa_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    (certs / "ca.crt").write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
+    (certs / "ca.key").write_bytes(pem_key(ca_key))
+    (certs / "apiserver.crt").write_bytes(server_cert.public_bytes(serialization.Encoding.PEM))
+    (certs / "apiserver.key").write_bytes(pem_key(server_key))
+    (certs / "sa.key").write_bytes(pem_key(sa_key))
+    (certs / "sa.pub").write_bytes(
+        sa_key.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+    )
+    for key in ("ca.key", "apiserver.key", "sa.key"):
+        (certs / key).chmod(0o600)
+
+
+# ------------------------------------------------------------------------------------ data types
+
+
+@dataclass(frozen=True)
+class GpuNodeSpec:
+    """What a simulated GPU node looks like (labels as NVIDIA's GPU feature discovery sets)."""
+
+    count: int = 4
+    gpus_per_node: int = 8
+    gpu_product: str = "NVIDIA-H100-80GB-HBM3"
+    gpu_memory_mib: int = 81559
+    instance_type: str = "p5.48xlarge"
+    cpu: str = "192"
+    memory: str = "2048Gi"
+    name_prefix: str = "gpu-node"
+
+    def names(self) -> list[str]:
+        return [f"{self.name_prefix}-{i}" for i in range(self.count)]
+
+
+@dataclass(frozen=True)
+class ClusterInfo:
+    """How to reach a running local control plane."""
+
+    state_dir: Path
+    kubeconfig: Path
+    server: str
+    token: str
+    ca_file: Path
+    nodes: tuple[str, ...]
+    ports: dict[str, int] = field(default_factory=dict)
+
+    def env(self, base: dict[str, str] | None = None) -> dict[str, str]:
+        """``base`` (default: os.environ) with KUBECONFIG pointing at this cluster."""
+        out = dict(os.environ if base is None else base)
+        out["KUBECONFIG"] = str(self.kubeconfig)
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "stateDir": str(self.state_dir),
+            "kubeconfig": str(self.kubeconfig),
+            "server": self.server,
+            "caFile": str(self.ca_file),
+            "nodes": list(self.nodes),
+            "ports": self.ports,
+        }
+
+
+def _free_ports(n: int) -> list[int]:
+    socks: list[socket.socket] = []
+    try:
+        for _ in range(n):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def _log_tail(path: Path, lines: int = 40) -> str:
+    try:
+        text = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return "(no log)"
+    return "\n".join(text[-lines:])
+
+
+def _pid_runs(pid: int, exe: str) -> bool:
+    """True when ``pid`` is alive and still the process we started (guards against pid reuse)."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        if stat.rsplit(")", 1)[1].split()[0] == "Z":
+            return False
+    except (OSError, IndexError):
+        pass
+    return bool(cmdline) and cmdline[0].decode(errors="replace") == exe
+
+
+# ---------------------------------------------------------------------------------- control plane
+
+
+class ControlPlane:
+    """etcd + kube-apiserver + controller-manager + scheduler + kwok with simulated GPU nodes."""
+
+    def __init__(
+        self,
+        state_dir: Path,
+        *,
+        nodes: GpuNodeSpec | None = None,
+        cache: Path | None = None,
+        timeout: float = 120.0,
+    ) -> None:
+        self.state_dir = Path(state_dir).resolve()
+        self.nodes = nodes if nodes is not None else GpuNodeSpec()
+        self.cache = cache
+        self.timeout = timeout
+        self.logs = self.state_dir / "logs"
+        self.certs = self.state_dir / "certs"
+        self.kubeconfig = self.state_dir / "kubeconfig"
+        self.pids_file = self.state_dir / "pids.json"
+        self.info_file = self.state_dir / "cluster.json"
+        self._procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    # -- context manager
+    def __enter__(self) -> ClusterInfo:
+        try:
+            return self.up()
+        except BaseException:
+            self.down()
+            raise
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.down()
+
+    # -- public API
+    def up(self) -> ClusterInfo:
+        """Start every component (fresh etcd data), wait until ready, create the GPU nodes."""
+        bins = {name: binary_path(name, self.cache) for name in CONTROLPLANE_BINARIES}
+        self.down()  # a previous run in this state dir is stopped first
+        for sub in ("etcd", "certs", "logs", "run"):
+            shutil.rmtree(self.state_dir / sub, ignore_errors=True)
+        self.logs.mkdir(parents=True, exist_ok=True)
+        (self.state_dir / "run").mkdir(parents=True, exist_ok=True)
+        started = time.monotonic()
+        _write_certs(self.certs)
+        token = secrets.token_hex(24)
+        (self.certs / "tokens.csv").write_text(
+            f'{token},{ADMIN_USER},{ADMIN_USER},"system:masters"\n'
+        )
+        (self.certs / "tokens.csv").chmod(0o600)
+        etcd_client, etcd_peer, api, cm, sched, kwok_port = _free_ports(6)
+        ports = {
+            "etcd": etcd_client,
+            "etcdPeer": etcd_peer,
+            "apiserver": api,
+            "controllerManager": cm,
+            "scheduler": sched,
+            "kwok": kwok_port,
+        }
+        server = f"https://127.0.0.1:{api}"
+        self._write_kubeconfig(server, token)
+        info = ClusterInfo(
+            state_dir=self.state_dir,
+            kubeconfig=self.kubeconfig,
+            server=server,
+            token=token,
+            ca_file=self.certs / "ca.crt",
+            nodes=tuple(self.nodes.names()),
+            ports=ports,
+        )
+        c = self.certs
+        kc = str(self.kubeconfig)
+        try:
+            self._start(
+                "etcd",
+                [
+                    str(bins["etcd"]),
+                    "--name=default",
+                    f"--data-dir={self.state_dir / 'etcd'}",
+                    f"--listen-client-urls=http://127.0.0.1:{etcd_client}",
+                    f"--advertise-client-urls=http://127.0.0.1:{etcd_client}",
+                    f"--listen-peer-urls=http://127.0.0.1:{etcd_peer}",
+                    f"--initial-advertise-peer-urls=http://127.0.0.1:{etcd_peer}",
+                    f"--initial-cluster=default=http://127.0.0.1:{etcd_peer}",
+                    "--unsafe-no-fsync=true",
+                    "--quota-backend-bytes=4294967296",
+                    "--log-level=warn",
+                ],
+            )
+            self._wait_http("etcd", f"http://127.0.0.1:{etcd_client}/health", verify=False)
+            self._start(
+                "kube-apiserver",
+                [
+                    str(bins["kube-apiserver"]),
+                    f"--etcd-servers=http://127.0.0.1:{etcd_client}",
+                    "--bind-address=127.0.0.1",
+                    "--advertise-address=127.0.0.1",
+                    f"--secure-port={api}",
+                    f"--cert-dir={c}",
+                    f"--tls-cert-file={c / 'apiserver.crt'}",
+                    f"--tls-private-key-file={c / 'apiserver.key'}",
+                    f"--client-ca-file={c / 'ca.crt'}",
+                    f"--token-auth-file={c / 'tokens.csv'}",
+                    "--authorization-mode=Node,RBAC",
+                    "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+                    f"--service-account-key-file={c / 'sa.pub'}",
+                    f"--service-account-signing-key-file={c / 'sa.key'}",
+                    f"--service-cluster-ip-range={SERVICE_CIDR}",
+                    "--endpoint-reconciler-type=none",  # a 127.0.0.1 endpoint is invalid
+                    "--allow-privileged=true",
+                    "--enable-priority-and-fairness=false",
+                    "--profiling=false",
+                    "--v=1",
+                ],
+            )
+            self._wait_http("kube-apiserver", f"{server}/readyz", token=token)
+            self._start(
+                "kube-controller-manager",
+                [
+                    str(bins["kube-controller-manager"]),
+                    f"--kubeconfig={kc}",
+                    f"--authentication-kubeconfig={kc}",
+                    f"--authorization-kubeconfig={kc}",
+                    "--bind-address=127.0.0.1",
+                    f"--secure-port={cm}",
+                    f"--cert-dir={self.state_dir / 'run' / 'kube-controller-manager'}",
+                    "--leader-elect=false",
+                    "--use-service-account-credentials=false",
+                    f"--service-account-private-key-file={c / 'sa.key'}",
+                    f"--root-ca-file={c / 'ca.crt'}",
+                    f"--cluster-signing-cert-file={c / 'ca.crt'}",
+                    f"--cluster-signing-key-file={c / 'ca.key'}",
+                    f"--service-cluster-ip-range={SERVICE_CIDR}",
+                    "--controllers=*,-nodeipam,-service-lb-controller,-cloud-node-lifecycle",
+                    "--concurrent-gc-syncs=5",
+                    "--v=1",
+                ],
+            )
+            self._start(
+                "kube-scheduler",
+                [
+                    str(bins["kube-scheduler"]),
+                    f"--kubeconfig={kc}",
+                    f"--authentication-kubeconfig={kc}",
+                    f"--authorization-kubeconfig={kc}",
+                    "--bind-address=127.0.0.1",
+                    f"--secure-port={sched}",
+                    f"--cert-dir={self.state_dir / 'run' / 'kube-scheduler'}",
+                    "--leader-elect=false",
+                    "--v=1",
+                ],
+            )
+            self._start(
+                "kwok",
+                [
+                    str(bins["kwok"]),
+                    f"--kubeconfig={kc}",
+                    "--manage-all-nodes=false",
+                    f"--manage-nodes-with-annotation-selector={KWOK_ANNOTATION}=fake",
+                    f"--cidr={POD_CIDR}",
+                    "--node-ip=10.240.0.1",
+                    f"--server-address=127.0.0.1:{kwok_port}",
+                    "--node-lease-duration-seconds=40",
+                ],
+            )
+            self._wait_http(
+                "kube-controller-manager", f"https://127.0.0.1:{cm}/healthz", verify=False
+            )
+            self._wait_http("kube-scheduler", f"https://127.0.0.1:{sched}/healthz", verify=False)
+            self._save_pids()
+            self._create_nodes(info)
+            self._wait_cluster_usable(info)
+        except BaseException:
+            self._save_pids()
+            self.down()
+            raise
+        self.info_file.write_text(
+            json.dumps(
+                {**info.to_json(), "upSeconds": round(time.monotonic() - started, 2)}, indent=2
+            )
+            + "\n"
+        )
+        return info
+
+    def down(self) -> list[str]:
+        """Stop every process this state dir started; returns the names that were stopped."""
+        entries: dict[str, dict[str, Any]] = {}
+        if self.pids_file.exists():
+            with contextlib.suppress(ValueError, OSError):
+                entries = json.loads(self.pids_file.read_text())
+        for name, proc in self._procs.items():
+            entries.setdefault(name, {"pid": proc.pid, "exe": str(proc.args[0])})  # type: ignore[index]
+        stopped: list[str] = []
+        # reverse start order: kwok, scheduler, controller-manager, apiserver, etcd
+        for name in reversed(list(entries)):
+            pid, exe = int(entries[name]["pid"]), str(entries[name]["exe"])
+            if _pid_runs(pid, exe):
+                self._terminate(pid, exe)
+                stopped.append(name)
+            child = self._procs.get(name)
+            if child is not None:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    child.wait(timeout=1)
+        self._procs.clear()
+        with contextlib.suppress(FileNotFoundError):
+            self.pids_file.unlink()
+        return stopped
+
+    def running(self) -> dict[str, int]:
+        """name -> pid of the components recorded in the state dir that are still alive."""
+        if not self.pids_file.exists():
+            return {}
+        entries = json.loads(self.pids_file.read_text())
+        return {
+            n: int(e["pid"]) for n, e in entries.items() if _pid_runs(int(e["pid"]), str(e["exe"]))
+        }
+
+    # -- internals
+    def _start(self, name: str, argv: Sequence[str]) -> None:
+        log = open(self.logs / f"{name}.log", "ab")  # noqa: SIM115 (owned by the child)
+        try:
+            proc = subprocess.Popen(
+                list(argv),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                cwd=self.state_dir,
+            )
+        finally:
+            log.close()
+        self._procs[name] = proc
+        self._save_pids()
+
+    def _save_pids(self) -> None:
+        data = {n: {"pid": p.pid, "exe": str(p.args[0])} for n, p in self._procs.items()}  # type: ignore[index]
+        if data:
+            self.pids_file.write_text(json.dumps(data, indent=2) + "\n")
+
+    @staticmethod
+    def _terminate(pid: int, exe: str, grace: float = 10.0) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline:
+            if not _pid_runs(pid, exe):
+                return
+            time.sleep(0.05)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and _pid_runs(pid, exe):
+            time.sleep(0.05)
+
+    def _check_alive(self, name: str) -> None:
+        proc = self._procs.get(name)
+        if proc is not None and proc.poll() is not None:
+            log = self.logs / f"{name}.log"
+            raise ControlPlaneError(
+                f"{name} exited with code {proc.returncode} during startup; "
+                f"last lines of {log}:\n{_log_tail(log)}"
+            )
+
+    def _wait_http(
+        self, name: str, url: str, *, token: str | None = None, verify: bool = True
+    ) -> None:
+        ctx: ssl.SSLContext | bool = (
+            ssl.create_default_context(cafile=str(self.certs / "ca.crt")) if verify else False
+        )
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        deadline = time.monotonic() + self.timeout
+        last = ""
+        with httpx.Client(verify=ctx, timeout=5.0, headers=headers) as client:
+            while time.monotonic() < deadline:
+                for n in self._procs:
+                    self._check_alive(n)
+                try:
+                    r = client.get(url)
+                    if r.status_code == 200:
+                        return
+                    last = f"HTTP {r.status_code}: {r.text[-500:]}"
+                except httpx.HTTPError as exc:
+                    last = repr(exc)
+                time.sleep(0.2)
+        log = self.logs / f"{name}.log"
+        raise ControlPlaneError(
+            f"{name} not ready at {url} after {self.timeout:.0f}s ({last}); "
+            f"last lines of {log}:\n{_log_tail(log)}"
+        )
+
+    def _write_kubeconfig(self, server: str, token: str) -> None:
+        ca = base64.b64encode((self.certs / "ca.crt").read_bytes()).decode()
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [
+                {
+                    "name": "weightlift",
+                    "cluster": {"server": server, "certificate-authority-data": ca},
+                }
+            ],
+            "users": [{"name": ADMIN_USER, "user": {"token": token}}],
+            "contexts": [
+                {
+                    "name": "weightlift",
+                    "context": {
+                        "cluster": "weightlift",
+                        "user": ADMIN_USER,
+                        "namespace": "default",
+                    },
+                }
+            ],
+            "current-context": "weightlift",
+        }
+        self.kubeconfig.write_text(yaml.safe_dump(config, sort_keys=False))
+        self.kubeconfig.chmod(0o600)
+
+    def _api(self, info: ClusterInfo) -> httpx.Client:
+        ctx = ssl.create_default_context(cafile=str(info.ca_file))
+        return httpx.Client(
+            base_url=info.server,
+            verify=ctx,
+            timeout=10.0,
+            headers={"Authorization": f"Bearer {info.token}"},
+        )
+
+    def _node_manifest(self, name: str) -> dict[str, Any]:
+        n = self.nodes
+        resources = {
+            "cpu": n.cpu,
+            "memory": n.memory,
+            "pods": "110",
+            "ephemeral-storage": "7Ti",
+            "nvidia.com/gpu": str(n.gpus_per_node),
+        }
+        return {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {
+                "name": name,
+                "annotations": {KWOK_ANNOTATION: "fake", "node.alpha.kubernetes.io/ttl": "0"},
+                "labels": {
+                    "kubernetes.io/hostname": name,
+                    "kubernetes.io/os": "linux",
+                    "kubernetes.io/arch": "amd64",
+                    "type": "kwok",
+                    "node.kubernetes.io/instance-type": n.instance_type,
+                    "topology.kubernetes.io/region": "local",
+                    "topology.kubernetes.io/zone": "local-a",
+                    "nvidia.com/gpu.present": "true",
+                    "nvidia.com/gpu.product": n.gpu_product,
+                    "nvidia.com/gpu.count": str(n.gpus_per_node),
+                    "nvidia.com/gpu.memory": str(n.gpu_memory_mib),
+                },
+            },
+            "spec": {},
+            "status": {
+                "allocatable": resources,
+                "capacity": resources,
+                "nodeInfo": {
+                    "architecture": "amd64",
+                    "operatingSystem": "linux",
+                    "kubeletVersion": f"{K8S_VERSION}-kwok",
+                    "kubeProxyVersion": "",
+                },
+            },
+        }
+
+    def _create_nodes(self, info: ClusterInfo) -> None:
+        with self._api(info) as api:
+            for name in info.nodes:
+                r = api.post("/api/v1/nodes", json=self._node_manifest(name))
+                if r.status_code not in (201, 409):
+                    raise ControlPlaneError(f"creating node {name}: HTTP {r.status_code} {r.text}")
+
+    def _wait_cluster_usable(self, info: ClusterInfo) -> None:
+        """Nodes Ready (kwok took them over) and the default ServiceAccount exists."""
+        deadline = time.monotonic() + self.timeout
+        waiting_for = "nodes"
+        with self._api(info) as api:
+            while time.monotonic() < deadline:
+                for n in self._procs:
+                    self._check_alive(n)
+                try:
+                    nodes = api.get("/api/v1/nodes").json().get("items", [])
+                    ready = {
+                        nd["metadata"]["name"]
+                        for nd in nodes
+                        if any(
+                            cond.get("type") == "Ready" and cond.get("status") == "True"
+                            for cond in nd.get("status", {}).get("conditions", []) or []
+                        )
+                    }
+                    if not set(info.nodes) <= ready:
+                        waiting_for = f"nodes Ready (ready: {sorted(ready)})"
+                    elif (
+                        api.get("/api/v1/namespaces/default/serviceaccounts/default").status_code
+                        != 200
+                    ):
+                        waiting_for = "default ServiceAccount (kube-controller-manager)"
+                    else:
+                        return
+                except httpx.HTTPError as exc:
+                    waiting_for = repr(exc)
+                time.sleep(0.2)
+        raise ControlPlaneError(
+            f"cluster not usable after {self.timeout:.0f}s: waiting for {waiting_for}; "
+            f"kwok log:\n{_log_tail(self.logs / 'kwok.log')}\n"
+            f"kube-controller-manager log:\n{_log_tail(self.logs / 'kube-controller-manager.log')}"
+        )
+
+
+@contextlib.contextmanager
+def running_cluster(state_dir: Path, **kwargs: Any) -> Iterator[ClusterInfo]:
+    """``with running_cluster(dir) as info:`` brings a cluster up and always tears it down."""
+    with ControlPlane(state_dir, **kwargs) as info:
+        yield info
+
+
+# ------------------------------------------------------------------------------------------- CLI
+
+
+@click.group(name="cluster")
+def cluster_group() -> None:
+    """Start/stop a local control plane (etcd, kube-apiserver, scheduler, kwok GPU nodes)."""
+
+
+_state_dir_option = click.option(
+    "--state-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path(".state/cluster"),
+    show_default=True,
+    help="Where certs, kubeconfig, etcd data, logs and pids live.",
+)
+
+
+@cluster_group.command("up")
+@_state_dir_option
+@click.option("--kwok-nodes", type=click.IntRange(0, 1000), default=4, show_default=True)
+@click.option("--gpus-per-node", type=click.IntRange(0, 64), default=8, show_default=True)
+@click.option("--gpu-product", default=GpuNodeSpec.gpu_product, show_default=True)
+@click.option("--timeout", type=float, default=120.0, show_default=True)
+def up_command(
+    state_dir: Path, kwok_nodes: int, gpus_per_node: int, gpu_product: str, timeout: float
+) -> None:
+    """Start the control plane in the background and write STATE_DIR/kubeconfig."""
+    started = time.monotonic()
+    spec = GpuNodeSpec(count=kwok_nodes, gpus_per_node=gpus_per_node, gpu_product=gpu_product)
+    try:
+        info = ControlPlane(state_dir, nodes=spec, timeout=timeout).up()
+    except ControlPlaneError as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(f"control plane up in {time.monotonic() - started:.1f}s: {info.server}")
+    click.echo(f"nodes: {', '.join(info.nodes)} ({gpus_per_node} x nvidia.com/gpu each)")
+    click.echo(f"logs: {info.state_dir / 'logs'}")
+    click.echo(f"export KUBECONFIG={info.kubeconfig}")
+
+
+@cluster_group.command("down")
+@_state_dir_option
+def down_command(state_dir: Path) -> None:
+    """Stop every component `cluster up` started in STATE_DIR."""
+    stopped = ControlPlane(state_dir).down()
+    click.echo(f"stopped: {', '.join(stopped)}" if stopped else "nothing was running")
+
+
+@cluster_group.command("status")
+@_state_dir_option
+def status_command(state_dir: Path) -> None:
+    """Show which components of STATE_DIR's control plane are running."""
+    running = ControlPlane(state_dir).running()
+    for name in CONTROLPLANE_BINARIES:
+        pid = running.get(name)
+        click.echo(f"{name:<24} {'running pid ' + str(pid) if pid else 'stopped'}")
+    if len(running) != len(CONTROLPLANE_BINARIES):
+        raise SystemExit(1)
