@@ -1,0 +1,109 @@
+"""PeerToPeer loading strategy: pull this rank's shard from a source replica over NIXL.
+
+Candidates come from `plan.peers`; they are tried in rendezvous order of this pod's name (so many
+targets spread over many sources). Each candidate gets a fresh buffer; the first one whose every
+tensor checksum verifies wins. When all fail, LoadError names every peer and what went wrong and
+the worker falls back to storage (Preload/Direct).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from weightlift.worker.loaders.base import LoadError, LoadProgress
+from weightlift.worker.p2p.expected import expected_for_rank
+from weightlift.worker.p2p.nixl_compat import NixlUnavailable
+from weightlift.worker.p2p.select import rendezvous_order
+from weightlift.worker.p2p.target import PeerFailed, PullOptions, PullResult, pull_from_peer
+
+if TYPE_CHECKING:
+    import torch
+
+    from weightlift.worker.plan import WorkerPlan
+
+log = logging.getLogger(__name__)
+
+# A stalled peer (alive but moving nothing) is dropped after this many seconds at most.
+STALL_SECONDS = 5.0
+# Test/bench hook: seconds to pause after each completed READ batch (simulates a slow link).
+THROTTLE_ENV = "WEIGHTLIFT_P2P_THROTTLE_S"
+
+
+def options_for(plan: WorkerPlan) -> PullOptions:
+    p2p = plan.loading.peer_to_peer
+    return PullOptions(
+        transfer_timeout_s=float(p2p.transfer_timeout_seconds),
+        max_in_flight=p2p.max_in_flight,
+        stall_seconds=min(STALL_SECONDS, float(p2p.transfer_timeout_seconds)),
+        throttle_s=float(os.environ.get(THROTTLE_ENV, "0") or 0),
+    )
+
+
+class PeerToPeerLoader:
+    name = "p2p"
+
+    def __init__(
+        self,
+        options: PullOptions | None = None,
+        on_batch: Callable[[int, int], None] | None = None,
+    ) -> None:
+        self.options = options
+        self.on_batch = on_batch
+        self.last_result: PullResult | None = None
+        self.failures: list[PeerFailed] = []
+
+    def load(
+        self, plan: WorkerPlan, rank: int, device: torch.device, progress: LoadProgress
+    ) -> dict[str, torch.Tensor]:
+        if not plan.peers:
+            raise LoadError(f"rank {rank}: no peer candidates to pull from")
+        try:
+            expected = expected_for_rank(
+                plan.model_dir, rank, plan.tensor_parallel, plan.model.dtype
+            )
+        except (ValueError, OSError, KeyError, TypeError) as exc:
+            raise LoadError(f"rank {rank}: cannot read the model's shard headers: {exc}") from exc
+        opts = self.options or options_for(plan)
+        self.failures = []
+        for cand in rendezvous_order(plan.pod_name, plan.peers):
+            progress.reset()
+            try:
+                result = pull_from_peer(
+                    pod=cand.pod,
+                    address=cand.address,
+                    identity=plan.model_identity,
+                    rank=rank,
+                    reader=plan.pod_name,
+                    device=device,
+                    expected=expected,
+                    opts=opts,
+                    progress=progress,
+                    on_batch=self.on_batch,
+                )
+            except PeerFailed as exc:
+                log.warning("rank %d: %s; trying the next candidate", rank, exc)
+                self.failures.append(exc)
+                continue
+            except NixlUnavailable as exc:
+                raise LoadError(f"rank {rank}: {exc}") from exc
+            self.last_result = result
+            progress.loaded_from = f"peer:{cand.pod}"
+            progress.finish()
+            log.info(
+                "rank %d: %d bytes from peer %s in %.3fs (%.2f GB/s), %d checksums verified",
+                rank,
+                result.nbytes,
+                cand.pod,
+                result.seconds,
+                result.nbytes / result.seconds / 1e9 if result.seconds else 0.0,
+                len(result.tensors),
+            )
+            return result.tensors
+        progress.reset()
+        raise LoadError(
+            f"rank {rank}: all {len(self.failures)} peer(s) failed: "
+            + "; ".join(str(f) for f in self.failures)
+        )

@@ -1,0 +1,18 @@
+"""Peer-to-peer weight transfer over NIXL.
+
+A **source** (a worker that already holds a rank's weights) registers them with one NIXL agent
+per rank and publishes a manifest over the worker's HTTP port; a **target** fetches the manifest
+of its own rank, checks it against what the model needs, issues one-sided READs into
+pre-allocated local buffers and verifies every checksum before the weights are served.
+
+Modules: `nixl_compat` (import of the NIXL wheel), `manifest` (the wire format and checksums),
+`expected` (what a rank needs, from the safetensors headers), `source` (SourcePublisher),
+`target` (pulling one rank from one peer), `select` (rendezvous order of candidates),
+`peer` (small process entry points used by tests and the bench), `bench` (`weightlift bench p2p`).
+"""
+
+from __future__ import annotations
+
+P2P_PREFIX = "/weightlift/v1/p2p"
+
+__all__ = ["P2P_PREFIX"]

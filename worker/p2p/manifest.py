@@ -1,0 +1,173 @@
+"""The per-rank manifest a source publishes, and the checksums both sides compute.
+
+A manifest describes one rank's shard as the source holds it in NIXL-registered memory: a few
+large regions (address, length) and, per tensor, its name, dtype, shape, byte size, the region and
+offset it lives at, and a checksum of its bytes. The target reads the bytes with one-sided READs
+and recomputes every checksum before it hands the tensors to the runtime.
+"""
+
+from __future__ import annotations
+
+import base64
+import zlib
+from collections.abc import Iterable
+from typing import Literal
+
+import torch
+import xxhash
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+MANIFEST_VERSION = 1
+ChecksumKind = Literal["xxh3", "crc32"]
+
+# safetensors dtype names <-> torch dtypes (the names both sides put on the wire).
+DTYPES: dict[str, torch.dtype] = {
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
+}
+if hasattr(torch, "float8_e4m3fn"):
+    DTYPES["F8_E4M3"] = torch.float8_e4m3fn
+    DTYPES["F8_E5M2"] = torch.float8_e5m2
+if hasattr(torch, "uint16"):
+    DTYPES["U16"] = torch.uint16
+    DTYPES["U32"] = torch.uint32
+    DTYPES["U64"] = torch.uint64
+DTYPE_NAMES: dict[torch.dtype, str] = {v: k for k, v in DTYPES.items()}
+
+# Hashing in slices keeps a device-to-host staging buffer small and lets other threads run.
+_HASH_SLICE = 64 << 20
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    try:
+        return DTYPE_NAMES[dtype]
+    except KeyError:
+        raise ValueError(f"dtype {dtype} has no safetensors name") from None
+
+
+def element_size(name: str) -> int:
+    return torch.empty((), dtype=DTYPES[name]).element_size()
+
+
+def tensor_bytes(tensor: torch.Tensor) -> torch.Tensor:
+    """A flat uint8 view of a contiguous tensor's bytes (no copy)."""
+    if not tensor.is_contiguous():
+        raise ValueError("tensor is not contiguous")
+    if tensor.numel() == 0:
+        return torch.empty(0, dtype=torch.uint8, device=tensor.device)
+    return tensor.reshape(-1).view(torch.uint8)
+
+
+def checksum(tensor: torch.Tensor, kind: ChecksumKind = "xxh3") -> str:
+    """Hex digest of a tensor's bytes. CUDA tensors are hashed through host memory in slices."""
+    flat = tensor_bytes(tensor)
+    if kind == "xxh3":
+        h = xxhash.xxh3_64()
+        for piece in _host_slices(flat):
+            h.update(memoryview(piece.numpy()))
+        return h.hexdigest()
+    if kind == "crc32":
+        crc = 0
+        for piece in _host_slices(flat):
+            crc = zlib.crc32(memoryview(piece.numpy()), crc)
+        return f"{crc:08x}"
+    raise ValueError(f"unknown checksum kind {kind!r}")
+
+
+def _host_slices(flat: torch.Tensor) -> Iterable[torch.Tensor]:
+    n = flat.numel()
+    if flat.device.type == "cpu":
+        # One pass: xxhash releases the GIL on large buffers, slicing is only for CUDA staging.
+        yield flat
+        return
+    staging = torch.empty(min(n, _HASH_SLICE), dtype=torch.uint8, pin_memory=True)
+    for start in range(0, n, _HASH_SLICE):
+        stop = min(n, start + _HASH_SLICE)
+        host = staging[: stop - start]
+        host.copy_(flat[start:stop])
+        yield host
+
+
+class _Wire(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Region(_Wire):
+    """One registered memory region on the source (few large ones per rank)."""
+
+    addr: int = Field(ge=0)
+    nbytes: int = Field(ge=0)
+    device_id: int = Field(0, ge=0)
+
+
+class TensorEntry(_Wire):
+    name: str = Field(min_length=1)
+    dtype: str
+    shape: list[int]
+    nbytes: int = Field(ge=0)
+    region: int = Field(ge=0)
+    offset: int = Field(ge=0)
+    checksum: str = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> TensorEntry:
+        if self.dtype not in DTYPES:
+            raise ValueError(f"tensor {self.name!r}: unknown dtype {self.dtype!r}")
+        if any(d < 0 for d in self.shape):
+            raise ValueError(f"tensor {self.name!r}: negative dimension in {self.shape}")
+        numel = 1
+        for d in self.shape:
+            numel *= d
+        if numel * element_size(self.dtype) != self.nbytes:
+            raise ValueError(
+                f"tensor {self.name!r}: {self.dtype}{self.shape} is "
+                f"{numel * element_size(self.dtype)} bytes, manifest says {self.nbytes}"
+            )
+        return self
+
+
+class RankManifest(_Wire):
+    version: int = MANIFEST_VERSION
+    identity: str
+    rank: int = Field(ge=0)
+    pod: str
+    agent: str = Field(min_length=1)
+    # base64 of nixl_agent.get_agent_metadata(), for add_remote_agent on the target.
+    agent_metadata: str
+    mem_type: Literal["DRAM", "VRAM"]
+    checksum_kind: ChecksumKind = "xxh3"
+    total_bytes: int = Field(ge=0)
+    regions: list[Region]
+    tensors: list[TensorEntry]
+
+    @model_validator(mode="after")
+    def _in_bounds(self) -> RankManifest:
+        seen: set[str] = set()
+        total = 0
+        for t in self.tensors:
+            if t.name in seen:
+                raise ValueError(f"tensor {t.name!r} appears twice")
+            seen.add(t.name)
+            if t.region >= len(self.regions):
+                raise ValueError(f"tensor {t.name!r}: region {t.region} does not exist")
+            if t.offset + t.nbytes > self.regions[t.region].nbytes:
+                raise ValueError(f"tensor {t.name!r}: bytes run past its region")
+            total += t.nbytes
+        if total != self.total_bytes:
+            raise ValueError(f"total_bytes {self.total_bytes} != sum of tensors {total}")
+        return self
+
+    def metadata_bytes(self) -> bytes:
+        return base64.b64decode(self.agent_metadata)
+
+
+def align_up(n: int, alignment: int) -> int:
+    return (n + alignment - 1) // alignment * alignment

@@ -1,0 +1,398 @@
+"""Target side: pull one rank's shard from one peer with one-sided NIXL READs, verified.
+
+`pull_from_peer` fetches the peer's manifest, checks it against what the model needs, allocates
+one contiguous local buffer, registers it, issues batched READs with several requests in flight,
+checksums each tensor as soon as its bytes have landed, and returns tensors (views into the
+buffer) only when every checksum matched. Any failure raises PeerFailed naming the peer, tensor
+and reason; the caller moves on to the next candidate with a fresh buffer, so partial data is
+never served.
+
+Dead and slow peers are detected by: an ERR state from NIXL, a deadline per batch of READs
+(transfer_timeout_seconds), a stall detector (no batch completed for stall_seconds while some are
+in flight) and a liveness thread that polls the peer's /health every liveness_interval seconds.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import torch
+
+from weightlift.worker.loaders.base import LoadProgress
+from weightlift.worker.p2p import P2P_PREFIX
+from weightlift.worker.p2p.expected import ExpectedTensor, ShapeMismatch, check_manifest
+from weightlift.worker.p2p.manifest import DTYPES, RankManifest, align_up, checksum
+from weightlift.worker.p2p.nixl_compat import nixl
+
+log = logging.getLogger(__name__)
+
+ALIGNMENT = 256
+# Buffers whose READs could not be cancelled: kept alive so a late write lands in memory nobody
+# uses, never in a reallocation.
+_QUARANTINE: list[torch.Tensor] = []
+
+
+class PeerFailed(Exception):
+    """Pulling from one peer failed; the message names the peer and what went wrong."""
+
+    def __init__(self, peer: str, message: str, *, kind: str = "transfer") -> None:
+        super().__init__(f"peer {peer}: {message}")
+        self.peer = peer
+        self.kind = kind  # manifest | mismatch | transfer | dead | stall | checksum
+
+
+@dataclass
+class PullOptions:
+    transfer_timeout_s: float = 30.0
+    max_in_flight: int = 8
+    # A READ request moves at most batch_bytes; tensors larger than chunk_bytes are split.
+    batch_bytes: int = 64 << 20
+    chunk_bytes: int = 64 << 20
+    # No batch completed for this long while some are in flight: the peer is stalled.
+    stall_seconds: float = 5.0
+    liveness_interval_s: float = 0.5
+    liveness_failures: int = 2
+    http_timeout_s: float = 3.0
+    # Touch the local buffer before the READs (page faults then happen in a fast memset,
+    # not one by one inside the transport). Only matters for host memory.
+    prefault: bool = True
+    # Test/bench hook: pause this long after each completed batch (simulates a slow link).
+    throttle_s: float = 0.0
+
+
+@dataclass
+class PullResult:
+    tensors: dict[str, torch.Tensor]
+    manifest: RankManifest
+    seconds: float
+    transfer_seconds: float
+    nbytes: int
+    batches: int
+    peer_pod: str
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class _Batch:
+    index: int
+    local: list[tuple[int, int, int]]
+    remote: list[tuple[int, int, int]]
+    nbytes: int
+    # tensor index -> bytes of it in this batch
+    parts: dict[int, int]
+
+
+def _base_url(address: str) -> str:
+    return address if address.startswith(("http://", "https://")) else f"http://{address}"
+
+
+def fetch_manifest(
+    client: httpx.Client, address: str, *, identity: str, rank: int, peer: str
+) -> RankManifest:
+    url = f"{_base_url(address)}{P2P_PREFIX}/manifest"
+    try:
+        resp = client.get(url, params={"rank": rank, "identity": identity})
+    except httpx.HTTPError as exc:
+        raise PeerFailed(peer, f"manifest request to {url} failed: {exc!r}", kind="dead") from exc
+    if resp.status_code != 200:
+        try:
+            message = resp.json().get("message", resp.text)
+        except ValueError:
+            message = resp.text[:200]
+        kind = "mismatch" if resp.status_code in (404, 409) else "manifest"
+        raise PeerFailed(peer, f"manifest refused ({resp.status_code}): {message}", kind=kind)
+    try:
+        return RankManifest.model_validate_json(resp.content)
+    except ValueError as exc:
+        raise PeerFailed(peer, f"manifest is invalid: {exc}", kind="manifest") from exc
+
+
+class _Liveness:
+    """Polls the peer's health endpoint in a thread; `dead` is set with a reason on failure."""
+
+    def __init__(self, address: str, peer: str, opts: PullOptions) -> None:
+        self.url = f"{_base_url(address)}{P2P_PREFIX}/health"
+        self.peer = peer
+        self.opts = opts
+        self.dead = threading.Event()
+        self.reason = ""
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"p2p-live-{peer}", daemon=True)
+
+    def __enter__(self) -> _Liveness:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=self.opts.liveness_interval_s * 4 + 1)
+
+    def _run(self) -> None:
+        failures = 0
+        timeout = max(self.opts.liveness_interval_s * 2, 0.5)
+        with httpx.Client(timeout=timeout) as client:
+            while not self._stop.wait(self.opts.liveness_interval_s):
+                try:
+                    ok = client.get(self.url).status_code == 200
+                    why = "health answered non-200"
+                except httpx.HTTPError as exc:
+                    ok, why = False, repr(exc)
+                failures = 0 if ok else failures + 1
+                if failures >= self.opts.liveness_failures:
+                    self.reason = f"liveness check failed {failures}x ({why})"
+                    self.dead.set()
+                    return
+
+
+def _plan_batches(
+    manifest: RankManifest,
+    local_offsets: list[int],
+    local_base: int,
+    local_dev: int,
+    opts: PullOptions,
+) -> list[_Batch]:
+    batches: list[_Batch] = []
+    cur = _Batch(0, [], [], 0, {})
+    for i, t in enumerate(manifest.tensors):
+        region = manifest.regions[t.region]
+        done = 0
+        while done < t.nbytes:
+            n = min(opts.chunk_bytes, t.nbytes - done, opts.batch_bytes - cur.nbytes)
+            cur.local.append((local_base + local_offsets[i] + done, n, local_dev))
+            cur.remote.append((region.addr + t.offset + done, n, region.device_id))
+            cur.nbytes += n
+            cur.parts[i] = cur.parts.get(i, 0) + n
+            done += n
+            if cur.nbytes >= opts.batch_bytes:
+                batches.append(cur)
+                cur = _Batch(len(batches), [], [], 0, {})
+    if cur.nbytes:
+        batches.append(cur)
+    return batches
+
+
+def pull_from_peer(
+    *,
+    pod: str,
+    address: str,
+    identity: str,
+    rank: int,
+    reader: str,
+    device: torch.device,
+    expected: dict[str, ExpectedTensor] | None,
+    opts: PullOptions,
+    progress: LoadProgress | None = None,
+    on_batch: Callable[[int, int], None] | None = None,
+) -> PullResult:
+    """Pull rank `rank` from the peer `pod` at `address`; raise PeerFailed on any failure."""
+    t0 = time.monotonic()
+    timings: dict[str, float] = {}
+    client = httpx.Client(timeout=opts.http_timeout_s)
+    session: str | None = None
+    verified = False
+    agent: Any = None
+    remote_name: str | None = None
+    reg: Any = None
+    handles: list[Any] = []
+    buf: torch.Tensor | None = None
+    try:
+        manifest = fetch_manifest(client, address, identity=identity, rank=rank, peer=pod)
+        try:
+            check_manifest(manifest, identity=identity, rank=rank, expected=expected, peer=pod)
+        except ShapeMismatch as exc:
+            raise PeerFailed(pod, str(exc).removeprefix(f"peer {pod}: "), kind="mismatch") from exc
+        if progress is not None:
+            progress.set_total(manifest.total_bytes)
+
+        # Local layout: one buffer, aligned offsets, in manifest order.
+        offsets: list[int] = []
+        total = 0
+        for t in manifest.tensors:
+            offsets.append(total)
+            total = align_up(total + t.nbytes, ALIGNMENT)
+        buf = torch.empty(max(total, 1), dtype=torch.uint8, device=device)
+        if opts.prefault and device.type == "cpu":
+            buf.zero_()
+        local_dev = (device.index or 0) if device.type == "cuda" else 0
+        mem_type = "VRAM" if device.type == "cuda" else "DRAM"
+        timings["alloc"] = time.monotonic() - t0
+
+        mod = nixl()
+        agent = mod.nixl_agent(
+            f"wl-tgt-{reader}-r{rank}-{uuid.uuid4().hex[:8]}",
+            mod.nixl_agent_config(enable_prog_thread=True, backends=["UCX"]),
+        )
+        reg = agent.register_memory([(buf.data_ptr(), buf.numel(), local_dev, "")], mem_type)
+        try:
+            remote_name = agent.add_remote_agent(manifest.metadata_bytes())
+        except Exception as exc:
+            raise PeerFailed(pod, f"cannot add NIXL agent {manifest.agent}: {exc}") from exc
+        if isinstance(remote_name, bytes):
+            remote_name = remote_name.decode()
+        timings["agent"] = time.monotonic() - t0
+
+        try:
+            r = client.post(
+                f"{_base_url(address)}{P2P_PREFIX}/sessions",
+                json={"identity": identity, "rank": rank, "reader": reader},
+            )
+            if r.status_code == 201:
+                session = r.json()["session"]
+        except (httpx.HTTPError, ValueError, KeyError) as exc:
+            raise PeerFailed(pod, f"cannot open a session: {exc!r}", kind="dead") from exc
+
+        batches = _plan_batches(manifest, offsets, buf.data_ptr(), local_dev, opts)
+        remaining = [t.nbytes for t in manifest.tensors]
+        views: list[torch.Tensor] = []
+        for i, t in enumerate(manifest.tensors):
+            dtype = DTYPES[t.dtype]
+            if t.nbytes == 0:
+                views.append(torch.empty(t.shape, dtype=dtype, device=device))
+            else:
+                raw = buf[offsets[i] : offsets[i] + t.nbytes]
+                views.append(raw.view(dtype).reshape(t.shape))
+
+        hashes: dict[int, Future[str]] = {}
+        pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="p2p-verify")
+        kind = manifest.checksum_kind
+        for i, t in enumerate(manifest.tensors):
+            if t.nbytes == 0:
+                hashes[i] = pool.submit(checksum, views[i], kind)
+
+        t_xfer = time.monotonic()
+        pending = deque(batches)
+        inflight: list[tuple[Any, _Batch, float]] = []
+        last_progress = time.monotonic()
+        done_batches = 0
+        try:
+            with _Liveness(address, pod, opts) as live:
+                while pending or inflight:
+                    while pending and len(inflight) < opts.max_in_flight:
+                        b = pending.popleft()
+                        local = agent.get_xfer_descs(b.local, mem_type)
+                        remote = agent.get_xfer_descs(b.remote, manifest.mem_type)
+                        try:
+                            h = agent.initialize_xfer("READ", local, remote, remote_name)
+                        except Exception as exc:
+                            raise PeerFailed(pod, f"batch {b.index}: cannot create READ: {exc}")
+                        handles.append(h)
+                        if agent.transfer(h) == "ERR":
+                            raise PeerFailed(pod, f"batch {b.index}: READ could not be posted")
+                        inflight.append((h, b, time.monotonic()))
+                    now = time.monotonic()
+                    still: list[tuple[Any, _Batch, float]] = []
+                    for h, b, posted in inflight:
+                        state = agent.check_xfer_state(h)
+                        if state == "DONE":
+                            agent.release_xfer_handle(h)
+                            handles.remove(h)
+                            done_batches += 1
+                            last_progress = now
+                            if progress is not None:
+                                progress.add(b.nbytes)
+                            for i, n in b.parts.items():
+                                remaining[i] -= n
+                                if remaining[i] == 0:
+                                    hashes[i] = pool.submit(checksum, views[i], kind)
+                            if on_batch is not None:
+                                on_batch(done_batches, len(batches))
+                            if opts.throttle_s:
+                                time.sleep(opts.throttle_s)
+                        elif state == "ERR":
+                            raise PeerFailed(pod, f"batch {b.index}: READ failed (NIXL ERR)")
+                        elif now - posted > opts.transfer_timeout_s:
+                            raise PeerFailed(
+                                pod,
+                                f"batch {b.index}: READ not done after "
+                                f"{opts.transfer_timeout_s:.1f}s (deadline)",
+                                kind="stall",
+                            )
+                        else:
+                            still.append((h, b, posted))
+                    inflight = still
+                    if inflight and now - last_progress > opts.stall_seconds:
+                        raise PeerFailed(
+                            pod,
+                            f"no READ completed for {opts.stall_seconds:.1f}s "
+                            f"({done_batches}/{len(batches)} batches done)",
+                            kind="stall",
+                        )
+                    if live.dead.is_set():
+                        raise PeerFailed(
+                            pod,
+                            f"{live.reason} after {done_batches}/{len(batches)} batches",
+                            kind="dead",
+                        )
+                    if inflight:
+                        time.sleep(0.0005)
+            timings["transfer"] = time.monotonic() - t_xfer
+            for i, t in enumerate(manifest.tensors):
+                got = hashes[i].result()
+                if got != t.checksum:
+                    raise PeerFailed(
+                        pod,
+                        f"tensor {t.name!r}: {kind} checksum {got} != manifest {t.checksum}",
+                        kind="checksum",
+                    )
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+        verified = True
+        timings["verified"] = time.monotonic() - t0
+        return PullResult(
+            tensors={t.name: views[i] for i, t in enumerate(manifest.tensors)},
+            manifest=manifest,
+            seconds=time.monotonic() - t0,
+            transfer_seconds=timings["transfer"],
+            nbytes=manifest.total_bytes,
+            batches=len(batches),
+            peer_pod=pod,
+            timings=timings,
+        )
+    finally:
+        if not _cleanup(agent, handles, remote_name, reg, pod) and buf is not None:
+            _QUARANTINE.append(buf)
+        if session is not None:
+            try:
+                client.request(
+                    "DELETE",
+                    f"{_base_url(address)}{P2P_PREFIX}/sessions/{session}",
+                    json={"verified": verified},
+                    timeout=1.0,
+                )
+            except httpx.HTTPError:
+                pass
+        client.close()
+
+
+def _cleanup(agent: Any, handles: list[Any], remote_name: str | None, reg: Any, pod: str) -> bool:
+    """Release NIXL state; False when a READ could not be cancelled (its buffer must live on)."""
+    clean = True
+    if agent is None:
+        return clean
+    for h in handles:
+        try:
+            agent.release_xfer_handle(h)
+        except Exception as exc:  # a READ to a dead peer may refuse to cancel
+            clean = False
+            log.debug("peer %s: releasing a READ handle failed: %s", pod, exc)
+    if remote_name is not None:
+        try:
+            agent.remove_remote_agent(remote_name)
+        except Exception as exc:
+            log.debug("peer %s: remove_remote_agent failed: %s", pod, exc)
+    if reg is not None:
+        try:
+            agent.deregister_memory(reg)
+        except Exception as exc:
+            clean = False
+            log.debug("peer %s: deregister failed: %s", pod, exc)
+    return clean
