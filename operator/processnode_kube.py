@@ -139,9 +139,7 @@ class Kube:
             return None
         return self._check(resp, f"DELETE {path}")
 
-    def watch(
-        self, path: str, params: dict[str, str], timeout_seconds: int = 60
-    ) -> Iterator[JSON]:
+    def watch(self, path: str, params: dict[str, str], timeout_seconds: int = 60) -> Iterator[JSON]:
         """Yield watch events ({"type", "object"}) until the server ends the stream."""
         query = {**params, "watch": "1", "timeoutSeconds": str(timeout_seconds)}
         timeout = httpx.Timeout(10.0, read=timeout_seconds + 15.0)
