@@ -376,6 +376,9 @@ class SourceEndpoint(ApiModel):
 
 
 class ModelDeploymentStatus(ApiModel):
+    # Written by this operator; tolerate fields a newer/older operator wrote.
+    model_config = ConfigDict(extra="ignore")
+
     phase: Phase = Field(Phase.PENDING, description="Lifecycle phase.")
     message: str = Field("", description="Why the phase is what it is.")
     observed_generation: int | None = Field(None, description="Generation last reconciled.")

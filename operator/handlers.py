@@ -1,0 +1,93 @@
+"""kopf handlers: thin wiring around observe -> plan -> apply.
+
+One daemon per ModelDeployment runs the reconcile loop; pod events and spec updates wake it
+early, a timer (the plan's requeue_after) wakes it otherwise. All decisions live in planning.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any
+
+import kopf
+from weightlift.operator import kube
+from weightlift.operator.api import GROUP, PLURAL, VERSION
+from weightlift.operator.planning import DEPLOYMENT_LABEL
+from weightlift.operator.pods import MANAGED_BY
+from weightlift.operator.reconcile import OperatorState, reconcile
+
+log = logging.getLogger("weightlift.operator")
+
+
+@kopf.on.startup()
+async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    settings.persistence.finalizer = f"{GROUP}/finalizer"
+    # Keep kopf's bookkeeping in annotations: status belongs to the ModelDeployment's users.
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=GROUP, key="last-handled-configuration"
+    )
+    settings.posting.level = logging.INFO
+    settings.watching.server_timeout = 60
+    settings.watching.client_timeout = 90
+    settings.networking.request_timeout = 30
+    memo["state"] = OperatorState.from_environment()
+
+
+def _state(memo: Any) -> OperatorState:
+    state: OperatorState = memo["state"]
+    return state
+
+
+@kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=10.0)
+async def reconcile_loop(
+    name: str,
+    namespace: str | None,
+    uid: str,
+    stopped: kopf.DaemonStopped,
+    memo: Any,
+    logger: logging.Logger | logging.LoggerAdapter[Any],
+    **_: Any,
+) -> None:
+    assert namespace is not None  # ModelDeployments are namespaced
+    state = _state(memo)
+    wake = state.wake_event(uid)
+    while not stopped:
+        wake.clear()
+        try:
+            delay = await reconcile(state, namespace, name, logger)
+        except Exception as exc:  # never let one object take the operator down
+            logger.exception("reconcile of %s/%s failed", namespace, name)
+            await state.post_event_safe(namespace, name, "Warning", "ReconcileError", str(exc))
+            delay = 5.0
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(wake.wait(), timeout=delay)
+    state.forget(uid)
+
+
+@kopf.on.update(GROUP, VERSION, PLURAL)
+async def spec_changed(uid: str, memo: kopf.Memo, **_: Any) -> None:
+    _state(memo).wake(uid)
+
+
+@kopf.on.event("", "v1", "pods", labels=MANAGED_BY)
+async def pod_changed(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    for owner in body.metadata.get("ownerReferences", []):
+        if owner.get("kind") == "ModelDeployment":
+            _state(memo).wake(owner["uid"])
+
+
+@kopf.on.delete(GROUP, VERSION, PLURAL)
+async def delete_pods(name: str, namespace: str | None, memo: Any, **_: Any) -> None:
+    """Finalizer: the ModelDeployment goes away only once none of its pods is left."""
+    assert namespace is not None
+    state = _state(memo)
+    selector = f"{DEPLOYMENT_LABEL}={name}"
+    pods = await asyncio.to_thread(kube.list_pods, state.core, namespace, selector)
+    for pod in pods:
+        if not pod["metadata"].get("deletionTimestamp"):
+            await asyncio.to_thread(kube.delete_pod, state.core, namespace, pod["metadata"]["name"])
+    if pods:
+        raise kopf.TemporaryError(f"waiting for {len(pods)} worker pod(s) to terminate", delay=2)

@@ -1,0 +1,135 @@
+"""Thin, typed wrappers over the kubernetes client returning plain dicts (the wire JSON).
+
+`_preload_content=False` + json keeps objects exactly as the API server sent them (camelCase),
+which is what planning, tests and kubectl users all read.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+from weightlift.operator.api import GROUP, PLURAL, VERSION
+
+Obj = dict[str, Any]
+
+
+def load_config() -> client.ApiClient:
+    try:
+        config.load_incluster_config()
+    except config.ConfigException:
+        config.load_kube_config()
+    return client.ApiClient()
+
+
+def _json(response: Any) -> Any:
+    return json.loads(response.data)
+
+
+def get_deployment(api: client.CustomObjectsApi, namespace: str, name: str) -> Obj | None:
+    try:
+        return _json(
+            api.get_namespaced_custom_object(
+                GROUP, VERSION, namespace, PLURAL, name, _preload_content=False
+            )
+        )
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+
+
+def list_deployments(api: client.CustomObjectsApi, namespace: str) -> list[Obj]:
+    body = _json(
+        api.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, _preload_content=False)
+    )
+    items: list[Obj] = body.get("items", [])
+    return items
+
+
+def patch_status(api: client.CustomObjectsApi, namespace: str, name: str, status: Obj) -> None:
+    api.patch_namespaced_custom_object_status(
+        GROUP, VERSION, namespace, PLURAL, name, {"status": status}
+    )
+
+
+def list_pods(core: client.CoreV1Api, namespace: str, selector: str) -> list[Obj]:
+    body = _json(
+        core.list_namespaced_pod(namespace, label_selector=selector, _preload_content=False)
+    )
+    items: list[Obj] = body.get("items", [])
+    return items
+
+
+def create_pod(core: client.CoreV1Api, namespace: str, manifest: Obj) -> bool:
+    """Create; False when it already exists (a previous reconcile got there first)."""
+    try:
+        # The client accepts plain dicts (sent as-is); its stubs only name the model classes.
+        core.create_namespaced_pod(namespace, manifest, _preload_content=False)  # type: ignore[arg-type]
+        return True
+    except ApiException as exc:
+        if exc.status == 409:
+            return False
+        raise
+
+
+def delete_pod(core: client.CoreV1Api, namespace: str, name: str) -> None:
+    try:
+        core.delete_namespaced_pod(name, namespace, _preload_content=False)
+    except ApiException as exc:
+        if exc.status != 404:
+            raise
+
+
+def patch_pod_labels(
+    core: client.CoreV1Api, namespace: str, name: str, labels: dict[str, str]
+) -> None:
+    core.patch_namespaced_pod(name, namespace, {"metadata": {"labels": labels}})
+
+
+def max_node_gpus(core: client.CoreV1Api, resource: str) -> int | None:
+    """The most `resource` any node offers, or None when nodes cannot be listed."""
+    try:
+        body = _json(core.list_node(_preload_content=False))
+    except ApiException:
+        return None
+    best = 0
+    for node in body.get("items", []):
+        raw = node.get("status", {}).get("allocatable", {}).get(resource, "0")
+        try:
+            best = max(best, int(raw))
+        except ValueError:
+            continue
+    return best if body.get("items") else None
+
+
+def post_event(
+    core: client.CoreV1Api, involved: Obj, event_type: str, reason: str, message: str
+) -> None:
+    """Events via the core API (kopf.event needs a running kopf context; this does not)."""
+    meta = involved["metadata"]
+    event: Obj = {
+        "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+        "involvedObject": {
+            "apiVersion": involved.get("apiVersion", f"{GROUP}/{VERSION}"),
+            "kind": involved.get("kind", "ModelDeployment"),
+            "name": meta["name"],
+            "namespace": meta["namespace"],
+            "uid": meta.get("uid"),
+        },
+        "type": event_type,
+        "reason": reason,
+        "message": message[:1024],
+        "source": {"component": "weightlift-operator"},
+        "firstTimestamp": _now(),
+        "lastTimestamp": _now(),
+        "count": 1,
+    }
+    core.create_namespaced_event(meta["namespace"], event, _preload_content=False)  # type: ignore[arg-type]
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

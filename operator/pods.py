@@ -1,0 +1,177 @@
+"""Render worker pods: pure functions from (ModelDeployment, desired pod) to a Pod manifest."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from weightlift.operator.api import GROUP, KIND, VERSION, ModelDeploymentSpec, Role
+from weightlift.operator.planning import (
+    DEPLOYMENT_LABEL,
+    IDENTITY_LABEL,
+    REPLICA_LABEL,
+    ROLE_LABEL,
+    DesiredPod,
+)
+from weightlift.worker.plan import PeerCandidate, WorkerPlan
+
+MANAGED_BY = {"app.kubernetes.io/managed-by": "weightlift"}
+WORKER_LABELS = {"app.kubernetes.io/name": "weightlift-worker", **MANAGED_BY}
+GPU_RESOURCE = "nvidia.com/gpu"
+PVC_MOUNT_ROOT = "/mnt/models"
+WORKER_UID = 1000
+
+
+def model_mount(
+    spec: ModelDeploymentSpec,
+) -> tuple[str, list[dict[str, Any]], list[dict[str, Any]]]:
+    """Where the worker finds the model, plus the volumes and mounts that put it there.
+
+    hostpath:// mounts the node directory at the same path (so the local process node and a real
+    kubelet agree); file:// is a directory inside the image; pvc://claim/path mounts the claim.
+    """
+    scheme, rest = spec.model.uri.split("://", 1)
+    if scheme == "hostpath":
+        path = "/" + rest.lstrip("/")
+        volume = {"name": "model", "hostPath": {"path": path, "type": "Directory"}}
+        return path, [volume], [{"name": "model", "mountPath": path, "readOnly": True}]
+    if scheme == "pvc":
+        claim, _, sub = rest.strip("/").partition("/")
+        root = f"{PVC_MOUNT_ROOT}/{claim}"
+        volume = {"name": "model", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}}
+        mount = {"name": "model", "mountPath": root, "readOnly": True}
+        return f"{root}/{sub}".rstrip("/"), [volume], [mount]
+    # file:// and anything planning let through: a path inside the image.
+    return "/" + rest.lstrip("/"), [], []
+
+
+def worker_plan(
+    name: str, namespace: str, spec: ModelDeploymentSpec, desired: DesiredPod
+) -> WorkerPlan:
+    model_dir, _, _ = model_mount(spec)
+    return WorkerPlan(
+        namespace=namespace,
+        deployment=name,
+        pod_name=desired.name,
+        replica=desired.replica,
+        role=desired.role,
+        model_identity=desired.identity,
+        model=spec.model,
+        model_dir=model_dir,
+        served_model_name=spec.model.name or name,
+        tensor_parallel=spec.parallelism.tensor,
+        ranks=list(range(spec.parallelism.tensor)),
+        loading=spec.loading,
+        peers=[PeerCandidate(pod=s.pod, address=s.address) for s in desired.peers],
+        init_hooks=spec.init_hooks,
+        runtime=spec.runtime,
+        probe=spec.probe,
+    )
+
+
+def render_pod(
+    name: str, namespace: str, uid: str, spec: ModelDeploymentSpec, desired: DesiredPod
+) -> dict[str, Any]:
+    _, model_volumes, model_mounts = model_mount(spec)
+    template = spec.template
+    plan = worker_plan(name, namespace, spec, desired)
+    gpus = str(spec.parallelism.tensor)
+    limits = {**template.resources.limits, GPU_RESOURCE: gpus}
+    requests = {**template.resources.requests, GPU_RESOURCE: gpus}
+    capabilities: dict[str, Any] = {"drop": ["ALL"]}
+    if template.rdma_resource:
+        limits[template.rdma_resource] = requests[template.rdma_resource] = "1"
+        capabilities["add"] = ["IPC_LOCK"]  # RDMA registers (pins) memory
+    env = [
+        {"name": "WEIGHTLIFT_PLAN", "value": plan.to_env()},
+        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+        {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+        *({"name": e.name, "value": e.value} for e in template.env),
+    ]
+    if spec.runtime.type == "External":
+        env.append({"name": "WEIGHTLIFT_EXTERNAL_COMMAND", "value": " ".join(spec.runtime.command)})
+    http_get = {"port": "http", "scheme": "HTTP"}
+    container: dict[str, Any] = {
+        "name": "worker",
+        "image": template.image,
+        "imagePullPolicy": template.image_pull_policy,
+        "command": ["weightlift", "worker"],
+        "env": env,
+        "ports": [{"name": "http", "containerPort": spec.runtime.port, "protocol": "TCP"}],
+        "resources": {"limits": limits, "requests": requests},
+        "readinessProbe": {
+            "httpGet": {**http_get, "path": "/v2/health/ready"},
+            "periodSeconds": 2,
+            "failureThreshold": 2,
+        },
+        "livenessProbe": {
+            "httpGet": {**http_get, "path": "/v2/health/live"},
+            "initialDelaySeconds": 10,
+            "periodSeconds": 10,
+            "failureThreshold": 6,
+        },
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "capabilities": capabilities,
+        },
+        "volumeMounts": [
+            {"name": "dshm", "mountPath": "/dev/shm"},
+            {"name": "tmp", "mountPath": "/tmp"},
+            *model_mounts,
+        ],
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+    labels = {
+        **WORKER_LABELS,
+        DEPLOYMENT_LABEL: name,
+        IDENTITY_LABEL: desired.identity,
+        ROLE_LABEL: str(desired.role),
+        REPLICA_LABEL: str(desired.replica),
+    }
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": desired.name,
+            "namespace": namespace,
+            "labels": labels,
+            "annotations": {
+                "weightlift.dev/peers": ",".join(s.pod for s in desired.peers),
+            },
+            "ownerReferences": [
+                {
+                    "apiVersion": f"{GROUP}/{VERSION}",
+                    "kind": KIND,
+                    "name": name,
+                    "uid": uid,
+                    "controller": True,
+                    "blockOwnerDeletion": True,
+                }
+            ],
+        },
+        "spec": {
+            "restartPolicy": "Never",
+            "serviceAccountName": template.service_account_name,
+            "terminationGracePeriodSeconds": 30,
+            "nodeSelector": dict(template.node_selector),
+            "tolerations": [t.wire() for t in template.tolerations],
+            "securityContext": {
+                "runAsNonRoot": True,
+                "runAsUser": WORKER_UID,
+                "runAsGroup": WORKER_UID,
+                "fsGroup": WORKER_UID,
+                "seccompProfile": {"type": "RuntimeDefault"},
+            },
+            "containers": [container],
+            "volumes": [
+                {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": template.shm_size}},
+                {"name": "tmp", "emptyDir": {}},
+                *model_volumes,
+            ],
+        },
+    }
+
+
+def role_of(pod_labels: dict[str, str]) -> Role:
+    return Role(pod_labels.get(ROLE_LABEL, Role.SOURCE))

@@ -1,0 +1,167 @@
+"""Talk to workers: read their status report and run real inference probes (KServe v2 / httpx)."""
+
+from __future__ import annotations
+
+import ipaddress
+import math
+import os
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+import httpx
+from weightlift.operator.api import InferenceProbe, ProbeResult
+from weightlift.worker.plan import WorkerReport
+
+PROBE_NETWORKS_ENV = "WEIGHTLIFT_PROBE_NETWORKS"
+STATUS_TIMEOUT = 2.0
+
+
+def _allowed_networks() -> list[ipaddress.IPv4Network | ipaddress.IPv6Network] | None:
+    raw = os.environ.get(PROBE_NETWORKS_ENV, "").strip()
+    if not raw:
+        return None
+    return [ipaddress.ip_network(part.strip(), strict=False) for part in raw.split(",") if part]
+
+
+def may_contact(pod_ip: str) -> bool:
+    """False for pod IPs outside WEIGHTLIFT_PROBE_NETWORKS (when set): simulated pods (kwok) have
+    made-up addresses that must not receive traffic."""
+    networks = _allowed_networks()
+    if networks is None:
+        return True
+    try:
+        address = ipaddress.ip_address(pod_ip)
+    except ValueError:
+        return False
+    return any(address in net for net in networks)
+
+
+async def fetch_report(client: httpx.AsyncClient, address: str) -> WorkerReport | None:
+    """The worker's /weightlift/v1/status, or None when it does not answer (yet)."""
+    try:
+        response = await client.get(
+            f"http://{address}/weightlift/v1/status", timeout=STATUS_TIMEOUT
+        )
+        response.raise_for_status()
+        return WorkerReport.model_validate(response.json())
+    except (httpx.HTTPError, ValueError):
+        return None
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _shape_matches(declared: list[int], actual: list[int]) -> bool:
+    if len(declared) != len(actual):
+        return False
+    return all(d in (-1, a) for d, a in zip(declared, actual, strict=True))
+
+
+def request_from_metadata(metadata: dict[str, Any]) -> dict[str, Any]:
+    """A zero-filled request shaped like the model's declared inputs (-1 dims become 1)."""
+    inputs = []
+    for spec in metadata.get("inputs", []):
+        shape = [d if d > 0 else 1 for d in spec["shape"]]
+        count = math.prod(shape)
+        inputs.append(
+            {
+                "name": spec["name"],
+                "shape": shape,
+                "datatype": spec["datatype"],
+                "data": [0] * count,
+            }
+        )
+    return {"inputs": inputs}
+
+
+def check_outputs(
+    outputs: list[dict[str, Any]], probe: InferenceProbe | None, metadata: dict[str, Any] | None
+) -> str | None:
+    """None when the response is right, else what is wrong (names the output)."""
+    by_name = {o.get("name"): o for o in outputs}
+    for out in outputs:
+        data = out.get("data", [])
+        if any(isinstance(v, float) and not math.isfinite(v) for v in data):
+            return f"output {out.get('name')!r} has non-finite values"
+    if probe is not None and probe.expected_outputs:
+        for expected in probe.expected_outputs:
+            got = by_name.get(expected.name)
+            if got is None:
+                return f"output {expected.name!r} missing (got {sorted(map(str, by_name))})"
+            if expected.shape is not None and list(got.get("shape", [])) != expected.shape:
+                return f"output {expected.name!r} shape {got.get('shape')} != {expected.shape}"
+            values = got.get("data", [])
+            if expected.data and len(values) != len(expected.data):
+                return (
+                    f"output {expected.name!r} has {len(values)} values, "
+                    f"expected {len(expected.data)}"
+                )
+            for i, (a, b) in enumerate(zip(values, expected.data, strict=False)):
+                if abs(float(a) - b) > probe.tolerance:
+                    return (
+                        f"output {expected.name!r}[{i}] = {a} differs from expected {b} "
+                        f"by more than {probe.tolerance}"
+                    )
+        return None
+    for declared in (metadata or {}).get("outputs", []):
+        got = by_name.get(declared["name"])
+        if got is None:
+            return f"output {declared['name']!r} declared in metadata but missing"
+        if got.get("datatype") != declared["datatype"]:
+            return (
+                f"output {declared['name']!r} datatype {got.get('datatype')} "
+                f"!= {declared['datatype']}"
+            )
+        if not _shape_matches(declared["shape"], list(got.get("shape", []))):
+            return f"output {declared['name']!r} shape {got.get('shape')} != {declared['shape']}"
+    return None
+
+
+async def probe_inference(
+    client: httpx.AsyncClient,
+    address: str,
+    model: str,
+    probe: InferenceProbe | None,
+    previous: ProbeResult | None,
+) -> ProbeResult:
+    """POST a real inference request and judge the answer; failures count toward the threshold."""
+    timeout = probe.timeout_seconds if probe else 5.0
+    threshold = probe.failure_threshold if probe else 3
+    started = time.perf_counter()
+    problem: str | None
+    try:
+        metadata = None
+        if probe is None or not probe.expected_outputs:
+            meta = await client.get(f"http://{address}/v2/models/{model}", timeout=timeout)
+            meta.raise_for_status()
+            metadata = meta.json()
+        body = probe.request if probe else request_from_metadata(metadata or {})
+        response = await client.post(
+            f"http://{address}/v2/models/{model}/infer", json=body, timeout=timeout
+        )
+        if response.status_code != 200:
+            problem = f"infer returned HTTP {response.status_code}: {response.text[:200]}"
+        else:
+            problem = check_outputs(response.json().get("outputs", []), probe, metadata)
+    except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
+        problem = f"infer request failed: {type(exc).__name__}: {exc}"
+    latency = (time.perf_counter() - started) * 1000
+    if problem is None:
+        return ProbeResult(
+            passed=True,
+            message="inference output as expected",
+            consecutive_failures=0,
+            last_probe_time=_now(),
+            latency_ms=latency,
+        )
+    failures = (previous.consecutive_failures if previous else 0) + 1
+    still_passing = bool(previous and previous.passed and failures < threshold)
+    return ProbeResult(
+        passed=still_passing,
+        message=problem,
+        consecutive_failures=failures,
+        last_probe_time=_now(),
+        latency_ms=latency,
+    )

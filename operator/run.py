@@ -1,0 +1,52 @@
+"""`weightlift operator`: kopf with our settings, namespaces and a liveness endpoint."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import click
+from weightlift.operator.probes import PROBE_NETWORKS_ENV
+
+
+@click.command("operator")
+@click.option("--namespace", "-n", "namespaces", multiple=True, help="Namespace to watch (repeat).")
+@click.option("--all-namespaces", "-A", is_flag=True, help="Watch the whole cluster.")
+@click.option(
+    "--liveness-port", type=int, default=None, help="Serve kopf's liveness probe on /healthz."
+)
+@click.option(
+    "--probe-networks",
+    default=None,
+    help=f"Only contact pod IPs in these CIDRs (comma separated; env {PROBE_NETWORKS_ENV}).",
+)
+@click.option("--verbose", "-v", is_flag=True, help="Debug logging.")
+def operator_command(
+    namespaces: tuple[str, ...],
+    all_namespaces: bool,
+    liveness_port: int | None,
+    probe_networks: str | None,
+    verbose: bool,
+) -> None:
+    """Run the weightlift operator against the current kubeconfig (or in-cluster config)."""
+    import kopf
+
+    if not namespaces and not all_namespaces:
+        env_ns = os.environ.get("WATCH_NAMESPACES", "")
+        namespaces = tuple(ns for ns in env_ns.split(",") if ns)
+        if not namespaces:
+            raise click.UsageError("give --namespace NS (repeatable) or --all-namespaces")
+    if probe_networks:
+        os.environ[PROBE_NETWORKS_ENV] = probe_networks
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    import weightlift.operator.handlers  # noqa: F401  (registers the handlers)
+
+    kopf.run(
+        standalone=True,
+        clusterwide=all_namespaces,
+        namespaces=() if all_namespaces else namespaces,
+        liveness_endpoint=f"http://0.0.0.0:{liveness_port}/healthz" if liveness_port else None,
+    )
