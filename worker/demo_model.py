@@ -151,11 +151,17 @@ def make_demo(
                 tensors[f"layers.{i}.up.bias"] = up_b
                 tensors[f"layers.{i}.down.weight"] = down_w
             if tp == 1:
-                name = "model.safetensors" if parts == 1 else (
-                    f"model-{p + 1:05d}-of-{parts:05d}.safetensors")
+                name = (
+                    "model.safetensors"
+                    if parts == 1
+                    else (f"model-{p + 1:05d}-of-{parts:05d}.safetensors")
+                )
             else:
-                name = f"rank-{r}-of-{tp}.safetensors" if parts == 1 else (
-                    f"rank-{r}-of-{tp}-{p + 1:05d}.safetensors")
+                name = (
+                    f"rank-{r}-of-{tp}.safetensors"
+                    if parts == 1
+                    else (f"rank-{r}-of-{tp}-{p + 1:05d}.safetensors")
+                )
             path = out / name
             save_file(tensors, str(path), metadata={"weightlift": "demo", "rank": str(r)})
             files.append(path)
@@ -194,13 +200,18 @@ def _write_probe(out: Path, d: int, tp: int, seed: int) -> None:
     probe = {
         "request": {
             "inputs": [
-                {"name": "INPUT0", "shape": [2, d], "datatype": "FP32",
-                 "data": [round(float(v), 6) for v in x.flatten()]}
+                {
+                    "name": "INPUT0",
+                    "shape": [2, d],
+                    "datatype": "FP32",
+                    "data": [round(float(v), 6) for v in x.flatten()],
+                }
             ],
             "outputs": [{"name": "OUTPUT0"}],
         },
-        "expectedOutputs": [{"name": "OUTPUT0", "shape": list(y.shape),
-                             "data": [float(v) for v in y.flatten()]}],
+        "expectedOutputs": [
+            {"name": "OUTPUT0", "shape": list(y.shape), "data": [float(v) for v in y.flatten()]}
+        ],
         "tolerance": 1e-3,
     }
     # The request carries rounded inputs: recompute the expectation on exactly those.
@@ -217,15 +228,22 @@ def model_group() -> None:
 
 @model_group.command("make-demo")
 @click.option("--out", "out", type=click.Path(file_okay=False, path_type=Path), required=True)
-@click.option("--size-mb", type=float, default=16.0, show_default=True,
-              help="Approximate size of the safetensors weights (all ranks).")
+@click.option(
+    "--size-mb",
+    type=float,
+    default=16.0,
+    show_default=True,
+    help="Approximate size of the safetensors weights (all ranks).",
+)
 @click.option("--tp", type=int, default=1, show_default=True, help="Tensor-parallel ranks.")
 @click.option("--parts", type=int, default=1, show_default=True, help="Files per rank.")
-@click.option("--hook/--no-hook", default=True, show_default=True,
-              help="Build hooks/libinit.so with gcc.")
+@click.option(
+    "--hook/--no-hook", default=True, show_default=True, help="Build hooks/libinit.so with gcc."
+)
 @click.option("--seed", type=int, default=0, show_default=True)
-def make_demo_command(out: Path, size_mb: float, tp: int, parts: int, hook: bool,
-                      seed: int) -> None:
+def make_demo_command(
+    out: Path, size_mb: float, tp: int, parts: int, hook: bool, seed: int
+) -> None:
     """Write model.pt2, model.json, safetensors, hooks/libinit.so and probe.json to OUT."""
     if tp < 1 or size_mb <= 0:
         raise click.BadParameter("--tp must be >= 1 and --size-mb > 0")

@@ -83,7 +83,7 @@ class InitHookSession:
                 except Exception as exc:  # ctypes errors only; a C crash cannot be caught
                     problems.append(f"{RELEASE_SYMBOL} failed for device {dev}: {exc}")
         try:
-            _ctypes.dlclose(self.cdll._handle)  # type: ignore[attr-defined]
+            _ctypes.dlclose(self.cdll._handle)
         except OSError as exc:
             problems.append(f"dlclose({self.library}) failed: {exc}")
         self.cdll = None

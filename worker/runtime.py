@@ -109,10 +109,14 @@ class ModelConfig:
                 layout=str(doc.get("layout", "whole")),
                 tensor_parallel=int(doc.get("tensorParallel", 1)),
                 num_layers=int(doc.get("numLayers", 1)),
-                inputs=[TensorSpec(s["name"], s["datatype"], list(s["shape"])) for s in
-                        doc.get("inputs", [])],
-                outputs=[TensorSpec(s["name"], s["datatype"], list(s["shape"])) for s in
-                         doc.get("outputs", [])],
+                inputs=[
+                    TensorSpec(s["name"], s["datatype"], list(s["shape"]))
+                    for s in doc.get("inputs", [])
+                ],
+                outputs=[
+                    TensorSpec(s["name"], s["datatype"], list(s["shape"]))
+                    for s in doc.get("outputs", [])
+                ],
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise BindError(f"{path}: invalid model config: {exc!r}") from None
@@ -149,15 +153,14 @@ def _signature_specs(ep: torch.export.ExportedProgram) -> tuple[list[TensorSpec]
 class Pt2Runtime:
     """The served model: program + config + bound weights."""
 
-    def __init__(self, model_dir: str | Path, program: torch.export.ExportedProgram,
-                 config: ModelConfig) -> None:
+    def __init__(
+        self, model_dir: str | Path, program: torch.export.ExportedProgram, config: ModelConfig
+    ) -> None:
         self.model_dir = str(model_dir)
         self.program = program
         self.config = config
         self.module = program.module()
-        self._params: dict[str, torch.Tensor] = {
-            k: v for k, v in self.program.state_dict.items()
-        }
+        self._params: dict[str, torch.Tensor] = {k: v for k, v in self.program.state_dict.items()}
         self._bound: list[list[tuple[torch.device, dict[str, torch.Tensor]]]] = []
         self._lock = threading.Lock()
 

@@ -19,8 +19,9 @@ class DirectLoader:
     def load(
         self, plan: WorkerPlan, rank: int, device: torch.device, progress: LoadProgress
     ) -> dict[str, torch.Tensor]:
-        return self.load_index(shard_index(plan.model_dir, rank, plan.tensor_parallel), device,
-                               progress)
+        return self.load_index(
+            shard_index(plan.model_dir, rank, plan.tensor_parallel), device, progress
+        )
 
     def load_index(
         self, index: ShardIndex, device: torch.device, progress: LoadProgress

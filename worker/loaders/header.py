@@ -224,4 +224,3 @@ def read_header(path: str | os.PathLike[str]) -> SafetensorsHeader:
     except OSError as exc:
         raise SafetensorsFormatError(p, f"cannot read: {exc.strerror or exc}") from None
     return parse_header(head + body, size, p)
-

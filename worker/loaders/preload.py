@@ -15,7 +15,7 @@ import mmap
 import os
 from collections.abc import Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -46,10 +46,8 @@ def _host_buffer(nbytes: int, pinned: bool) -> torch.Tensor:
         return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
     mm = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     if hasattr(mm, "madvise") and hasattr(mmap, "MADV_HUGEPAGE"):
-        try:
+        with suppress(OSError):  # THP disabled: plain pages
             mm.madvise(mmap.MADV_HUGEPAGE)
-        except OSError:
-            pass  # THP disabled: plain pages
     # frombuffer keeps `mm` alive as long as the tensor (and every view of it) lives.
     return torch.frombuffer(mm, dtype=torch.uint8)
 
@@ -78,7 +76,8 @@ def _read_chunk(fd: int, path: str, view: memoryview, file_offset: int) -> int:
         except OSError as exc:
             raise LoadError(f"{path}: read failed at offset {file_offset + done}: {exc}") from None
         if got == 0:
-            raise LoadError(f"{path}: truncated while reading (file shrank at {file_offset + done})")
+            at = file_offset + done
+            raise LoadError(f"{path}: truncated while reading (file shrank at offset {at})")
         done += got
     return n
 
@@ -139,7 +138,7 @@ class PreloadLoader:
         # Interleave files so that several files stream at once, big chunks first.
         chunks.sort(key=lambda c: (c.file_offset, c.file_no))
         dev_buf = torch.empty(total, dtype=torch.uint8, device=device) if cuda else host
-        mv = memoryview(host.numpy()) if total else memoryview(b"")
+        mv = memoryview(host.numpy()) if total else memoryview(b"")  # type: ignore[arg-type]
         paths = [h.path for h in index.files]
         stream = torch.cuda.Stream(device) if cuda else None
         with _open_all(paths) as fds, ThreadPoolExecutor(max(1, threads)) as pool:

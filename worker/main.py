@@ -1,0 +1,319 @@
+"""`weightlift worker`: start the server, run init hooks, load, bind, serve; stop on SIGTERM.
+
+Flow: the HTTP server starts first (live and /weightlift/v1/status answer during the load) ->
+init hooks per local rank/device (fail-closed) -> load every local rank concurrently: a Target
+with peers tries PeerToPeer first (Auto/PeerToPeer strategies) and falls back to storage on
+LoadError; storage is Preload or Direct (Auto: preload when the shard fits in
+`hostMemoryFraction` of available memory) -> bind the weights into model.pt2 -> phase Serving,
+ready 200 -> publish this replica as a P2P source when the P2P module is importable.
+SIGTERM/SIGINT: not ready, close the publisher, release hooks, exit 0.
+
+On failure the phase is Failed with a message naming file/tensor/library/symbol and
+`permanentFailure` true for bad files, missing symbols and program/weight mismatches. The worker
+keeps answering /v2/health/live and /weightlift/v1/status (ready stays 503) for
+WEIGHTLIFT_FAIL_LINGER_SECONDS (default 30) so the operator can read why, writes the message
+to the termination log (/dev/termination-log or WEIGHTLIFT_TERMINATION_LOG), then exits 1.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+import os
+import signal
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+import torch
+from aiohttp import web
+from weightlift.operator.api import LoadStrategy, Role
+from weightlift.worker.hooks import HookError, InitHookSession, run_init_hooks
+from weightlift.worker.loaders.base import Loader, LoadError, LoadProgress
+from weightlift.worker.loaders.files import shard_index
+from weightlift.worker.loaders.header import SafetensorsFormatError
+from weightlift.worker.loaders.select import choose_storage_loader
+from weightlift.worker.plan import HookReport, WorkerPlan
+from weightlift.worker.runtime import BindError, Pt2Runtime
+from weightlift.worker.server import WorkerState, build_app
+
+log = logging.getLogger("weightlift.worker")
+
+FAIL_LINGER_ENV = "WEIGHTLIFT_FAIL_LINGER_SECONDS"
+TERMINATION_LOG_ENV = "WEIGHTLIFT_TERMINATION_LOG"
+T = TypeVar("T")
+
+
+def resolve_devices(plan: WorkerPlan) -> dict[int, torch.device]:
+    """rank -> device: "cpu"; "cuda" means cuda:r; "auto" is cuda when every rank has a GPU."""
+    want = plan.device
+    if want == "auto":
+        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        want = "cuda" if n > 0 and max(plan.ranks, default=0) < n else "cpu"
+    if want.startswith("cuda"):
+        return {r: torch.device("cuda", r) for r in plan.ranks}
+    return {r: torch.device("cpu") for r in plan.ranks}
+
+
+def is_permanent(exc: BaseException) -> bool:
+    if isinstance(exc, SafetensorsFormatError | BindError):
+        return True
+    if isinstance(exc, HookError):
+        return exc.permanent
+    return bool(getattr(exc, "permanent", False))
+
+
+def _in_daemon_thread(fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
+    """Run `fn` in a daemon thread: a SIGTERM during a long load does not wait for it."""
+    loop = asyncio.get_running_loop()
+    fut: asyncio.Future[T] = loop.create_future()
+
+    def settle(result: T | None, exc: BaseException | None) -> None:
+        if fut.done():
+            return
+        if exc is not None:
+            fut.set_exception(exc)
+        else:
+            fut.set_result(result)  # type: ignore[arg-type]
+
+    def run() -> None:
+        try:
+            res = fn(*args)
+        except BaseException as exc:
+            loop.call_soon_threadsafe(settle, None, exc)
+        else:
+            loop.call_soon_threadsafe(settle, res, None)
+
+    threading.Thread(target=run, daemon=True, name=f"wl-{getattr(fn, '__name__', 'task')}").start()
+    return fut
+
+
+def _write_termination_log(message: str) -> None:
+    path = os.environ.get(TERMINATION_LOG_ENV, "/dev/termination-log")
+    with contextlib.suppress(OSError), open(path, "w") as f:
+        f.write(message[:4000])
+
+
+class Worker:
+    """One worker process; `run()` returns the exit code."""
+
+    def __init__(self, plan: WorkerPlan, stop: asyncio.Event | None = None) -> None:
+        self.plan = plan
+        self.state = WorkerState.for_plan(plan)
+        self.stop = stop or asyncio.Event()
+        self.hooks: InitHookSession | None = None
+        self.publisher: Any = None
+        self.runner: web.AppRunner | None = None
+        self.devices = resolve_devices(plan)
+
+    # ------------------------------------------------------------------ steps
+    async def start_server(self) -> web.Application:
+        app = build_app(self.state)
+        self.runner = web.AppRunner(app, access_log=None)
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, self.plan.host, self.plan.runtime.port)
+        await site.start()
+        log.info("serving on %s:%d", self.plan.host, self.plan.runtime.port)
+        return app
+
+    async def init_hooks(self) -> None:
+        rep = self.state.report
+        rep.phase = "InitHooks"
+        hooks = self.plan.init_hooks
+        if hooks is not None:
+            dev_indices = [r for r in self.plan.ranks]
+            try:
+                session: InitHookSession = await _in_daemon_thread(
+                    run_init_hooks, hooks, self.plan.model_dir, dev_indices
+                )
+                self.hooks = session
+            except HookError as exc:
+                rep.hooks = [
+                    HookReport(library=hooks.library, device_index=d, ok=False, message=str(exc))
+                    for d in dev_indices
+                ]
+                raise
+            rep.hooks = list(session.reports)
+        rep.hooks_run = True
+
+    def _load_rank(self, rank: int, progress: LoadProgress) -> tuple[str, dict[str, torch.Tensor]]:
+        """(strategy used, tensors) for one rank; runs in a thread."""
+        plan, dev = self.plan, self.devices[rank]
+        if (
+            plan.role == Role.TARGET
+            and plan.strategy in (LoadStrategy.AUTO, LoadStrategy.PEER_TO_PEER)
+            and plan.peers
+        ):
+            try:
+                from weightlift.worker.loaders.p2p import PeerToPeerLoader
+            except ImportError as exc:
+                log.warning("rank %d: P2P loader unavailable (%s); loading from storage", rank, exc)
+            else:
+                try:
+                    tensors = PeerToPeerLoader().load(plan, rank, dev, progress)
+                    progress.loaded_from = progress.loaded_from or "peer"
+                    return "p2p", tensors
+                except LoadError as exc:
+                    log.warning("rank %d: P2P failed (%s); falling back to storage", rank, exc)
+                    progress.reset()
+        loader: Loader = choose_storage_loader(plan, self.devices)
+        tensors = loader.load(plan, rank, dev, progress)
+        progress.loaded_from = "storage"
+        return loader.name, tensors
+
+    async def load_and_bind(self) -> dict[int, dict[str, torch.Tensor]]:
+        rep = self.state.report
+        rep.phase = "Loading"
+        runtime = await _in_daemon_thread(Pt2Runtime.open, self.plan.model_dir)
+        for r in self.plan.ranks:
+            self.state.progress[r] = LoadProgress()
+        jobs = [
+            _in_daemon_thread(self._load_rank, r, self.state.progress[r]) for r in self.plan.ranks
+        ]
+        results = await asyncio.wait_for(
+            asyncio.gather(*jobs), timeout=self.plan.loading.load_timeout_seconds
+        )
+        strategies = sorted({s for s, _ in results})
+        rep.strategy = ",".join(strategies)
+        sources = sorted({self.state.progress[r].loaded_from or "storage" for r in self.plan.ranks})
+        rep.loaded_from = ",".join(sources)
+        tensors_by_rank = {r: t for r, (_, t) in zip(self.plan.ranks, results, strict=True)}
+        files_by_rank: dict[int, dict[str, str]] = {}
+        for r in self.plan.ranks:
+            try:
+                idx = shard_index(self.plan.model_dir, r, self.plan.tensor_parallel)
+                files_by_rank[r] = {n: h.path for n, (h, _) in idx.tensors.items()}
+            except LoadError:
+                files_by_rank[r] = {}
+        bound = await _in_daemon_thread(
+            runtime.bind, tensors_by_rank, files_by_rank, self.plan.model.dtype
+        )
+        self.state.runtime = runtime
+        return bound
+
+    async def publish(
+        self, bound: dict[int, dict[str, torch.Tensor]], app: web.Application
+    ) -> None:
+        try:
+            from weightlift.worker.p2p.source import SourcePublisher
+        except ImportError as exc:
+            log.info("P2P source publishing unavailable: %s", exc)
+            return
+        try:
+            self.publisher = await _in_daemon_thread(SourcePublisher, self.plan, bound)
+        except Exception as exc:  # NIXL missing or failing: still serve, just not as a source
+            log.warning("cannot publish as a P2P source: %s", exc)
+            return
+        app["p2p"] = self.publisher
+
+    async def shutdown(self, app: web.Application | None) -> None:
+        self.state.ready = False
+        if self.state.report.phase != "Failed":
+            self.state.report.phase = "Stopping"
+        if app is not None:
+            app["p2p"] = None
+        if self.publisher is not None:
+            try:
+                res = self.publisher.close()
+                if inspect.isawaitable(res):
+                    await res
+            except Exception as exc:
+                log.warning("closing the P2P publisher: %s", exc)
+            self.publisher = None
+        if self.hooks is not None:
+            for problem in self.hooks.release():
+                log.warning("init hook release: %s", problem)
+        if self.runner is not None:
+            await self.runner.cleanup()
+            self.runner = None
+
+    # ------------------------------------------------------------------ main
+    async def run(self) -> int:
+        app: web.Application | None = None
+        rep = self.state.report
+        stop_task = asyncio.ensure_future(self.stop.wait())
+        try:
+            app = await self.start_server()
+            work = asyncio.ensure_future(self._bring_up(app))
+            done, _ = await asyncio.wait({work, stop_task}, return_when=asyncio.FIRST_COMPLETED)
+            if work not in done:
+                log.info("stop requested during %s; abandoning the load", rep.phase)
+                work.cancel()
+                return 0
+            work.result()
+            log.info("serving %s (%s from %s)", rep.model, rep.strategy, rep.loaded_from)
+            await stop_task
+            return 0
+        except Exception as exc:
+            if isinstance(exc, TimeoutError):
+                msg = f"load did not finish within {self.plan.loading.load_timeout_seconds}s"
+            else:
+                msg = str(exc) or type(exc).__name__
+            rep.phase = "Failed"
+            rep.message = msg
+            rep.permanent_failure = is_permanent(exc)
+            self.state.ready = False
+            log.error("load failed (permanent=%s): %s", rep.permanent_failure, msg)
+            _write_termination_log(msg)
+            if app is not None:
+                linger = float(os.environ.get(FAIL_LINGER_ENV, "30") or 0)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(stop_task), timeout=linger)
+            return 1
+        finally:
+            stop_task.cancel()
+            await self.shutdown(app)
+
+    async def _bring_up(self, app: web.Application) -> None:
+        await self.init_hooks()
+        bound = await self.load_and_bind()
+        for p in self.state.progress.values():
+            if p.finished is None:
+                p.finish()
+        self.state.report.phase = "Serving"
+        self.state.ready = True
+        await self.publish(bound, app)
+
+
+async def run_worker(plan: WorkerPlan, stop: asyncio.Event | None = None) -> int:
+    """Run a worker until `stop` is set (or SIGTERM/SIGINT when running in the main thread)."""
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    installed: list[signal.Signals] = []
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            try:
+                loop.add_signal_handler(sig, stop.set)
+                installed.append(sig)
+            except (NotImplementedError, RuntimeError):
+                pass
+    try:
+        return await Worker(plan, stop).run()
+    finally:
+        for sig in installed:
+            loop.remove_signal_handler(sig)
+
+
+@click.command("worker")
+@click.option(
+    "--plan",
+    "plan_file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="WorkerPlan JSON file (default: the WEIGHTLIFT_PLAN environment variable).",
+)
+@click.option("--log-level", default="INFO", show_default=True)
+def worker_command(plan_file: Path | None, log_level: str) -> None:
+    """Run the model worker (init hooks, load, serve KServe v2)."""
+    logging.basicConfig(
+        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        plan = WorkerPlan.from_file(plan_file) if plan_file else WorkerPlan.from_env()
+    except Exception as exc:  # pydantic ValidationError or a missing env var
+        _write_termination_log(f"invalid worker plan: {exc}")
+        raise click.ClickException(f"invalid worker plan: {exc}") from exc
+    raise SystemExit(asyncio.run(run_worker(plan)))
