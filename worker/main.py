@@ -316,4 +316,7 @@ def worker_command(plan_file: Path | None, log_level: str) -> None:
     except Exception as exc:  # pydantic ValidationError or a missing env var
         _write_termination_log(f"invalid worker plan: {exc}")
         raise click.ClickException(f"invalid worker plan: {exc}") from exc
+    bind_host = os.environ.get("WEIGHTLIFT_BIND_HOST")
+    if bind_host:  # the local process node: this pod's 127.0.x.y stands in for its netns
+        plan = plan.model_copy(update={"host": bind_host})
     raise SystemExit(asyncio.run(run_worker(plan)))
