@@ -6,7 +6,7 @@ decision about roles, scaling, rollover and phases lives here so it can be teste
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
 from weightlift.operator.api import (
@@ -137,6 +137,11 @@ def parse_rfc3339(text: str) -> datetime:
     return datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
 
 
+def _aware(moment: datetime) -> datetime:
+    """Observed.now without a zone is taken as UTC (comparing naive and aware would raise)."""
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+
+
 def validate(spec: ModelDeploymentSpec, observed: Observed) -> str | None:
     """Semantic checks the CRD schema cannot express; returns a message naming the field."""
     scheme = spec.model.uri.split("://", 1)[0]
@@ -145,8 +150,10 @@ def validate(spec: ModelDeploymentSpec, observed: Observed) -> str | None:
             f"spec.model.uri: scheme {scheme}:// needs a storage downloader this version does "
             f"not ship; use one of {', '.join(s + '://' for s in SUPPORTED_STORAGE)}"
         )
-    if scheme == "pvc" and "/" not in spec.model.uri.removeprefix("pvc://").strip("/"):
-        return "spec.model.uri: pvc:// needs a claim and a path, e.g. pvc://models/llama-3"
+    if scheme == "pvc":
+        claim, _, path = spec.model.uri.removeprefix("pvc://").partition("/")
+        if not claim or not path.strip("/"):
+            return "spec.model.uri: pvc:// needs a claim and a path, e.g. pvc://models/llama-3"
     tp = spec.parallelism.tensor
     if observed.max_node_gpus is not None and tp > observed.max_node_gpus:
         return (
@@ -162,27 +169,39 @@ def validate(spec: ModelDeploymentSpec, observed: Observed) -> str | None:
             f"spec.initHooks.library: {hooks.library!r} is outside the model dir; use a "
             "path relative to it or set spec.initHooks.allowOutsideModelDir"
         )
-    if spec.probe is not None and not isinstance(spec.probe.request.get("inputs"), list):
-        return "spec.probe.request: a KServe v2 request needs an 'inputs' list"
+    inputs = spec.probe.request.get("inputs") if spec.probe is not None else None
+    if spec.probe is not None and not (isinstance(inputs, list) and inputs):
+        return "spec.probe.request: a KServe v2 request needs a non-empty 'inputs' list"
     return None
 
 
 def plan(spec: ModelDeploymentSpec, observed: Observed) -> Plan:
+    if observed.now.tzinfo is None:
+        observed = replace(observed, now=_aware(observed.now))
     identity = model_identity(spec)
     result = Plan()
     live = [p for p in observed.pods if not p.terminating]
 
     if observed.deleting:
-        result.delete = {p.name: "ModelDeployment deleted" for p in observed.pods}
+        # Pods already terminating need no second delete call.
+        result.delete = {p.name: "ModelDeployment deleted" for p in live}
         result.status = _status(spec, observed, identity, live, [], Phase.PENDING, "Deleting")
         return result
 
     problem = validate(spec, observed)
     if problem is not None:
-        # Lose nothing: existing replicas keep serving until the spec is fixed.
-        result.status = _status(spec, observed, identity, live, [], Phase.FAILED, problem)
-        result.status.conditions = _conditions(observed, [], result.status, "InvalidSpec")
-        result.events.append(Event("Warning", "InvalidSpec", problem))
+        # Lose nothing: existing replicas keep serving (and feeding others) until the spec is
+        # fixed, and a wait for a source keeps its start time.
+        current = [p for p in live if p.identity == identity]
+        sources = _ready_sources(spec, observed, identity, current)
+        result.status = _status(spec, observed, identity, live, sources, Phase.FAILED, problem)
+        result.status.waiting_since = observed.previous.waiting_since if observed.previous else None
+        result.status.conditions = _conditions(
+            spec, observed, current, result.status, "InvalidSpec"
+        )
+        previous = observed.previous
+        if previous is None or previous.phase != Phase.FAILED or previous.message != problem:
+            result.events.append(Event("Warning", "InvalidSpec", problem))
         return result
 
     current = [p for p in live if p.identity == identity]
@@ -198,6 +217,8 @@ def plan(spec: ModelDeploymentSpec, observed: Observed) -> Plan:
     sources = _ready_sources(spec, observed, identity, current)
     _scale_down(spec, current, sources, result)
     current = [p for p in current if p.name not in result.delete]
+    # A replica being scaled down is no candidate for anyone any more.
+    sources = [s for s in sources if s.pod not in result.delete]
     _promote(current, result)
     _roll_over(spec, current, old, result)
     waiting = _scale_up(spec, observed, identity, current, old, sources, result)
@@ -205,15 +226,17 @@ def plan(spec: ModelDeploymentSpec, observed: Observed) -> Plan:
     phase, message = _phase(spec, current, old, waiting, result)
     result.status = _status(spec, observed, identity, live, sources, phase, message)
     result.status.waiting_since = _waiting_since(observed, waiting)
-    result.status.conditions = _conditions(observed, current, result.status, None)
+    result.status.conditions = _conditions(spec, observed, current, result.status, None)
     previous_phase = observed.previous.phase if observed.previous else None
     if previous_phase != phase:
         kind = "Warning" if phase in (Phase.FAILED, Phase.DEGRADED) else "Normal"
         result.events.append(Event(kind, f"Phase{phase}", message or f"phase is {phase}"))
-    busy = waiting or any(p.loading or not p.inference_ready for p in current) or old
+    in_motion = [p for p in current if not p.permanent_failure and not p.inference_ready]
+    busy = waiting or in_motion or old or result.create or result.delete
     result.requeue_after = POLL_WHILE_LOADING if busy else _steady_poll(spec)
-    if waiting and observed.previous and observed.previous.waiting_since:
-        result.requeue_after = min(result.requeue_after, _wait_left(spec, observed))
+    if waiting and _was_waiting(observed):
+        # Wake up when the wait runs out, but never spin: at least a short pause.
+        result.requeue_after = max(0.5, min(result.requeue_after, _wait_left(spec, observed)))
     return result
 
 
@@ -326,21 +349,40 @@ def _scale_up(
         need = min(need, spec.replicas + spec.rollout.max_surge - len(current) - len(old_left))
     if need <= 0:
         return 0
+    # Lowest free index whose pod name exists nowhere (terminating pods included; names carry
+    # only a prefix of the identity, so check names, not just indices of this identity).
+    taken_names = {p.name for p in observed.pods}
     taken = {p.replica for p in observed.pods if p.identity == identity}
-    free = (i for i in range(10**6) if i not in taken)
+    free = (
+        i
+        for i in range(10**6)
+        if i not in taken and pod_name(observed.name, identity, i) not in taken_names
+    )
     strategy = LoadStrategy(spec.loading.strategy)
     storage_only = strategy in (LoadStrategy.PRELOAD, LoadStrategy.DIRECT)
-    storage_loaders = sum(p.role == Role.SOURCE and p.loading for p in current)
-    wait_expired = _wait_left(spec, observed) <= 0 if _was_waiting(observed) else False
-    waiting = 0
+    # Source-role replicas on their way to Ready (scheduling, loading, or loaded and waiting
+    # for the inference probe) still count against initialSources.
+    storage_loaders = sum(
+        p.role == Role.SOURCE and not p.failed and not p.inference_ready for p in current
+    )
+    if spec.loading.wait_for_source_seconds == 0:
+        wait_expired = True
+    elif _was_waiting(observed):
+        wait_expired = _wait_left(spec, observed) <= 0
+    else:
+        wait_expired = False
+    waiting = expired = 0
     for _ in range(need):
         if storage_only:
             role, peers = Role.SOURCE, []
         elif sources:
             role, peers = Role.TARGET, list(sources)
-        elif storage_loaders < spec.loading.initial_sources or wait_expired:
+        elif storage_loaders < spec.loading.initial_sources:
             role, peers = Role.SOURCE, []
             storage_loaders += 1
+        elif wait_expired:
+            role, peers = Role.SOURCE, []
+            expired += 1
         else:
             waiting += 1
             continue
@@ -348,7 +390,7 @@ def _scale_up(
         result.create.append(
             DesiredPod(pod_name(observed.name, identity, replica), replica, role, identity, peers)
         )
-    if wait_expired and any(d.role == Role.SOURCE for d in result.create) and not sources:
+    if expired and _was_waiting(observed):
         result.events.append(
             Event(
                 "Normal",
@@ -366,7 +408,10 @@ def _was_waiting(observed: Observed) -> bool:
 
 def _wait_left(spec: ModelDeploymentSpec, observed: Observed) -> float:
     assert observed.previous is not None and observed.previous.waiting_since is not None
-    since = parse_rfc3339(observed.previous.waiting_since)
+    try:
+        since = parse_rfc3339(observed.previous.waiting_since)
+    except ValueError:  # someone edited the status: start the wait over rather than crash
+        return float(spec.loading.wait_for_source_seconds)
     waited = (observed.now - since).total_seconds()
     return max(0.0, spec.loading.wait_for_source_seconds - waited)
 
@@ -375,8 +420,12 @@ def _waiting_since(observed: Observed, waiting: int) -> str | None:
     if not waiting:
         return None
     if _was_waiting(observed):
-        assert observed.previous is not None
-        return observed.previous.waiting_since
+        assert observed.previous is not None and observed.previous.waiting_since is not None
+        try:
+            parse_rfc3339(observed.previous.waiting_since)
+            return observed.previous.waiting_since
+        except ValueError:
+            pass
     return rfc3339(observed.now)
 
 
@@ -403,6 +452,10 @@ def _phase(
     if any(p.loading for p in kept) or result.create:
         if not any(p.node for p in kept):
             return Phase.PENDING, "waiting for worker pods to be scheduled"
+        if waiting:
+            return Phase.LOADING, (
+                f"replicas are loading weights; {waiting} replica(s) wait for a Ready source"
+            )
         return Phase.LOADING, "replicas are loading weights"
     if waiting:
         return Phase.WAITING_FOR_SOURCE, f"{waiting} replica(s) wait for a Ready source"
@@ -430,9 +483,12 @@ def _status(
     ready = sum(p.inference_ready for p in live)
     updated = sum(p.inference_ready for p in live if p.identity == identity)
     current = [p for p in live if p.identity == identity]
-    total = sum(p.worker.bytes_total for p in current if p.worker)
-    done = sum(p.worker.bytes_loaded for p in current if p.worker)
-    loaded = round(100 * done / total) if total else (100 if current and updated else 0)
+    # Each replica of the desired count contributes its fraction of bytes on the device; one
+    # that does not exist yet contributes nothing (all replicas of an identity load the same
+    # bytes, so this is the percentage of bytes).
+    fractions = [_loaded_fraction(p) for p in current]
+    want = max(spec.replicas, len(current))
+    loaded = round(100 * sum(fractions) / want) if want else 0
     own_sources = [s for s in sources if s.deployment == observed.name]
     return ModelDeploymentStatus(
         phase=phase,
@@ -452,6 +508,15 @@ def _status(
             for p in sorted(live, key=lambda p: (p.identity != identity, p.replica))
         ],
     )
+
+
+def _loaded_fraction(pod: ObservedPod) -> float:
+    if pod.failed:
+        return 0.0
+    report = pod.worker
+    if report is not None and report.bytes_total > 0:
+        return min(1.0, report.bytes_loaded / report.bytes_total)
+    return 1.0 if pod.pod_ready else 0.0
 
 
 def _replica_status(pod: ObservedPod) -> ReplicaStatus:
@@ -488,34 +553,37 @@ def _replica_status(pod: ObservedPod) -> ReplicaStatus:
 
 
 def _conditions(
+    spec: ModelDeploymentSpec,
     observed: Observed,
     current: list[ObservedPod],
     status: ModelDeploymentStatus,
     invalid_reason: str | None,
 ) -> list[Condition]:
+    """Conditions over the replicas of the current identity, measured against spec.replicas:
+    a replica that does not exist yet is neither scheduled nor loaded."""
     scheduled = [p for p in current if p.node]
     unschedulable = next((p for p in current if p.unschedulable), None)
-    loaded = [p for p in current if p.pod_ready]
-    want = max(len(current), 1)
+    loaded = [p for p in current if p.pod_ready and not p.failed and not p.terminating]
+    all_scheduled = len(scheduled) == len(current) and len(current) >= spec.replicas
+    all_loaded = len(loaded) >= spec.replicas
     failing_probe = next(
         (p for p in current if p.pod_ready and p.probe and not p.probe.passed), None
     )
+    if all_scheduled:
+        scheduled_reason, scheduled_message = "AllScheduled", ""
+    elif unschedulable is not None:
+        scheduled_reason = "Unschedulable"
+        scheduled_message = f"{unschedulable.name}: {unschedulable.unschedulable}"
+    else:
+        scheduled_reason = "Pending"
+        scheduled_message = f"{len(scheduled)}/{spec.replicas} replicas scheduled"
     table: list[tuple[ConditionType, bool, str, str]] = [
-        (
-            ConditionType.SCHEDULED,
-            len(scheduled) == len(current),
-            "AllScheduled"
-            if len(scheduled) == len(current)
-            else "Unschedulable"
-            if unschedulable
-            else "Pending",
-            unschedulable.unschedulable or "" if unschedulable else "",
-        ),
+        (ConditionType.SCHEDULED, all_scheduled, scheduled_reason, scheduled_message),
         (
             ConditionType.WEIGHTS_LOADED,
-            len(loaded) >= want and bool(current),
-            "Loaded" if len(loaded) >= want and current else "Loading",
-            f"{len(loaded)}/{len(current)} replicas loaded",
+            all_loaded,
+            "Loaded" if all_loaded else "Loading",
+            f"{len(loaded)}/{spec.replicas} replicas loaded",
         ),
         (
             ConditionType.INFERENCE_READY,
@@ -540,7 +608,8 @@ def _conditions(
     for ctype, ok, reason, message in table:
         value = "True" if ok else "False"
         before = previous.get(ctype)
-        since = before.last_transition_time if before and before.status == value else now
+        kept = before is not None and before.status == value and before.last_transition_time
+        since = before.last_transition_time if kept and before is not None else now
         conditions.append(
             Condition(
                 type=ctype,
