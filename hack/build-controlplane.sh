@@ -24,9 +24,14 @@ BIN="$OUT/bin"
 if [[ "${WL_CONTROLPLANE_PRINT_DIR:-}" == 1 ]]; then echo "$BIN"; exit 0; fi
 
 BINARIES=(kube-apiserver kube-controller-manager kube-scheduler etcd kwok)
+# kwok >= v0.7 ships no built-in stages: we take its "fast" node/pod stages from the same module.
+KWOK_STAGES=(node/fast/node-initialize.yaml node/heartbeat-with-lease/node-heartbeat-with-lease.yaml
+             pod/fast/pod-ready.yaml pod/fast/pod-complete.yaml pod/fast/pod-delete.yaml)
+STAGES="$OUT/kwok-stages.yaml"
 if [[ -f "$OUT/.complete" ]]; then
   ok=1
   for b in "${BINARIES[@]}"; do [[ -x "$BIN/$b" ]] || ok=0; done
+  [[ -s "$STAGES" ]] || ok=0
   if [[ $ok == 1 ]]; then echo "control plane binaries cached in $BIN"; exit 0; fi
 fi
 
@@ -137,11 +142,25 @@ build_kwok() {
   mv "$OUT/gobin/kwok" "$BIN/kwok"
 }
 
+kwok_stages() {
+  log "collecting kwok stages"
+  local dir
+  dir="$(go mod download -json "sigs.k8s.io/kwok@$KWOK_VERSION" | sed -n 's/^\s*"Dir": "\(.*\)",\?$/\1/p')"
+  [[ -d "$dir" ]] || { echo "error: could not download sigs.k8s.io/kwok@$KWOK_VERSION" >&2; exit 1; }
+  : > "$STAGES.tmp"
+  for f in "${KWOK_STAGES[@]}"; do
+    { echo "---"; echo "# sigs.k8s.io/kwok@$KWOK_VERSION kustomize/stage/$f"; grep -v '^---$' "$dir/kustomize/stage/$f"; } >> "$STAGES.tmp"
+  done
+  mv "$STAGES.tmp" "$STAGES"
+}
+
 [[ -x "$BIN/etcd" ]] || build_etcd
 [[ -x "$BIN/kwok" ]] || build_kwok
+[[ -s "$STAGES" ]] || kwok_stages
 if [[ ! -x "$BIN/kube-apiserver" || ! -x "$BIN/kube-controller-manager" || ! -x "$BIN/kube-scheduler" ]]; then
   build_kube
 fi
 for b in "${BINARIES[@]}"; do [[ -x "$BIN/$b" ]] || { echo "error: $b was not built" >&2; exit 1; }; done
+[[ -s "$STAGES" ]] || { echo "error: kwok stages missing" >&2; exit 1; }
 echo "built in $(( $(date +%s) - START ))s" > "$OUT/.complete"
 log "done: binaries in $BIN"

@@ -89,10 +89,17 @@ def tools_bin_dir(cache: Path | None = None) -> Path:
     return base / f"tools-kubectl-v35-{KUBECTL_LAYER_VERSION}" / "bin"
 
 
+def kwok_stages_file(cache: Path | None = None) -> Path:
+    """kwok's node/pod stages (node-initialize, heartbeat, pod-ready/complete/delete)."""
+    return controlplane_bin_dir(cache).parent / "kwok-stages.yaml"
+
+
 def missing_binaries(cache: Path | None = None) -> list[str]:
     """Names of control-plane binaries and tools that are not built/installed yet."""
     cp, tools = controlplane_bin_dir(cache), tools_bin_dir(cache)
     missing = [b for b in CONTROLPLANE_BINARIES if not os.access(cp / b, os.X_OK)]
+    if not kwok_stages_file(cache).is_file():
+        missing.append("kwok-stages.yaml")
     return missing + [t for t in TOOLS if not os.access(tools / t, os.X_OK)]
 
 
@@ -344,6 +351,9 @@ class ControlPlane:
     def up(self) -> ClusterInfo:
         """Start every component (fresh etcd data), wait until ready, create the GPU nodes."""
         bins = {name: binary_path(name, self.cache) for name in CONTROLPLANE_BINARIES}
+        stages = kwok_stages_file(self.cache)
+        if not stages.is_file():
+            raise ControlPlaneError(f"{stages} not found: run `make controlplane`")
         self.down()  # a previous run in this state dir is stopped first
         for sub in ("etcd", "certs", "logs", "run"):
             shutil.rmtree(self.state_dir / sub, ignore_errors=True)
@@ -463,6 +473,7 @@ class ControlPlane:
                 [
                     str(bins["kwok"]),
                     f"--kubeconfig={kc}",
+                    f"--config={stages}",
                     "--manage-all-nodes=false",
                     f"--manage-nodes-with-annotation-selector={KWOK_ANNOTATION}=fake",
                     f"--cidr={POD_CIDR}",
@@ -640,6 +651,8 @@ class ControlPlane:
             "pods": "110",
             "ephemeral-storage": "7Ti",
             "nvidia.com/gpu": str(n.gpus_per_node),
+            # an RDMA device plugin's resource, one HCA per GPU (examples request rdma/ib)
+            "rdma/ib": str(n.gpus_per_node),
         }
         return {
             "apiVersion": "v1",
