@@ -362,8 +362,9 @@ def _scale_up(
     storage_only = strategy in (LoadStrategy.PRELOAD, LoadStrategy.DIRECT)
     # Source-role replicas on their way to Ready (scheduling, loading, or loaded and waiting
     # for the inference probe) still count against initialSources.
+    source_pods = {s.pod for s in sources}
     storage_loaders = sum(
-        p.role == Role.SOURCE and not p.failed and not p.inference_ready for p in current
+        p.role == Role.SOURCE and not p.failed and p.name not in source_pods for p in current
     )
     if spec.loading.wait_for_source_seconds == 0:
         wait_expired = True

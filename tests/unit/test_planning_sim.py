@@ -13,6 +13,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+
 from weightlift.operator.api import (
     ModelDeploymentSpec,
     ModelDeploymentStatus,
