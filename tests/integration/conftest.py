@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from integration_helpers import REPO, Kubectl, wait_for
 from kubernetes import client, config
+
 from weightlift.operator.cluster import (
     ClusterInfo,
     ControlPlane,

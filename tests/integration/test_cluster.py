@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from integration_helpers import REPO, Kubectl, wait_for
 from kubernetes import client
+
 from weightlift.operator import cluster as wl_cluster
 from weightlift.operator.cluster import ClusterInfo, ControlPlane, ControlPlaneError
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 import yaml
-from integration_helpers import REPO, Kubectl
+from integration_helpers import REPO, Kubectl, wait_for
 
 EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
 
@@ -38,8 +38,13 @@ def test_crd_established_and_explained(crd: str, kubectl: Kubectl) -> None:
     versions = {v["name"]: v for v in out["spec"]["versions"]}
     assert "scale" in versions["v1alpha1"]["subresources"]
     assert "status" in versions["v1alpha1"]["subresources"]
-    explain = kubectl("explain", "modeldeployment.spec.replicas").stdout
-    assert "replicas" in explain.lower()
+    # the published OpenAPI (what `kubectl explain` reads) follows the CRD within seconds
+    explain = wait_for(
+        lambda: kubectl("explain", "modeldeployment.spec.replicas", check=False).stdout,
+        60,
+        "kubectl explain to know modeldeployment.spec.replicas",
+    )
+    assert "Number of model replicas" in explain
     assert kubectl("get", "md", "-A", check=False).returncode == 0  # short name works
 
 
