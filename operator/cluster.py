@@ -191,8 +191,8 @@ def _write_certs(certs: Path) -> None:
         )
     ]
     sans += [
-        x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
-        x509.IPAddress(next(ipaddress.ip_network(SERVICE_CIDR).hosts())),
+        x509.IPAddress(ipaddress.IPv4Address("127.0.0.1")),
+        x509.IPAddress(next(ipaddress.IPv4Network(SERVICE_CIDR).hosts())),
     ]
     server_cert = (
         x509.CertificateBuilder()
