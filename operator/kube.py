@@ -12,6 +12,7 @@ from typing import Any
 
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
+
 from weightlift.operator.api import GROUP, PLURAL, VERSION
 
 Obj = dict[str, Any]
@@ -87,7 +88,15 @@ def delete_pod(core: client.CoreV1Api, namespace: str, name: str) -> None:
 def patch_pod_labels(
     core: client.CoreV1Api, namespace: str, name: str, labels: dict[str, str]
 ) -> None:
-    core.patch_namespaced_pod(name, namespace, {"metadata": {"labels": labels}})
+    # Without an explicit type the client picks application/json-patch+json for any body, which
+    # the API server rejects for a dict; this is a merge patch.
+    core.patch_namespaced_pod(
+        name,
+        namespace,
+        {"metadata": {"labels": labels}},
+        _content_type="application/merge-patch+json",
+        _preload_content=False,
+    )
 
 
 def max_node_gpus(core: client.CoreV1Api, resource: str) -> int | None:
