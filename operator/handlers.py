@@ -12,6 +12,7 @@ import logging
 from typing import Any
 
 import kopf
+
 from weightlift.operator import kube
 from weightlift.operator.api import GROUP, PLURAL, VERSION
 from weightlift.operator.planning import DEPLOYMENT_LABEL

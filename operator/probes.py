@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import httpx
+
 from weightlift.operator.api import InferenceProbe, ProbeResult
 from weightlift.worker.plan import WorkerReport
 

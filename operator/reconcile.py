@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 from kubernetes import client
 from pydantic import ValidationError
+
 from weightlift.operator import kube
 from weightlift.operator.api import (
     Condition,
