@@ -278,6 +278,11 @@ class PodRunner(threading.Thread):
             c.waiting = {"reason": "CreateContainerConfigError", "message": str(exc)}
             c.restart_at = time.monotonic() + 5.0
             return
+        # terminationMessagePath (default /dev/termination-log) lives in the pod dir; the worker
+        # writes it where WEIGHTLIFT_TERMINATION_LOG says.
+        term = self._termination_log(c)
+        term.write_text("")
+        env.setdefault("WEIGHTLIFT_TERMINATION_LOG", str(term))
         with c.log_path.open("ab") as out:
             out.write(f"--- {now_rfc3339()} start {argv}\n".encode())
             out.flush()
@@ -325,7 +330,7 @@ class PodRunner(threading.Thread):
         assert c.proc is not None
         code = c.proc.returncode
         exit_code = 128 + (-code) if code < 0 else code
-        message = self._termination_message(c) if exit_code != 0 else ""
+        message = self._termination_message(c) if exit_code != 0 or code < 0 else ""
         c.terminated = {
             "exitCode": exit_code,
             "reason": "Completed" if exit_code == 0 else "Error",
@@ -346,8 +351,17 @@ class PodRunner(threading.Thread):
         c.backoff = min(c.backoff * 2, MAX_BACKOFF_SECONDS)
         log.info("pod %s/%s: %s exited %d", self.namespace, self.pod_name, c.name, exit_code)
 
+    def _termination_log(self, c: ContainerRun) -> Path:
+        return self.dir / f"{c.name}.termination-log"
+
     def _termination_message(self, c: ContainerRun) -> str:
-        """FallbackToLogsOnError: the tail of the container's log."""
+        """The container's termination message file, else (FallbackToLogsOnError) its log tail."""
+        with contextlib.suppress(OSError):
+            written = self._termination_log(c).read_text(errors="replace").strip()
+            if written:
+                return written[:4096]
+        if c.spec.get("terminationMessagePolicy", "File") != "FallbackToLogsOnError":
+            return ""
         try:
             with c.log_path.open("rb") as f:
                 f.seek(0, os.SEEK_END)

@@ -1,0 +1,166 @@
+"""E2E tier: real control plane + process node + operator + real worker processes.
+
+One LocalStack per session (torn down by the fixture, also on failure); each test makes its own
+ModelDeployment and the `deployments` fixture deletes them and waits until every pod and every
+worker process is gone. Skips when the control-plane binaries are absent, unless
+WEIGHTLIFT_REQUIRE_CLUSTER is set (CI / `make test`), then it fails.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from weightlift.operator.demo import LocalStack, Observer, make_demo_model, model_deployment
+
+HERE = Path(__file__).resolve().parent
+MODEL_MB = 8.0
+READY_TIMEOUT = 240.0
+
+JSON = dict[str, Any]
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if Path(str(item.fspath)).resolve().is_relative_to(HERE):
+            item.add_marker(pytest.mark.e2e)
+            item.add_marker(pytest.mark.timeout(600))
+
+
+def _require_binaries() -> None:
+    from weightlift.operator.cluster import CONTROLPLANE_BINARIES, controlplane_bin_dir
+
+    missing = [
+        b for b in CONTROLPLANE_BINARIES if not os.access(controlplane_bin_dir() / b, os.X_OK)
+    ]
+    if not missing:
+        return
+    msg = f"control plane binaries missing: {', '.join(missing)}; run `make controlplane`"
+    if os.environ.get("WEIGHTLIFT_REQUIRE_CLUSTER"):
+        pytest.fail(msg + " [WEIGHTLIFT_REQUIRE_CLUSTER is set]", pytrace=False)
+    pytest.skip(msg)
+
+
+@pytest.fixture(scope="session")
+def e2e_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("e2e")
+
+
+@pytest.fixture(scope="session")
+def demo_model(e2e_dir: Path) -> tuple[Path, JSON]:
+    """A small PT2 demo model with a real init hook (gcc) and its probe.json."""
+    out = e2e_dir / "model"
+    probe = make_demo_model(out, MODEL_MB)
+    return out, probe
+
+
+@pytest.fixture(scope="session")
+def hook_log(e2e_dir: Path) -> Path:
+    return e2e_dir / "hooks.log"
+
+
+@pytest.fixture(scope="session")
+def stack(e2e_dir: Path, hook_log: Path) -> Iterator[LocalStack]:
+    _require_binaries()
+    s = LocalStack(
+        e2e_dir / "stack",
+        node_name="e2e-node",
+        worker_env={"WEIGHTLIFT_HOOK_LOG": str(hook_log), "CUDA_VISIBLE_DEVICES": ""},
+    )
+    with s:
+        yield s
+    # After teardown not one worker process may be left.
+    leftovers = [pid for pids in s.node.pids().values() for pid in pids if _alive(pid)]
+    assert not leftovers, f"worker processes left behind: {leftovers}"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def wait_gone(stack: LocalStack, name: str, pids: list[int], timeout: float = 90.0) -> None:
+    """No ModelDeployment, no pod and no worker process of `name` is left."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        stack.check_operator()
+        if (
+            stack.get_md(name) is None
+            and not stack.pods(name)
+            and not any(_alive(p) for p in pids)
+            and not any(k.split("/")[1].startswith(f"{name}-") for k in stack.node.pods())
+        ):
+            return
+        time.sleep(0.25)
+    raise AssertionError(
+        f"{name} not gone after {timeout}s: md={stack.get_md(name) is not None} "
+        f"pods={[p['metadata']['name'] for p in stack.pods(name)]} "
+        f"alive={[p for p in pids if _alive(p)]}"
+    )
+
+
+def pids_of(stack: LocalStack, name: str) -> list[int]:
+    return [
+        pid
+        for key, pids in stack.node.pids().items()
+        if key.split("/")[1].startswith(f"{name}-")
+        for pid in pids
+    ]
+
+
+@pytest.fixture
+def deployments(stack: LocalStack) -> Iterator[Callable[..., Observer]]:
+    """`deploy(name, model_dir, probe, **kw)` applies a ModelDeployment and returns an Observer;
+    everything it made is deleted (and waited for) after the test."""
+    made: list[str] = []
+    seen_pids: dict[str, set[int]] = {}
+
+    def deploy(name: str, model_dir: Path, probe: JSON | None, **kw: Any) -> Observer:
+        manifest = model_deployment(name, model_dir, probe=probe, **kw)
+        obs = Observer(stack, name)
+        stack.apply(manifest)
+        made.append(name)
+        seen_pids[name] = set()
+        return obs
+
+    yield deploy
+    errors = []
+    for name in made:
+        pids = set(pids_of(stack, name)) | seen_pids[name]
+        if stack.get_md(name) is not None:
+            stack.delete_md(name)
+        try:
+            wait_gone(stack, name, sorted(pids))
+        except AssertionError as exc:
+            errors.append(str(exc))
+    assert not errors, errors
+
+
+@pytest.fixture
+def bad_hook_model(demo_model: tuple[Path, JSON], tmp_path: Path) -> Path:
+    """A copy of the demo model whose hook library lacks triton_pytorch_model_init."""
+    src, _ = demo_model
+    out = tmp_path / "model-bad-hook"
+    shutil.copytree(src, out)
+    c_file = out / "hooks" / "libbad.c"
+    c_file.write_text("int weightlift_not_the_init_symbol(void) { return 0; }\n")
+    gcc = shutil.which("gcc") or shutil.which("cc")
+    assert gcc, "gcc is needed to build the bad hook library"
+    import subprocess
+
+    subprocess.run(
+        [gcc, "-shared", "-fPIC", "-o", str(out / "hooks" / "libbad.so"), str(c_file)], check=True
+    )
+    return out

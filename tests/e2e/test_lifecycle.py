@@ -1,0 +1,235 @@
+"""The lifecycle a user sees, for real: pods are processes, weights move over P2P, probes are real
+inference requests, READY means the model answered correctly."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from conftest import READY_TIMEOUT, _alive, pids_of, wait_gone
+
+from weightlift.operator.demo import LocalStack, Observer, infer, md_path
+from weightlift.operator.processnode_kube import MERGE
+
+JSON = dict[str, Any]
+Deploy = Callable[..., Observer]
+
+
+def _endpoint(obs: Observer, replica_name: str) -> str:
+    for r in obs.summary()["replicas"]:
+        if r["name"] == replica_name:
+            endpoint: str = r["endpoint"]
+            return endpoint
+    raise AssertionError(f"{replica_name} has no endpoint")
+
+
+def _assert_expected(outputs: list[JSON], probe: JSON) -> None:
+    expected = probe["expectedOutputs"][0]
+    got = {o["name"]: o for o in outputs}[expected["name"]]
+    assert got["shape"] == expected["shape"]
+    worst = max(
+        abs(float(a) - float(b)) for a, b in zip(got["data"], expected["data"], strict=True)
+    )
+    assert worst <= probe["tolerance"], f"output differs from expected by {worst}"
+
+
+def _ready_rows(obs: Observer) -> list[JSON]:
+    return [r for r in obs.replica_statuses() if r.get("ready")]
+
+
+def test_three_replicas_one_source_two_p2p_targets_then_scale_and_delete(
+    stack: LocalStack, deployments: Deploy, demo_model: tuple[Path, JSON], hook_log: Path
+) -> None:
+    model_dir, probe = demo_model
+    hook_lines_before = _hook_inits(hook_log)
+    obs = deployments("life", model_dir, probe, replicas=3)
+    obs.wait_ready(READY_TIMEOUT)
+
+    rows = obs.replica_statuses()
+    assert len(rows) == 3 and all(r["ready"] for r in rows)
+    sources = [r for r in rows if r["loadedFrom"] == "storage"]
+    targets = [r for r in rows if str(r["loadedFrom"]).startswith("peer:")]
+    assert len(sources) == 1, rows
+    assert sources[0]["role"] == "Source"
+    assert len(targets) == 2, rows
+    source_pods = {r["name"] for r in rows}
+    for t in targets:
+        assert t["role"] == "Target"
+        assert t["loadedFrom"].removeprefix("peer:") in source_pods
+    assert all(r["hooksRun"] for r in rows)
+    assert all(r["bytesLoaded"] == r["bytesTotal"] > 0 for r in rows)
+    # The C init hook really ran in each worker process (it appends to WEIGHTLIFT_HOOK_LOG).
+    assert _hook_inits(hook_log) - hook_lines_before >= 3
+    cond = obs.condition("Ready")
+    assert cond is not None and cond["status"] == "True"
+
+    # Same input through every endpoint: identical outputs, equal to the expected output.
+    outputs = [infer(_endpoint(obs, r["name"]), "life", probe["request"])["outputs"] for r in rows]
+    assert all(o == outputs[0] for o in outputs)
+    _assert_expected(outputs[0], probe)
+    # Every replica has its own loopback address.
+    endpoints = {_endpoint(obs, r["name"]) for r in rows}
+    assert len(endpoints) == 3
+
+    # Scale 3 -> 5 through the scale subresource: the new replicas load peer to peer.
+    before = {r["name"] for r in rows}
+    stack.kube.patch(
+        md_path(stack.namespace, "life") + "/scale", {"spec": {"replicas": 5}}, content_type=MERGE
+    )
+    obs.wait(
+        lambda o: len(_ready_rows(o)) == 5 and o.phase() == "Ready",
+        READY_TIMEOUT,
+        "5 ready replicas",
+    )
+    new = [r for r in obs.replica_statuses() if r["name"] not in before]
+    assert len(new) == 2
+    for r in new:
+        assert r["role"] == "Target", r
+        assert str(r["loadedFrom"]).startswith("peer:"), r
+    outputs5 = [
+        infer(_endpoint(obs, r["name"]), "life", probe["request"])["outputs"]
+        for r in obs.replica_statuses()
+    ]
+    assert all(o == outputs[0] for o in outputs5)
+
+    # Delete: every pod and every worker process goes away.
+    pids = pids_of(stack, "life")
+    assert len(pids) == 5 and all(_alive(p) for p in pids)
+    stack.delete_md("life")
+    wait_gone(stack, "life", pids)
+
+
+def test_source_deleted_while_target_pulls(
+    stack: LocalStack, deployments: Deploy, demo_model: tuple[Path, JSON]
+) -> None:
+    """The source freezes (SIGSTOP) as the target starts pulling and is then deleted: the target
+    must fall back or re-select, and still serve exactly the right weights."""
+    model_dir, probe = demo_model
+    obs = deployments("flaky", model_dir, probe, replicas=1)
+    obs.wait_ready(READY_TIMEOUT)
+    source = obs.replica_statuses()[0]["name"]
+    source_pids = stack.node.pids()[f"{stack.namespace}/{source}"]
+    assert source_pids
+
+    stack.kube.patch(
+        md_path(stack.namespace, "flaky"),
+        {"spec": {"replicas": 2, "loading": {"peerToPeer": {"transferTimeoutSeconds": 3}}}},
+        content_type=MERGE,
+    )
+    # Freeze the source as soon as the target pod exists: its pull meets a dead peer.
+    obs.wait(lambda o: len(o.pods) >= 2, READY_TIMEOUT, "a target pod")
+    for pid in source_pids:
+        os.kill(pid, signal.SIGSTOP)
+    obs.wait(
+        lambda o: any(
+            r["name"] != source and r.get("phase") not in (None, "Pending", "Scheduled")
+            for r in o.replica_statuses()
+        ),
+        READY_TIMEOUT,
+        "the target to start loading",
+    )
+    stack.kube.delete(
+        f"/api/v1/namespaces/{stack.namespace}/pods/{source}", {"gracePeriodSeconds": 1}
+    )
+    obs.wait(
+        lambda o: (
+            len(_ready_rows(o)) == 2 and all(r["name"] != source for r in o.replica_statuses())
+        ),
+        READY_TIMEOUT,
+        "2 ready replicas without the deleted source",
+    )
+    for r in obs.replica_statuses():
+        assert r["loadedFrom"] == "storage" or str(r["loadedFrom"]).startswith("peer:"), r
+        assert r["loadedFrom"] != f"peer:{source}", (
+            "a replica claims weights from the frozen source"
+        )
+        outputs = infer(_endpoint(obs, r["name"]), "flaky", probe["request"])["outputs"]
+        _assert_expected(outputs, probe)
+    assert not any(_alive(p) for p in source_pids)
+
+
+def test_wrong_probe_expectation_stays_not_ready(
+    deployments: Deploy, demo_model: tuple[Path, JSON]
+) -> None:
+    model_dir, probe = demo_model
+    wrong = {**probe, "expectedOutputs": [dict(probe["expectedOutputs"][0])]}
+    wrong["expectedOutputs"][0]["data"] = [v + 1.0 for v in probe["expectedOutputs"][0]["data"]]
+    obs = deployments("wrongprobe", model_dir, wrong, replicas=1)
+
+    def probed_and_failed(o: Observer) -> bool:
+        rows = o.replica_statuses()
+        return bool(rows) and (rows[0].get("probe") or {}).get("consecutiveFailures", 0) >= 3
+
+    obs.wait(probed_and_failed, READY_TIMEOUT, "the inference probe to fail 3 times")
+    time.sleep(4)  # a few more probe periods: it must stay not Ready
+    obs.poll()
+    row = obs.replica_statuses()[0]
+    assert row["ready"] is False
+    assert row["probe"]["passed"] is False
+    assert "differs from expected" in row["probe"]["message"]
+    assert row.get("hooksRun") is True and row["bytesLoaded"] == row["bytesTotal"] > 0
+    assert obs.phase() != "Ready"
+    assert int(obs.status().get("readyReplicas", 0)) == 0
+    ready = obs.condition("Ready")
+    assert ready is not None and ready["status"] == "False" and ready["reason"]
+    assert not obs.status().get("sources"), "a replica that fails probes must not be a source"
+
+
+def test_missing_init_symbol_fails_naming_library_and_symbol(
+    deployments: Deploy, bad_hook_model: Path, demo_model: tuple[Path, JSON]
+) -> None:
+    _, probe = demo_model
+    obs = deployments("badhook", bad_hook_model, probe, replicas=1, hook_library="hooks/libbad.so")
+    obs.wait(lambda o: o.phase() == "Failed", READY_TIMEOUT, "phase Failed")
+    texts = [
+        str(obs.status().get("message", "")),
+        *(str(r.get("message", "")) for r in obs.replica_statuses()),
+        *(str(c.get("message", "")) for c in obs.status().get("conditions", [])),
+    ]
+    blob = "\n".join(texts)
+    assert "libbad.so" in blob and "triton_pytorch_model_init" in blob, blob
+    assert int(obs.status().get("readyReplicas", 0)) == 0
+
+
+def test_new_revision_rolls_over_without_dropping_to_zero_ready(
+    stack: LocalStack, deployments: Deploy, demo_model: tuple[Path, JSON]
+) -> None:
+    model_dir, probe = demo_model
+    obs = deployments("roll", model_dir, probe, replicas=2, revision="1")
+    obs.wait_ready(READY_TIMEOUT)
+    old_identity = obs.status()["modelIdentity"]
+    old_pods = {r["name"] for r in obs.replica_statuses()}
+
+    stack.kube.patch(
+        md_path(stack.namespace, "roll"), {"spec": {"model": {"revision": "2"}}}, content_type=MERGE
+    )
+    min_ready = 10**6
+
+    def rolled(o: Observer) -> bool:
+        nonlocal min_ready
+        min_ready = min(min_ready, int(o.status().get("readyReplicas", 0)))
+        rows = o.replica_statuses()
+        return (
+            o.status().get("modelIdentity") not in (None, old_identity)
+            and o.phase() == "Ready"
+            and len(rows) == 2
+            and all(r["ready"] and r["modelIdentity"] != old_identity for r in rows)
+            and not any(p["metadata"]["name"] in old_pods for p in o.pods)
+        )
+
+    obs.wait(rolled, READY_TIMEOUT * 2, "rollover to revision 2", interval=0.1)
+    assert min_ready >= 1, f"readyReplicas dropped to {min_ready} during the rollover"
+    for r in obs.replica_statuses():
+        outputs = infer(_endpoint(obs, r["name"]), "roll", probe["request"])["outputs"]
+        _assert_expected(outputs, probe)
+
+
+def _hook_inits(path: Path) -> int:
+    try:
+        return sum(1 for line in path.read_text().splitlines() if line.startswith("init "))
+    except OSError:
+        return 0

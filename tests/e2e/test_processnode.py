@@ -1,0 +1,179 @@
+"""The process node on its own: plain pods (no operator involved) scheduled by the real scheduler,
+run as processes, probed, reported, and cleaned up on deletion."""
+
+from __future__ import annotations
+
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import pytest
+from conftest import _alive
+
+from weightlift.operator.demo import LocalStack
+from weightlift.operator.processnode import LOCAL_NODE_LABEL
+
+JSON = dict[str, Any]
+
+SERVER = (
+    "import http.server, os, signal, sys\n"
+    "signal.signal(signal.SIGTERM, lambda *a: (print('got SIGTERM', flush=True), sys.exit(0)))\n"
+    "class H(http.server.BaseHTTPRequestHandler):\n"
+    "    def do_GET(self):\n"
+    "        body = (os.environ['POD_NAME'] + ' ' + os.environ['MY_IP']).encode()\n"
+    "        self.send_response(200 if os.path.exists(os.environ['READY_FILE']) else 503)\n"
+    "        self.end_headers(); self.wfile.write(body)\n"
+    "http.server.HTTPServer((os.environ['POD_IP'], 8080), H).serve_forever()\n"
+)
+
+
+def _pod(name: str, command: list[str], **container: Any) -> JSON:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": {"test": "processnode"}},
+        "spec": {
+            "restartPolicy": container.pop("restartPolicy", "Never"),
+            "terminationGracePeriodSeconds": 5,
+            "nodeSelector": {LOCAL_NODE_LABEL: "true"},
+            "serviceAccountName": "weightlift-worker",
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "local/none",
+                    "command": command,
+                    "resources": {"limits": {"nvidia.com/gpu": "1"}},
+                    **container,
+                }
+            ],
+        },
+    }
+
+
+def _wait(stack: LocalStack, name: str, pred: Callable[[JSON], bool], timeout: float = 60) -> JSON:
+    path = f"/api/v1/namespaces/{stack.namespace}/pods/{name}"
+    deadline = time.monotonic() + timeout
+    pod: JSON | None = None
+    while time.monotonic() < deadline:
+        pod = stack.kube.get_or_none(path)
+        if pod is not None and pred(pod):
+            return pod
+        time.sleep(0.2)
+    raise AssertionError(f"pod {name} never matched; last: {(pod or {}).get('status')}")
+
+
+def _ready(pod: JSON) -> bool:
+    conds = pod.get("status", {}).get("conditions", [])
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in conds)
+
+
+@pytest.fixture
+def pods(stack: LocalStack) -> Any:
+    made: list[str] = []
+
+    def create(manifest: JSON) -> str:
+        stack.kube.create(f"/api/v1/namespaces/{stack.namespace}/pods", manifest)
+        made.append(manifest["metadata"]["name"])
+        return str(manifest["metadata"]["name"])
+
+    yield create
+    for name in made:
+        stack.kube.delete(
+            f"/api/v1/namespaces/{stack.namespace}/pods/{name}", {"gracePeriodSeconds": 0}
+        )
+
+
+def test_node_registered_with_gpus(stack: LocalStack) -> None:
+    node = stack.kube.get(f"/api/v1/nodes/{stack.node_name}")
+    assert node["status"]["allocatable"]["nvidia.com/gpu"] == str(stack.gpus)
+    assert node["metadata"]["labels"][LOCAL_NODE_LABEL] == "true"
+    assert "kwok.x-k8s.io/node" not in node["metadata"].get("annotations", {})
+    ready = [c for c in node["status"]["conditions"] if c["type"] == "Ready"]
+    assert ready and ready[0]["status"] == "True"
+    lease = stack.kube.get(
+        f"/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/{stack.node_name}"
+    )
+    assert lease["spec"]["holderIdentity"] == stack.node_name
+
+
+def test_pod_runs_as_process_with_own_ip_env_probe_and_graceful_delete(
+    stack: LocalStack, pods: Callable[[JSON], str], tmp_path: Any
+) -> None:
+    ready_file = tmp_path / "ready"
+    names = [f"srv-{uuid.uuid4().hex[:6]}" for _ in range(2)]
+    for name in names:
+        pods(
+            _pod(
+                name,
+                [sys.executable, "-c", SERVER],
+                env=[
+                    {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+                    {"name": "MY_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+                    {"name": "READY_FILE", "value": str(ready_file)},
+                ],
+                ports=[{"name": "http", "containerPort": 8080}],
+                readinessProbe={"httpGet": {"path": "/", "port": "http"}, "periodSeconds": 1},
+            )
+        )
+    running = [
+        _wait(stack, n, lambda p: p.get("status", {}).get("phase") == "Running") for n in names
+    ]
+    ips = [p["status"]["podIP"] for p in running]
+    assert len(set(ips)) == 2 and all(ip.startswith("127.0.") for ip in ips)
+    assert all(p["spec"]["nodeName"] == stack.node_name for p in running)
+    # Running but not Ready: the readiness probe gets 503 until the file exists.
+    time.sleep(2.5)
+    assert not _ready(_wait(stack, names[0], lambda p: True))
+    ready_file.write_text("ok")
+    for name, ip in zip(names, ips, strict=True):
+        pod = _wait(stack, name, _ready)
+        cs = pod["status"]["containerStatuses"][0]
+        assert cs["ready"] and "running" in cs["state"] and cs["restartCount"] == 0
+        # The pod's env reached the process: fieldRefs resolved to its own name and IP.
+        assert httpx.get(f"http://{ip}:8080/", timeout=5).text == f"{name} {ip}"
+    pid = stack.node.pids()[f"{stack.namespace}/{names[0]}"][0]
+    assert _alive(pid)
+    stack.kube.delete(f"/api/v1/namespaces/{stack.namespace}/pods/{names[0]}")
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and (
+        _alive(pid)
+        or stack.kube.get_or_none(f"/api/v1/namespaces/{stack.namespace}/pods/{names[0]}")
+    ):
+        time.sleep(0.2)
+    assert not _alive(pid), "process survived pod deletion"
+    assert stack.kube.get_or_none(f"/api/v1/namespaces/{stack.namespace}/pods/{names[0]}") is None
+    log = next((stack.state_dir / "node" / "pods").glob(f"default_{names[0]}_*/main.log"))
+    assert "got SIGTERM" in log.read_text(), "SIGTERM first, not SIGKILL"
+
+
+def test_failed_process_reports_exit_code_and_message(
+    stack: LocalStack, pods: Callable[[JSON], str]
+) -> None:
+    name = f"fail-{uuid.uuid4().hex[:6]}"
+    code = "import sys; print('cannot find libfoo.so: missing symbol bar', flush=True); sys.exit(3)"
+    pods(_pod(name, [sys.executable, "-c", code], terminationMessagePolicy="FallbackToLogsOnError"))
+    pod = _wait(stack, name, lambda p: p.get("status", {}).get("phase") == "Failed")
+    term = pod["status"]["containerStatuses"][0]["state"]["terminated"]
+    assert term["exitCode"] == 3
+    assert "missing symbol bar" in term["message"]
+    assert not _ready(pod)
+
+
+def test_restart_policy_always_restarts_with_count(
+    stack: LocalStack, pods: Callable[[JSON], str]
+) -> None:
+    name = f"crash-{uuid.uuid4().hex[:6]}"
+    pods(_pod(name, [sys.executable, "-c", "raise SystemExit(1)"], restartPolicy="Always"))
+    pod = _wait(
+        stack,
+        name,
+        lambda p: (
+            (p.get("status", {}).get("containerStatuses") or [{}])[0].get("restartCount", 0) >= 2
+        ),
+    )
+    cs = pod["status"]["containerStatuses"][0]
+    assert cs["lastState"]["terminated"]["exitCode"] == 1
+    assert pod["status"]["phase"] == "Running"
