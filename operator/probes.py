@@ -22,7 +22,8 @@ def _allowed_networks() -> list[ipaddress.IPv4Network | ipaddress.IPv6Network] |
     raw = os.environ.get(PROBE_NETWORKS_ENV, "").strip()
     if not raw:
         return None
-    return [ipaddress.ip_network(part.strip(), strict=False) for part in raw.split(",") if part]
+    parts = (part.strip() for part in raw.split(","))
+    return [ipaddress.ip_network(part, strict=False) for part in parts if part]
 
 
 def may_contact(pod_ip: str) -> bool:
@@ -120,6 +121,14 @@ def check_outputs(
     return None
 
 
+def _outputs(response: httpx.Response) -> list[dict[str, Any]]:
+    payload = response.json()
+    outputs = payload.get("outputs") if isinstance(payload, dict) else None
+    if not isinstance(outputs, list) or not all(isinstance(o, dict) for o in outputs):
+        raise ValueError(f"not a KServe v2 inference response: {response.text[:200]}")
+    return outputs
+
+
 async def probe_inference(
     client: httpx.AsyncClient,
     address: str,
@@ -138,6 +147,8 @@ async def probe_inference(
             meta = await client.get(f"http://{address}/v2/models/{model}", timeout=timeout)
             meta.raise_for_status()
             metadata = meta.json()
+            if not isinstance(metadata, dict):
+                raise ValueError(f"model metadata is not a JSON object: {meta.text[:200]}")
         body = probe.request if probe else request_from_metadata(metadata or {})
         response = await client.post(
             f"http://{address}/v2/models/{model}/infer", json=body, timeout=timeout
@@ -145,8 +156,10 @@ async def probe_inference(
         if response.status_code != 200:
             problem = f"infer returned HTTP {response.status_code}: {response.text[:200]}"
         else:
-            problem = check_outputs(response.json().get("outputs", []), probe, metadata)
-    except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
+            problem = check_outputs(_outputs(response), probe, metadata)
+    # A worker's answer is untrusted input: whatever shape it has, the probe fails, never raises
+    # (an exception here would abort the reconcile of the whole ModelDeployment).
+    except (httpx.HTTPError, ValueError, KeyError, TypeError, AttributeError) as exc:
         problem = f"infer request failed: {type(exc).__name__}: {exc}"
     latency = (time.perf_counter() - started) * 1000
     if problem is None:
