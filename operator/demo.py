@@ -28,6 +28,7 @@ from typing import Any
 
 import click
 import httpx
+
 from weightlift.operator.api import GROUP, PLURAL, VERSION
 from weightlift.operator.processnode import LOCAL_NODE_LABEL, ProcessNode
 from weightlift.operator.processnode_kube import JSON, MERGE, Kube, KubeError
@@ -138,7 +139,7 @@ class LocalStack:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             obj = self.kube.get(f"{path}/{name}")
-            conds = obj.get("status", {}).get("conditions", [])
+            conds = (obj.get("status") or {}).get("conditions") or []
             if any(c["type"] == "Established" and c["status"] == "True" for c in conds):
                 return
             time.sleep(0.1)

@@ -49,6 +49,7 @@ from typing import Any
 
 import click
 import httpx
+
 from weightlift.operator.processnode_kube import JSON, MERGE, Kube, KubeError
 
 log = logging.getLogger("weightlift.processnode")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import json
+import ssl
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -91,12 +92,14 @@ class Kube:
         headers = {"Accept": "application/json"}
         if self.config.token:
             headers["Authorization"] = f"Bearer {self.config.token}"
+        verify: ssl.SSLContext | bool = False
+        if self.config.verify is not False:
+            cafile = self.config.verify if isinstance(self.config.verify, str) else None
+            verify = ssl.create_default_context(cafile=cafile)
+            if self.config.cert:
+                verify.load_cert_chain(*self.config.cert)
         self._client = httpx.Client(
-            base_url=self.config.server,
-            headers=headers,
-            verify=self.config.verify,
-            cert=self.config.cert,
-            timeout=timeout,
+            base_url=self.config.server, headers=headers, verify=verify, timeout=timeout
         )
 
     def close(self) -> None:
