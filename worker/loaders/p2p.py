@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 
 # A stalled peer (alive but moving nothing) is dropped after this many seconds at most.
 STALL_SECONDS = 5.0
-# Test/bench hook: seconds to pause after each completed READ batch (simulates a slow link).
+# Test/bench hook: seconds to pause after posting each READ batch (simulates a slow link).
 THROTTLE_ENV = "WEIGHTLIFT_P2P_THROTTLE_S"
 
 

@@ -4,10 +4,8 @@ A target that has the model files (a shared volume) checks the source's manifest
 headers, reading no tensor data. A target without the files trusts the manifest's layout and
 verifies the bytes through the checksums.
 
-Shard layout (presharded checkpoints, one shard per tensor-parallel rank), first match wins:
-  <dir>/rank{r}/*.safetensors, <dir>/rank-{r}/..., <dir>/rank_{r}/..., <dir>/tp{r}/...,
-  then files named like *rank{r}*.safetensors / *rank-{r}* / *rank_{r}* / *tp{r}-of-* in <dir>,
-  and with tensor_parallel == 1 every *.safetensors file in <dir>.
+The shard layout is the worker loaders' (weightlift.worker.loaders.files): model.safetensors or
+model-0000k-of-N.safetensors for tp == 1, rank-{r}-of-{tp}[-NNNNN].safetensors for tp > 1.
 """
 
 from __future__ import annotations
@@ -37,24 +35,18 @@ class ShapeMismatch(ValueError):
     """The source's manifest does not describe what this model's rank needs."""
 
 
-def shard_files(model_dir: Path, rank: int, tensor_parallel: int) -> list[Path]:
-    """The safetensors files holding rank `rank`'s shard, or [] when none are found."""
-    if not model_dir.is_dir():
-        return []
-    for sub in (f"rank{rank}", f"rank-{rank}", f"rank_{rank}", f"tp{rank}"):
-        d = model_dir / sub
-        if d.is_dir():
-            files = sorted(d.glob("*.safetensors"))
-            if files:
-                return files
-    every = sorted(model_dir.glob("*.safetensors"))
-    pattern = re.compile(rf"(rank[-_]?{rank}(?!\d)|tp{rank}-of-)")
-    ranked = [f for f in every if pattern.search(f.name)]
-    if ranked:
-        return ranked
-    if tensor_parallel == 1:
-        return [f for f in every if not re.search(r"rank[-_]?\d|tp\d+-of-", f.name)]
-    return []
+def _has_safetensors(model_dir: Path) -> bool:
+    return model_dir.is_dir() and any(model_dir.glob("*.safetensors"))
+
+
+def _headers_via_loaders(model_dir: Path, rank: int, tp: int) -> dict[str, ExpectedTensor]:
+    from weightlift.worker.loaders.files import shard_index
+
+    index = shard_index(model_dir, rank, tp)
+    return {
+        name: ExpectedTensor(dtype=info.dtype, shape=tuple(info.shape))
+        for name, (_, info) in index.tensors.items()
+    }
 
 
 def read_header(path: Path) -> dict[str, ExpectedTensor]:
@@ -71,13 +63,27 @@ def read_header(path: Path) -> dict[str, ExpectedTensor]:
         raise ValueError(f"{path}: truncated header")
     try:
         header = json.loads(text)
-    except ValueError as exc:
-        raise ValueError(f"{path}: header is not JSON: {exc}") from None
+        return {
+            name: ExpectedTensor(dtype=str(info["dtype"]), shape=tuple(info["shape"]))
+            for name, info in header.items()
+            if name != "__metadata__"
+        }
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise ValueError(f"{path}: bad header: {exc}") from None
+
+
+def _headers_own(model_dir: Path, rank: int, tp: int) -> dict[str, ExpectedTensor]:
+    names = sorted(model_dir.glob("*.safetensors"))
+    ranked = [p for p in names if re.match(rf"^rank-{rank}-of-{tp}(-\d+)?\.safetensors$", p.name)]
+    files = ranked or ([p for p in names if p.name.startswith("model")] if tp == 1 else [])
+    if not files:
+        raise ValueError(f"model dir {model_dir}: no safetensors files for rank {rank} of {tp}")
     out: dict[str, ExpectedTensor] = {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        out[name] = ExpectedTensor(dtype=str(info["dtype"]), shape=tuple(info["shape"]))
+    for f in files:
+        for name, t in read_header(f).items():
+            if name in out:
+                raise ValueError(f"{f}: tensor {name!r} also appears in another shard file")
+            out[name] = t
     return out
 
 
@@ -85,18 +91,19 @@ def expected_for_rank(
     model_dir: str | Path, rank: int, tensor_parallel: int, cast_dtype: str = "auto"
 ) -> dict[str, ExpectedTensor] | None:
     """What rank `rank` needs, or None when this host has no files to tell (trust-but-verify)."""
-    files = shard_files(Path(model_dir), rank, tensor_parallel)
-    if not files:
+    d = Path(model_dir)
+    if not _has_safetensors(d):
         return None
+    try:
+        headers = _headers_via_loaders(d, rank, tensor_parallel)
+    except ImportError:
+        headers = _headers_own(d, rank, tensor_parallel)
     out: dict[str, ExpectedTensor] = {}
-    for f in files:
-        for name, t in read_header(f).items():
-            if name in out:
-                raise ValueError(f"{f}: tensor {name!r} also appears in another shard file")
-            dtype = t.dtype
-            if cast_dtype in _CAST and dtype in _FLOAT_TYPES:
-                dtype = _CAST[cast_dtype]
-            out[name] = ExpectedTensor(dtype=dtype, shape=t.shape)
+    for name, t in headers.items():
+        dtype = t.dtype
+        if cast_dtype in _CAST and dtype in _FLOAT_TYPES:
+            dtype = _CAST[cast_dtype]
+        out[name] = ExpectedTensor(dtype=dtype, shape=t.shape)
     return out
 
 

@@ -72,12 +72,12 @@ def checksum(tensor: torch.Tensor, kind: ChecksumKind = "xxh3") -> str:
     if kind == "xxh3":
         h = xxhash.xxh3_64()
         for piece in _host_slices(flat):
-            h.update(memoryview(piece.numpy()))
+            h.update(piece.numpy().data)
         return h.hexdigest()
     if kind == "crc32":
         crc = 0
         for piece in _host_slices(flat):
-            crc = zlib.crc32(memoryview(piece.numpy()), crc)
+            crc = zlib.crc32(piece.numpy().data, crc)
         return f"{crc:08x}"
     raise ValueError(f"unknown checksum kind {kind!r}")
 

@@ -23,7 +23,7 @@ import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from aiohttp import web
@@ -81,8 +81,10 @@ class RankSource:
         self.rank = rank
         self._keep: list[torch.Tensor] = []  # whatever backs the registered regions
         regions, placed = self._regions(tensors)
+        # name -> the tensor as it lives in registered memory
+        self.placed: dict[str, torch.Tensor] = {name: t for name, (_, _, t) in placed.items()}
         device = next(iter(tensors.values())).device
-        self.mem_type = "VRAM" if device.type == "cuda" else "DRAM"
+        self.mem_type: Literal["DRAM", "VRAM"] = "VRAM" if device.type == "cuda" else "DRAM"
 
         digests = dict(
             zip(
@@ -118,7 +120,7 @@ class RankSource:
             pod=pod,
             agent=self.agent_name,
             agent_metadata=base64.b64encode(metadata).decode(),
-            mem_type=self.mem_type,  # type: ignore[arg-type]
+            mem_type=self.mem_type,
             checksum_kind=checksum_kind,
             total_bytes=sum(e.nbytes for e in entries),
             regions=regions,
@@ -276,7 +278,8 @@ class SourcePublisher:
         source = self._check(body.get("identity"), str(body.get("rank")))
         if isinstance(source, web.Response):
             return source
-        session = Session(id=uuid.uuid4().hex, reader=str(body.get("reader", "?")), rank=source.rank)
+        reader = str(body.get("reader", "?"))
+        session = Session(id=uuid.uuid4().hex, reader=reader, rank=source.rank)
         with self._lock:
             self._sessions[session.id] = session
         return web.json_response(
@@ -316,7 +319,7 @@ class SourcePublisher:
             source.close()
 
 
-PUBLISHER_KEY = web.AppKey("p2p", SourcePublisher | None)  # type: ignore[arg-type]
+PUBLISHER_KEY: web.AppKey[SourcePublisher | None] = web.AppKey("p2p")
 
 
 def p2p_app(publisher: SourcePublisher | None) -> web.Application:

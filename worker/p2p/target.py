@@ -14,6 +14,7 @@ in flight) and a liveness thread that polls the peer's /health every liveness_in
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -65,7 +66,7 @@ class PullOptions:
     # Touch the local buffer before the READs (page faults then happen in a fast memset,
     # not one by one inside the transport). Only matters for host memory.
     prefault: bool = True
-    # Test/bench hook: pause this long after each completed batch (simulates a slow link).
+    # Test/bench hook: pause this long after posting each batch (simulates a slow link).
     throttle_s: float = 0.0
 
 
@@ -276,48 +277,55 @@ def pull_from_peer(
         try:
             with _Liveness(address, pod, opts) as live:
                 while pending or inflight:
-                    while pending and len(inflight) < opts.max_in_flight:
-                        b = pending.popleft()
-                        local = agent.get_xfer_descs(b.local, mem_type)
-                        remote = agent.get_xfer_descs(b.remote, manifest.mem_type)
-                        try:
+                    try:
+                        while pending and len(inflight) < opts.max_in_flight:
+                            b = pending.popleft()
+                            local = agent.get_xfer_descs(b.local, mem_type)
+                            remote = agent.get_xfer_descs(b.remote, manifest.mem_type)
                             h = agent.initialize_xfer("READ", local, remote, remote_name)
-                        except Exception as exc:
-                            raise PeerFailed(pod, f"batch {b.index}: cannot create READ: {exc}")
-                        handles.append(h)
-                        if agent.transfer(h) == "ERR":
-                            raise PeerFailed(pod, f"batch {b.index}: READ could not be posted")
-                        inflight.append((h, b, time.monotonic()))
-                    now = time.monotonic()
-                    still: list[tuple[Any, _Batch, float]] = []
-                    for h, b, posted in inflight:
-                        state = agent.check_xfer_state(h)
-                        if state == "DONE":
-                            agent.release_xfer_handle(h)
-                            handles.remove(h)
-                            done_batches += 1
-                            last_progress = now
-                            if progress is not None:
-                                progress.add(b.nbytes)
-                            for i, n in b.parts.items():
-                                remaining[i] -= n
-                                if remaining[i] == 0:
-                                    hashes[i] = pool.submit(checksum, views[i], kind)
-                            if on_batch is not None:
-                                on_batch(done_batches, len(batches))
+                            handles.append(h)
+                            if agent.transfer(h) == "ERR":
+                                raise PeerFailed(pod, f"batch {b.index}: READ could not be posted")
+                            inflight.append((h, b, time.monotonic()))
                             if opts.throttle_s:
                                 time.sleep(opts.throttle_s)
-                        elif state == "ERR":
-                            raise PeerFailed(pod, f"batch {b.index}: READ failed (NIXL ERR)")
-                        elif now - posted > opts.transfer_timeout_s:
-                            raise PeerFailed(
-                                pod,
-                                f"batch {b.index}: READ not done after "
-                                f"{opts.transfer_timeout_s:.1f}s (deadline)",
-                                kind="stall",
-                            )
-                        else:
-                            still.append((h, b, posted))
+                        now = time.monotonic()
+                        still: list[tuple[Any, _Batch, float]] = []
+                        for h, b, posted in inflight:
+                            state = agent.check_xfer_state(h)
+                            if state == "DONE":
+                                agent.release_xfer_handle(h)
+                                handles.remove(h)
+                                done_batches += 1
+                                last_progress = now
+                                if progress is not None:
+                                    progress.add(b.nbytes)
+                                for i, n in b.parts.items():
+                                    remaining[i] -= n
+                                    if remaining[i] == 0:
+                                        hashes[i] = pool.submit(checksum, views[i], kind)
+                                if on_batch is not None:
+                                    on_batch(done_batches, len(batches))
+                            elif state == "ERR":
+                                raise PeerFailed(pod, f"batch {b.index}: READ failed (NIXL ERR)")
+                            elif now - posted > opts.transfer_timeout_s:
+                                raise PeerFailed(
+                                    pod,
+                                    f"batch {b.index}: READ not done after "
+                                    f"{opts.transfer_timeout_s:.1f}s (deadline)",
+                                    kind="stall",
+                                )
+                            else:
+                                still.append((h, b, posted))
+                    except PeerFailed:
+                        raise
+                    except Exception as exc:  # nixlRemoteDisconnectError and friends
+                        raise PeerFailed(
+                            pod,
+                            f"NIXL {type(exc).__name__}: {exc} after "
+                            f"{done_batches}/{len(batches)} batches",
+                            kind="dead",
+                        ) from exc
                     inflight = still
                     if inflight and now - last_progress > opts.stall_seconds:
                         raise PeerFailed(
@@ -361,15 +369,13 @@ def pull_from_peer(
         if not _cleanup(agent, handles, remote_name, reg, pod) and buf is not None:
             _QUARANTINE.append(buf)
         if session is not None:
-            try:
+            with contextlib.suppress(httpx.HTTPError):
                 client.request(
                     "DELETE",
                     f"{_base_url(address)}{P2P_PREFIX}/sessions/{session}",
                     json={"verified": verified},
                     timeout=1.0,
                 )
-            except httpx.HTTPError:
-                pass
         client.close()
 
 
