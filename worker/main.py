@@ -31,6 +31,7 @@ from typing import Any, TypeVar
 import click
 import torch
 from aiohttp import web
+
 from weightlift.operator.api import LoadStrategy, Role
 from weightlift.worker.hooks import HookError, InitHookSession, run_init_hooks
 from weightlift.worker.loaders.base import Loader, LoadError, LoadProgress
@@ -39,7 +40,7 @@ from weightlift.worker.loaders.header import SafetensorsFormatError
 from weightlift.worker.loaders.select import choose_storage_loader
 from weightlift.worker.plan import HookReport, WorkerPlan
 from weightlift.worker.runtime import BindError, Pt2Runtime
-from weightlift.worker.server import WorkerState, build_app
+from weightlift.worker.server import WorkerState, build_app, set_p2p_handler
 
 log = logging.getLogger("weightlift.worker")
 
@@ -82,11 +83,12 @@ def _in_daemon_thread(fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
 
     def run() -> None:
         try:
-            res = fn(*args)
+            res: T | None = fn(*args)
+            err: BaseException | None = None
         except BaseException as exc:
-            loop.call_soon_threadsafe(settle, None, exc)
-        else:
-            loop.call_soon_threadsafe(settle, res, None)
+            res, err = None, exc
+        with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits any more
+            loop.call_soon_threadsafe(settle, res, err)
 
     threading.Thread(target=run, daemon=True, name=f"wl-{getattr(fn, '__name__', 'task')}").start()
     return fut
@@ -108,6 +110,7 @@ class Worker:
         self.hooks: InitHookSession | None = None
         self.publisher: Any = None
         self.runner: web.AppRunner | None = None
+        self.published = False  # publish step done (whether or not a publisher was installed)
         self.devices = resolve_devices(plan)
 
     # ------------------------------------------------------------------ steps
@@ -208,14 +211,14 @@ class Worker:
         except Exception as exc:  # NIXL missing or failing: still serve, just not as a source
             log.warning("cannot publish as a P2P source: %s", exc)
             return
-        app["p2p"] = self.publisher
+        set_p2p_handler(app, self.publisher)
 
     async def shutdown(self, app: web.Application | None) -> None:
         self.state.ready = False
         if self.state.report.phase != "Failed":
             self.state.report.phase = "Stopping"
         if app is not None:
-            app["p2p"] = None
+            set_p2p_handler(app, None)
         if self.publisher is not None:
             try:
                 res = self.publisher.close()
@@ -241,8 +244,14 @@ class Worker:
             work = asyncio.ensure_future(self._bring_up(app))
             done, _ = await asyncio.wait({work, stop_task}, return_when=asyncio.FIRST_COMPLETED)
             if work not in done:
-                log.info("stop requested during %s; abandoning the load", rep.phase)
-                work.cancel()
+                if self.state.ready:
+                    # Publishing as a P2P source (native NIXL code in a thread): let it finish,
+                    # so shutdown closes it instead of exiting under it.
+                    with contextlib.suppress(Exception):
+                        await asyncio.wait_for(asyncio.shield(work), timeout=30)
+                else:
+                    log.info("stop requested during %s; abandoning the load", rep.phase)
+                    work.cancel()
                 return 0
             work.result()
             log.info("serving %s (%s from %s)", rep.model, rep.strategy, rep.loaded_from)
@@ -277,6 +286,7 @@ class Worker:
         self.state.report.phase = "Serving"
         self.state.ready = True
         await self.publish(bound, app)
+        self.published = True
 
 
 async def run_worker(plan: WorkerPlan, stop: asyncio.Event | None = None) -> int:

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 from torch.func import functional_call
+
 from weightlift.worker.loaders.base import LoadError
 
 PROGRAM_FILE = "model.pt2"
@@ -301,7 +302,7 @@ class Pt2Runtime:
         )
         args = []
         for s in specs:
-            t = torch.from_numpy(np.ascontiguousarray(inputs[s.name])).to(first_dev)
+            t = torch.from_numpy(np.array(inputs[s.name], copy=True, order="C")).to(first_dev)
             args.append(t.to(pdtype) if t.is_floating_point() else t)
         with self._lock, torch.inference_mode():
             if self.config.layout == "whole":

@@ -4,7 +4,9 @@ Routes: GET /v2, /v2/health/live, /v2/health/ready, /v2/models/{m}[/versions/{v}
 /v2/models/{m}[/versions/{v}]/ready, POST /v2/models/{m}[/versions/{v}]/infer (JSON tensors and
 the binary tensor data extension, as tritonclient.http sends by default), GET /metrics,
 GET /weightlift/v1/status (the WorkerReport JSON), and any method on /weightlift/v1/p2p/{tail},
-forwarded to `app["p2p"].handle(request)` once a P2P source publisher is installed (503 before).
+forwarded to the P2P source publisher's `handle(request)` once one is installed with
+`set_p2p_handler(app, publisher)` (503 "not a source yet" before). The handler lives in the
+WorkerState (mutable) rather than as an app key: aiohttp deprecates changing a started app.
 """
 
 from __future__ import annotations
@@ -12,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-import warnings
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -21,12 +22,10 @@ import numpy as np
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
 from weightlift.worker.loaders.base import LoadProgress
 from weightlift.worker.plan import WorkerPlan, WorkerReport
 from weightlift.worker.runtime import V2_TO_NUMPY, InferError, Pt2Runtime
-
-# The contract with the P2P engineer is the string key app["p2p"].
-warnings.filterwarnings("ignore", category=web.NotAppKeyWarning)
 
 HEADER_LEN = "Inference-Header-Content-Length"
 MAX_REQUEST_BYTES = 256 << 20
@@ -66,6 +65,8 @@ class WorkerState:
     runtime: Pt2Runtime | None = None
     ready: bool = False
     metrics: Metrics = field(default_factory=Metrics)
+    # The P2P source publisher (anything with `async handle(request)`), None until published.
+    p2p: P2PHandler | None = None
     infer_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     @classmethod
@@ -90,6 +91,9 @@ class WorkerState:
             if all(p.finished is not None for p in ps):
                 rep.load_seconds = round(secs, 4)
         return rep
+
+
+STATE_KEY = web.AppKey("weightlift_state", WorkerState)
 
 
 def _json(data: Any, status: int = 200) -> web.Response:
@@ -202,10 +206,14 @@ def _encode_outputs(
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
+def set_p2p_handler(app: web.Application, handler: P2PHandler | None) -> None:
+    """Install (or remove, with None) the handler of /weightlift/v1/p2p/{tail}."""
+    app[STATE_KEY].p2p = handler
+
+
 def build_app(state: WorkerState) -> web.Application:
     app = web.Application(client_max_size=MAX_REQUEST_BYTES)
-    app["state"] = state
-    app["p2p"] = None
+    app[STATE_KEY] = state
     name = state.plan.served_model_name
 
     def model_or_error(request: web.Request) -> web.Response | Pt2Runtime:
@@ -285,7 +293,7 @@ def build_app(state: WorkerState) -> web.Application:
         return _json(state.snapshot().wire())
 
     async def p2p(request: web.Request) -> web.StreamResponse:
-        handler: P2PHandler | None = request.app["p2p"]
+        handler = state.p2p
         if handler is None:
             return _error("not a source yet", 503)
         return await handler.handle(request)
