@@ -205,6 +205,11 @@ def pull_from_peer(
     reg: Any = None
     handles: list[Any] = []
     buf: torch.Tensor | None = None
+    # The agent (UCX context and worker: a few hundred ms) is created while we fetch the
+    # manifest and fault in the local buffer.
+    setup = ThreadPoolExecutor(max_workers=1, thread_name_prefix="p2p-agent")
+    agent_future = setup.submit(_new_agent, f"wl-tgt-{reader}-r{rank}-{uuid.uuid4().hex[:8]}")
+    setup.shutdown(wait=False)
     try:
         manifest = fetch_manifest(client, address, identity=identity, rank=rank, peer=pod)
         try:
@@ -227,11 +232,7 @@ def pull_from_peer(
         mem_type = "VRAM" if device.type == "cuda" else "DRAM"
         timings["alloc"] = time.monotonic() - t0
 
-        mod = nixl()
-        agent = mod.nixl_agent(
-            f"wl-tgt-{reader}-r{rank}-{uuid.uuid4().hex[:8]}",
-            mod.nixl_agent_config(enable_prog_thread=True, backends=["UCX"]),
-        )
+        agent = agent_future.result()
         reg = agent.register_memory([(buf.data_ptr(), buf.numel(), local_dev, "")], mem_type)
         try:
             remote_name = agent.add_remote_agent(manifest.metadata_bytes())
@@ -239,6 +240,10 @@ def pull_from_peer(
             raise PeerFailed(pod, f"cannot add NIXL agent {manifest.agent}: {exc}") from exc
         if isinstance(remote_name, bytes):
             remote_name = remote_name.decode()
+        try:
+            agent.make_connection(remote_name)
+        except Exception as exc:
+            raise PeerFailed(pod, f"cannot connect to NIXL agent {remote_name}: {exc}") from exc
         timings["agent"] = time.monotonic() - t0
 
         try:
@@ -366,6 +371,9 @@ def pull_from_peer(
             timings=timings,
         )
     finally:
+        if agent is None:
+            with contextlib.suppress(Exception):
+                agent = agent_future.result(timeout=30)
         if not _cleanup(agent, handles, remote_name, reg, pod) and buf is not None:
             _QUARANTINE.append(buf)
         if session is not None:
@@ -377,6 +385,29 @@ def pull_from_peer(
                     timeout=1.0,
                 )
         client.close()
+
+
+_PREWARMED = threading.Event()
+
+
+def prewarm_nixl() -> threading.Thread:
+    """Load NIXL and its UCX plugin in a background thread (the first agent of a process costs
+    ~0.5 s of library loading; later ones ~50 ms). A target worker calls this as early as it
+    knows it will pull (e.g. while its init hooks run)."""
+
+    def run() -> None:
+        with contextlib.suppress(Exception):
+            _new_agent(f"wl-prewarm-{uuid.uuid4().hex[:8]}")
+        _PREWARMED.set()
+
+    thread = threading.Thread(target=run, name="p2p-prewarm", daemon=True)
+    thread.start()
+    return thread
+
+
+def _new_agent(name: str) -> Any:
+    mod = nixl()
+    return mod.nixl_agent(name, mod.nixl_agent_config(enable_prog_thread=True, backends=["UCX"]))
 
 
 def _cleanup(agent: Any, handles: list[Any], remote_name: str | None, reg: Any, pod: str) -> bool:
