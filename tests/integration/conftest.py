@@ -7,6 +7,7 @@ variable set (CI, ``make test``) a missing binary is a failure.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import uuid
@@ -14,7 +15,17 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from integration_helpers import REPO, Kubectl, wait_for
+import yaml
+from integration_helpers import (
+    CHART_NAMESPACE,
+    OPERATOR_NAMESPACE,
+    REPO,
+    ChartRbac,
+    Kubectl,
+    OperatorProcess,
+    render_chart,
+    wait_for,
+)
 from kubernetes import client, config
 
 from weightlift.operator.cluster import (
@@ -101,7 +112,13 @@ def crd(cluster: ClusterInfo, kubectl: Kubectl) -> str:
     ).stdout
     kubectl("apply", "-f", "-", input=out)
     name = "modeldeployments.weightlift.dev"
-    kubectl("wait", "--for=condition=Established", f"crd/{name}", "--timeout=60s")
+
+    def established() -> bool:
+        got = json.loads(kubectl("get", "crd", name, "-o", "json").stdout)
+        conds = (got.get("status") or {}).get("conditions") or []
+        return any(c["type"] == "Established" and c["status"] == "True" for c in conds)
+
+    wait_for(established, 60, f"CRD {name} Established")
     # discovery can lag the Established condition by a moment
     wait_for(
         lambda: kubectl("get", "modeldeployments", "-A", check=False).returncode == 0,
@@ -160,3 +177,56 @@ def make_pod(core: client.CoreV1Api) -> Callable[..., client.V1Pod]:
         return created
 
     return make
+
+
+# ------------------------------------------------------------------ chart RBAC and the operator
+
+
+@pytest.fixture(scope="session")
+def chart_rbac(cluster: ClusterInfo, kubectl: Kubectl, crd: str) -> ChartRbac:
+    """The chart's ServiceAccounts and RBAC (not its Deployment: we run the operator here)."""
+    docs = render_chart("--set", f"workerNamespaces={{{OPERATOR_NAMESPACE}}}")
+    for ns in (CHART_NAMESPACE, OPERATOR_NAMESPACE):
+        kubectl("create", "namespace", ns)
+    rbac_kinds = {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}
+    wanted = [d for d in docs if d["kind"] in rbac_kinds]
+    assert wanted, "the chart renders no RBAC"
+    kubectl("apply", "-f", "-", input=yaml.safe_dump_all(wanted))
+    deployment = next(d for d in docs if d["kind"] == "Deployment")
+    sa = deployment["spec"]["template"]["spec"]["serviceAccountName"]
+    return ChartRbac(namespace=CHART_NAMESPACE, operator_sa=sa, docs=docs)
+
+
+@pytest.fixture(scope="session")
+def operator_kubeconfig(
+    cluster: ClusterInfo,
+    kubectl: Kubectl,
+    chart_rbac: ChartRbac,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Path:
+    """A kubeconfig with a real token of the chart's operator ServiceAccount."""
+    token = kubectl(
+        "create", "token", chart_rbac.operator_sa, "-n", chart_rbac.namespace, "--duration=6h"
+    ).stdout.strip()
+    doc = yaml.safe_load(cluster.kubeconfig.read_text())
+    doc["users"] = [{"name": "operator", "user": {"token": token}}]
+    doc["contexts"][0]["context"]["user"] = "operator"
+    path = tmp_path_factory.mktemp("operator") / "kubeconfig"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+@pytest.fixture(scope="session")
+def operator(
+    operator_kubeconfig: Path, chart_rbac: ChartRbac, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[OperatorProcess]:
+    """The operator, running as the chart's ServiceAccount, watching OPERATOR_NAMESPACE."""
+    op = OperatorProcess(
+        operator_kubeconfig, OPERATOR_NAMESPACE, tmp_path_factory.mktemp("oplog") / "operator.log"
+    )
+    op.start()
+    try:
+        yield op
+    finally:
+        op.stop()
+        print(f"operator log: {op.log_path}")

@@ -1,0 +1,263 @@
+"""The operator (`weightlift operator`, running as the chart's ServiceAccount) against the real
+control plane. kwok makes bound pods Running/Ready but runs no worker, so no inference probe can
+pass: these tests assert roles, scheduling, phases, conditions and pod counts, never Ready."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from integration_helpers import OPERATOR_NAMESPACE, Kubectl, OperatorProcess, wait_for
+from kubernetes import client
+
+NS = OPERATOR_NAMESPACE
+GROUP, VERSION, PLURAL = "weightlift.dev", "v1alpha1", "modeldeployments"
+DEPLOYMENT_LABEL = "weightlift.dev/deployment"
+ROLE_LABEL = "weightlift.dev/role"
+REPLICA_LABEL = "weightlift.dev/replica"
+FINALIZER = "weightlift.dev/finalizer"
+
+
+def manifest(name: str, **spec: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "ModelDeployment",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {"model": {"uri": f"file:///models/{name}"}, "replicas": 1},
+    }
+    body["spec"].update(spec)
+    return body
+
+
+class Env:
+    def __init__(
+        self, core: client.CoreV1Api, custom: client.CustomObjectsApi, kubectl: Kubectl
+    ) -> None:
+        self.core, self.custom, self.kubectl = core, custom, kubectl
+        self.created: list[str] = []
+
+    def create(self, name: str, **spec: Any) -> None:
+        self.kubectl("apply", "-f", "-", input=json.dumps(manifest(name, **spec)))
+        self.created.append(name)
+
+    def md(self, name: str) -> dict[str, Any]:
+        obj: dict[str, Any] = self.custom.get_namespaced_custom_object(
+            GROUP, VERSION, NS, PLURAL, name
+        )
+        return obj
+
+    def status(self, name: str) -> dict[str, Any]:
+        st: dict[str, Any] = self.md(name).get("status") or {}
+        return st
+
+    def pods(self, name: str, *, live: bool = True) -> list[client.V1Pod]:
+        items = self.core.list_namespaced_pod(NS, label_selector=f"{DEPLOYMENT_LABEL}={name}").items
+        return [p for p in items if not (live and p.metadata.deletion_timestamp)]
+
+    def wait_pods(self, name: str, count: int, timeout: float = 60) -> list[client.V1Pod]:
+        def check() -> list[client.V1Pod]:
+            pods = self.pods(name)
+            return pods if len(pods) == count else []
+
+        return wait_for(check, timeout, f"{count} live pods of {name}")
+
+    def wait_phase(self, name: str, phase: str, timeout: float = 60) -> dict[str, Any]:
+        def check() -> dict[str, Any]:
+            st = self.status(name)
+            return st if st.get("phase") == phase else {}
+
+        try:
+            return wait_for(check, timeout, f"{name} phase {phase}")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; status now: {json.dumps(self.status(name))}") from None
+
+
+@pytest.fixture
+def env(
+    operator: OperatorProcess,
+    core: client.CoreV1Api,
+    custom: client.CustomObjectsApi,
+    kubectl: Kubectl,
+) -> Iterator[Env]:
+    assert operator.alive(), operator.log()[-3000:]
+    e = Env(core, custom, kubectl)
+    yield e
+    for name in e.created:
+        kubectl("delete", "-n", NS, f"md/{name}", "--ignore-not-found", "--wait=false")
+    assert operator.alive(), f"operator died:\n{operator.log()[-3000:]}"
+
+
+def _gpus(pod: client.V1Pod) -> str:
+    return str(pod.spec.containers[0].resources.requests.get("nvidia.com/gpu"))
+
+
+def test_first_replica_is_source_others_wait_then_fall_back_to_storage(env: Env) -> None:
+    env.create("roles", replicas=3, parallelism={"tensor": 2}, loading={"waitForSourceSeconds": 15})
+    first = env.wait_pods("roles", 1)
+    pod = first[0]
+    assert pod.metadata.labels[ROLE_LABEL] == "Source"
+    assert _gpus(pod) == "2"  # GPU request = tensor-parallel size
+    owner = pod.metadata.owner_references[0]
+    assert (owner.kind, owner.name, owner.controller) == ("ModelDeployment", "roles", True)
+    st = env.wait_phase("roles", "WaitingForSource")
+    assert st["waitingSince"]
+    ready = {c["type"]: c for c in st["conditions"]}["Ready"]
+    assert ready["status"] == "False" and ready["reason"] == "WaitingForSource"
+    # the real scheduler binds the source to a GPU node; kwok makes it Running/Ready
+    bound = wait_for(lambda: env.pods("roles")[0].spec.node_name, 30, "source bound")
+    assert bound.startswith("gpu-node-")
+    # no replica passes an inference probe (kwok runs no worker): after waitForSourceSeconds
+    # the waiting replicas load from storage, as Sources, and nothing is called Ready
+    pods = env.wait_pods("roles", 3, timeout=60)
+    assert {p.metadata.labels[ROLE_LABEL] for p in pods} == {"Source"}
+    assert sorted(p.metadata.labels[REPLICA_LABEL] for p in pods) == ["0", "1", "2"]
+    st = env.wait_phase("roles", "Probing", timeout=60)
+    assert st["readyReplicas"] == 0
+    assert st["sources"] == []
+    assert st["selector"] == f"{DEPLOYMENT_LABEL}=roles"
+    roles = {r["name"]: r["role"] for r in st["replicaStatuses"]}
+    assert set(roles.values()) == {"Source"} and len(roles) == 3
+    assert all(r["node"].startswith("gpu-node-") for r in st["replicaStatuses"])
+    reasons = {
+        e.reason
+        for e in env.core.list_namespaced_event(NS).items
+        if e.involved_object.name == "roles"
+    }
+    assert "WaitForSourceExpired" in reasons
+
+
+def test_scheduler_respects_gpu_requests_and_node_selector(env: Env) -> None:
+    # 4 nodes x 8 GPUs; tensor=8 needs a whole node each: 4 fit, the 5th cannot
+    env.create(
+        "packed",
+        replicas=5,
+        parallelism={"tensor": 8},
+        loading={"waitForSourceSeconds": 0},
+        template={"nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}},
+    )
+
+    def placed() -> list[client.V1Pod]:
+        pods = env.pods("packed")
+        return pods if len([p for p in pods if p.spec.node_name]) == 4 and len(pods) == 5 else []
+
+    pods = wait_for(placed, 90, "4 of 5 whole-node pods bound")
+    nodes = [p.spec.node_name for p in pods if p.spec.node_name]
+    assert len(set(nodes)) == 4  # one per node: GPU requests are honoured
+    assert all(_gpus(p) == "8" for p in pods)
+    assert all(
+        p.spec.node_selector == {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"} for p in pods
+    )
+
+    def surfaced() -> dict[str, Any]:
+        st = env.status("packed")
+        sched = {c["type"]: c for c in st.get("conditions", [])}.get("Scheduled", {})
+        ok = sched.get("status") == "False" and sched.get("reason") == "Unschedulable"
+        return st if ok else {}
+
+    try:
+        st = wait_for(surfaced, 60, "Scheduled=False/Unschedulable in status")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; status: {json.dumps(env.status('packed'))}") from None
+    pending = [r for r in st["replicaStatuses"] if not r.get("node")]
+    assert len(pending) == 1
+    assert "Insufficient nvidia.com/gpu" in pending[0]["message"]
+    assert st["phase"] == "Pending"
+    assert f"{pending[0]['name']} unschedulable" in st["message"]
+    env.kubectl("delete", "-n", NS, "md/packed", "--wait=false")
+    # free the GPUs for the other tests
+    wait_for(lambda: env.pods("packed", live=False) == [], 60, "packed pods gone")
+
+
+def test_unschedulable_node_selector_is_surfaced_in_status(env: Env) -> None:
+    env.create("nofit", template={"nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-B200"}})
+    pod = env.wait_pods("nofit", 1)[0]
+    assert pod.spec.node_selector == {"nvidia.com/gpu.product": "NVIDIA-B200"}
+
+    def surfaced() -> dict[str, Any]:
+        st = env.status("nofit")
+        return st if "unschedulable" in st.get("message", "") else {}
+
+    st = wait_for(surfaced, 60, "unschedulable in status.message")
+    assert st["phase"] == "Pending"
+    assert "node affinity/selector" in st["message"] or "didn't match" in st["message"]
+    sched = {c["type"]: c for c in st["conditions"]}["Scheduled"]
+    assert sched["status"] == "False"
+    assert env.pods("nofit")[0].spec.node_name is None
+
+
+def test_tensor_parallel_larger_than_any_node_fails_fast(env: Env) -> None:
+    env.create("toowide", parallelism={"tensor": 16})
+    st = env.wait_phase("toowide", "Failed", timeout=60)
+    assert "16" in st["message"] and "8" in st["message"], st["message"]
+    assert env.pods("toowide") == []
+
+
+def test_scale_subresource_up_and_down(env: Env) -> None:
+    env.create("scaled", replicas=1, loading={"waitForSourceSeconds": 0})
+    env.wait_pods("scaled", 1)
+    env.kubectl("scale", "-n", NS, "md/scaled", "--replicas=3")
+    pods = env.wait_pods("scaled", 3)
+    assert sorted(p.metadata.labels[REPLICA_LABEL] for p in pods) == ["0", "1", "2"]
+    wait_for(lambda: env.status("scaled").get("replicas") == 3, 30, "status.replicas == 3")
+    env.kubectl("scale", "-n", NS, "md/scaled", "--replicas=1")
+    pods = env.wait_pods("scaled", 1)
+    assert [p.metadata.labels[REPLICA_LABEL] for p in pods] == ["0"]  # highest go first
+    # kwok completes the deletion: the removed pods are really gone, not just terminating
+    wait_for(lambda: len(env.pods("scaled", live=False)) == 1, 60, "scaled-down pods gone")
+    st = wait_for(
+        lambda: (s := env.status("scaled")).get("replicas") == 1 and s, 30, "status.replicas == 1"
+    )
+    assert st["ready"] == "0/1"
+    scale = json.loads(
+        env.kubectl(
+            "get", "--raw", f"/apis/{GROUP}/{VERSION}/namespaces/{NS}/{PLURAL}/scaled/scale"
+        ).stdout
+    )
+    assert scale["spec"]["replicas"] == 1
+    assert scale["status"]["selector"] == f"{DEPLOYMENT_LABEL}=scaled"
+
+
+def test_deletion_with_finalizer_leaves_no_pods(env: Env) -> None:
+    env.create("doomed", replicas=2, loading={"waitForSourceSeconds": 0})
+    env.wait_pods("doomed", 2)
+    wait_for(
+        lambda: FINALIZER in (env.md("doomed")["metadata"].get("finalizers") or []),
+        30,
+        "operator finalizer on the ModelDeployment",
+    )
+    env.kubectl("delete", "-n", NS, "md/doomed", "--timeout=60s")
+
+    def gone() -> bool:
+        try:
+            env.md("doomed")
+            return False
+        except client.ApiException as exc:
+            return exc.status == 404
+
+    wait_for(gone, 60, "ModelDeployment gone (finalizer released)")
+    wait_for(lambda: env.pods("doomed", live=False) == [], 60, "no pods left")
+
+
+def test_operator_restart_mid_reconcile_converges(env: Env, operator: OperatorProcess) -> None:
+    env.create("restart", replicas=2, loading={"waitForSourceSeconds": 0})
+    env.wait_pods("restart", 2)
+    operator.stop(kill=True)  # SIGKILL: no graceful cleanup, like a crashed pod
+    try:
+        assert not operator.alive()
+        env.kubectl("scale", "-n", NS, "md/restart", "--replicas=4")
+        victim = env.pods("restart")[0].metadata.name
+        env.core.delete_namespaced_pod(victim, NS, grace_period_seconds=0)
+        # nobody reconciles meanwhile
+        wait_for(lambda: len(env.pods("restart")) == 1, 30, "the deleted pod to go")
+        assert len(env.pods("restart")) == 1
+    finally:
+        operator.start()
+    pods = env.wait_pods("restart", 4, timeout=90)
+    assert sorted(p.metadata.labels[REPLICA_LABEL] for p in pods) == ["0", "1", "2", "3"]
+    assert len({p.metadata.name for p in pods}) == 4
+    st = wait_for(
+        lambda: (s := env.status("restart")).get("replicas") == 4 and s, 60, "status.replicas 4"
+    )
+    assert st["observedGeneration"] == env.md("restart")["metadata"]["generation"]
