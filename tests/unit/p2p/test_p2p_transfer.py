@@ -218,3 +218,71 @@ def test_concurrent_readers(model_dir: Path, source: PeerCandidate) -> None:
         t.join(60)
     for rank in (0, 1):
         assert_bit_equal(results[rank], reference(model_dir, rank))
+
+
+def test_frozen_source_detected_by_liveness(model_dir: Path, tmp_path: Path) -> None:
+    """SIGSTOP the source mid-transfer (alive, unresponsive): dropped within seconds."""
+    import os
+    import signal
+
+    with source_process(model_dir, tmp_path, pod="frozen-0") as (proc, cand):
+        plan = target_plan(model_dir, [cand])
+        stopped_at: list[float] = []
+
+        def on_batch(done: int, total: int) -> None:
+            if done == 1 and not stopped_at:
+                os.kill(proc.p.pid, signal.SIGSTOP)
+                stopped_at.append(time.monotonic())
+
+        opts = PullOptions(**{**FAST.__dict__, "throttle_s": 0.5, "max_in_flight": 1})
+        loader = PeerToPeerLoader(options=opts, on_batch=on_batch)
+        try:
+            with pytest.raises(LoadError, match="peer frozen-0") as err:
+                loader.load(plan, 0, CPU, LoadProgress())
+            detected = time.monotonic() - stopped_at[0]
+        finally:
+            os.kill(proc.p.pid, signal.SIGCONT)
+    assert detected < 10, f"took {detected:.1f}s: {err.value}"
+    assert loader.failures[0].kind in ("dead", "stall")
+    assert "liveness" in str(err.value) or "no READ completed" in str(err.value)
+
+
+def test_publisher_routes_and_sessions(model_dir: Path) -> None:
+    tensors = {0: reference(model_dir, 0)}
+    src = ThreadSource(make_plan(model_dir, pod="routes-0", ranks=[0]), tensors)
+    base = f"http://{src.candidate.address}{P2P_PREFIX}"
+    try:
+        # load_file gives one storage per tensor: few enough to register in place, no copy.
+        rank0 = src.publisher.ranks[0]
+        assert len(rank0.manifest.regions) == len(tensors[0])
+        assert all(rank0.placed[n].data_ptr() == t.data_ptr() for n, t in tensors[0].items())
+        r = httpx.post(
+            f"{base}/sessions", json={"identity": "ident-test", "rank": 0, "reader": "r1"}
+        )
+        assert r.status_code == 201
+        sid = r.json()["session"]
+        assert httpx.get(f"{base}/health").json()["active_sessions"] == 1
+        r = httpx.request("DELETE", f"{base}/sessions/{sid}", json={"verified": False})
+        assert r.status_code == 200
+        health = httpx.get(f"{base}/health").json()
+        assert health["active_sessions"] == 0 and health["failed_reads"] == 1
+        assert httpx.request("DELETE", f"{base}/sessions/{sid}").status_code == 404
+        r = httpx.post(f"{base}/sessions", json={"identity": "x", "rank": 0})
+        assert r.status_code == 409
+        assert httpx.get(f"{base}/nope").status_code == 404
+    finally:
+        src.close()
+    # Closed publisher answers 503.
+    assert src.publisher._closed
+
+
+def test_publisher_packs_many_small_tensors(model_dir: Path) -> None:
+    many = {f"t{i}": torch.full((i + 1,), float(i)) for i in range(40)}  # 40 storages > 16
+    src = ThreadSource(make_plan(model_dir, pod="packed-0", ranks=[0]), {0: many})
+    try:
+        assert len(src.publisher.ranks[0].manifest.regions) == 1
+        plan = target_plan(model_dir / "none", [src.candidate], ranks=[0])
+        got = PeerToPeerLoader(options=FAST).load(plan, 0, CPU, LoadProgress())
+        assert_bit_equal(got, many)
+    finally:
+        src.close()
