@@ -309,6 +309,19 @@ class ModelDeploymentSpec(ApiModel):
     )
     rollout: Rollout = Field(default_factory=Rollout, description="Rollover between identities.")
 
+    @model_validator(mode="after")
+    def _safetensors_needs_external(self) -> ModelDeploymentSpec:
+        # Mirrors the CRD's CEL rule, for objects that never passed the API server's admission.
+        if (
+            self.model.format == ModelFormat.SAFETENSORS
+            and self.runtime.type != RuntimeType.EXTERNAL
+        ):
+            raise ValueError(
+                "spec.model.format safetensors needs spec.runtime.type External "
+                "(the Builtin runtime serves pt2 programs)"
+            )
+        return self
+
 
 # --------------------------------------------------------------------------------- status
 
