@@ -573,7 +573,8 @@ def demo_command(
     from rich.console import Console
     from rich.live import Live
 
-    console = Console(stderr=True)
+    # Not a terminal (CI, a pipe): rich would wrap at 80 columns; the tables need more.
+    console = Console(stderr=True, width=None if sys.stderr.isatty() else 150)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     state_dir = state_dir.resolve()
     model_dir = state_dir / "model"
