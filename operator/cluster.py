@@ -306,6 +306,15 @@ def _pid_runs(pid: int, exe: str) -> bool:
     return bool(cmdline) and cmdline[0].decode(errors="replace") == exe
 
 
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM when the parent thread exits (Linux only)."""
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
 # ---------------------------------------------------------------------------------- control plane
 
 
@@ -319,7 +328,12 @@ class ControlPlane:
         nodes: GpuNodeSpec | None = None,
         cache: Path | None = None,
         timeout: float = 120.0,
+        bind_to_parent: bool = False,
     ) -> None:
+        """``bind_to_parent``: components get SIGTERM when the process that started them dies
+        (Linux PR_SET_PDEATHSIG), so a killed test run leaves nothing behind. Off for
+        `weightlift cluster up`, whose components must outlive the command."""
+        self.bind_to_parent = bind_to_parent
         self.state_dir = Path(state_dir).resolve()
         self.nodes = nodes if nodes is not None else GpuNodeSpec()
         self.cache = cache
@@ -545,6 +559,7 @@ class ControlPlane:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
                 cwd=self.state_dir,
+                preexec_fn=_die_with_parent if self.bind_to_parent else None,
             )
         finally:
             log.close()

@@ -63,7 +63,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterInfo]:
     """The session's control plane; KUBECONFIG points at it while tests run."""
     _require_binaries()
     state = tmp_path_factory.mktemp("cluster")
-    cp = ControlPlane(state, nodes=GpuNodeSpec(count=4, gpus_per_node=8))
+    cp = ControlPlane(state, nodes=GpuNodeSpec(count=4, gpus_per_node=8), bind_to_parent=True)
     old = os.environ.get("KUBECONFIG")
     try:
         info = cp.up()

@@ -241,17 +241,22 @@ def test_deletion_with_finalizer_leaves_no_pods(env: Env) -> None:
 
 
 def test_operator_restart_mid_reconcile_converges(env: Env, operator: OperatorProcess) -> None:
-    env.create("restart", replicas=2, loading={"waitForSourceSeconds": 0})
-    env.wait_pods("restart", 2)
-    operator.stop(kill=True)  # SIGKILL: no graceful cleanup, like a crashed pod
+    env.create("restart", replicas=3, loading={"waitForSourceSeconds": 0})
+    # SIGKILL (no graceful cleanup, like a crashed pod) as soon as the first pod exists,
+    # i.e. while the operator is still creating the others
+    wait_for(lambda: len(env.pods("restart")) >= 1, 60, "first pod of restart", interval=0.02)
+    operator.stop(kill=True)
     try:
         assert not operator.alive()
         env.kubectl("scale", "-n", NS, "md/restart", "--replicas=4")
         victim = env.pods("restart")[0].metadata.name
         env.core.delete_namespaced_pod(victim, NS, grace_period_seconds=0)
-        # nobody reconciles meanwhile
-        wait_for(lambda: len(env.pods("restart")) == 1, 30, "the deleted pod to go")
-        assert len(env.pods("restart")) == 1
+        wait_for(
+            lambda: victim not in {p.metadata.name for p in env.pods("restart", live=False)},
+            30,
+            "the deleted pod to go",
+        )
+        assert len(env.pods("restart")) <= 2  # nobody reconciles meanwhile
     finally:
         operator.start()
     pods = env.wait_pods("restart", 4, timeout=90)
