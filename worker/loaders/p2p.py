@@ -30,11 +30,16 @@ log = logging.getLogger(__name__)
 STALL_SECONDS = 5.0
 # Test/bench hook: seconds to pause after posting each READ batch (simulates a slow link).
 THROTTLE_ENV = "WEIGHTLIFT_P2P_THROTTLE_S"
+# Tuning knob: MB moved by one READ request (default 64).
+BATCH_MB_ENV = "WEIGHTLIFT_P2P_BATCH_MB"
 
 
 def options_for(plan: WorkerPlan) -> PullOptions:
     p2p = plan.loading.peer_to_peer
+    batch = int(float(os.environ.get(BATCH_MB_ENV, "64") or 64) * (1 << 20))
     return PullOptions(
+        batch_bytes=max(batch, 1 << 16),
+        chunk_bytes=max(batch, 1 << 16),
         transfer_timeout_s=float(p2p.transfer_timeout_seconds),
         max_in_flight=p2p.max_in_flight,
         stall_seconds=min(STALL_SECONDS, float(p2p.transfer_timeout_seconds)),
