@@ -151,7 +151,8 @@ def validate(spec: ModelDeploymentSpec, observed: Observed) -> str | None:
             f"not ship; use one of {', '.join(s + '://' for s in SUPPORTED_STORAGE)}"
         )
     if scheme == "pvc":
-        claim, _, path = spec.model.uri.removeprefix("pvc://").partition("/")
+        # Parsed as pods.model_mount parses it: pvc://claim/path, surrounding slashes ignored.
+        claim, _, path = spec.model.uri.removeprefix("pvc://").strip("/").partition("/")
         if not claim or not path.strip("/"):
             return "spec.model.uri: pvc:// needs a claim and a path, e.g. pvc://models/llama-3"
     tp = spec.parallelism.tensor

@@ -599,6 +599,7 @@ def test_invalid_spec_keeps_publishing_ready_sources() -> None:
         {"uri": "hostpath:///models/llama"},
         {"uri": "file:///models/llama"},
         {"uri": "pvc://models/llama/v1"},
+        {"uri": "pvc:///models/llama"},  # what pods.model_mount reads as claim "models"
         {"tensor": 8},  # exactly the largest node
         {"initHooks": {"library": "hooks/libinit.so"}},
         {"initHooks": {"library": "./libinit.so"}},

@@ -178,6 +178,7 @@ def test_plan_invariants_hold_for_any_observed_state(
     change_identity=st.booleans(),
     change_at=st.integers(0, 12),
     picks=st.lists(st.integers(0, 5), min_size=60, max_size=60),
+    failures=st.sets(st.integers(0, 59), max_size=3),
 )
 def test_random_sequences_keep_ready_replicas_and_converge(
     spec: ModelDeploymentSpec,
@@ -185,6 +186,7 @@ def test_random_sequences_keep_ready_replicas_and_converge(
     change_identity: bool,
     change_at: int,
     picks: list[int],
+    failures: set[int],
 ) -> None:
     cluster = Cluster(spec)
     cluster.reconcile()
@@ -195,12 +197,17 @@ def test_random_sequences_keep_ready_replicas_and_converge(
     for step, pick in enumerate(picks):
         if step == change_at:
             cluster.spec = changed
-        ready_before = cluster.ready_count()
         todo = cluster.movable()
-        if todo:
+        live = sorted(p.name for p in cluster.live())
+        if step in failures and live:
+            # A transient failure (evicted, OOM): the reconcile must replace it.
+            victim = live[pick % len(live)]
+            cluster.update(victim, phase="Failed", failure="Evicted", pod_ready=False)
+        elif todo:
             cluster.advance(todo[pick % len(todo)])
         else:
             cluster.now += timedelta(seconds=cluster.spec.loading.wait_for_source_seconds + 1)
+        ready_before = cluster.ready_count()
         cluster.reconcile()
         # A reconcile never takes away ready replicas that are still wanted.
         assert cluster.ready_count() >= min(cluster.spec.replicas, ready_before)
@@ -215,6 +222,6 @@ def test_random_sequences_keep_ready_replicas_and_converge(
     if changed.replicas and changed.loading.strategy not in ("Preload", "Direct"):
         assert sources, "a Ready deployment has a Source-role replica"
         expired = any(e.reason == "WaitForSourceExpired" for p in cluster.plans for e in p.events)
-        if not expired and changed.loading.wait_for_source_seconds:
+        if not expired and not failures and changed.loading.wait_for_source_seconds:
             # Without an expired wait only initialSources replicas ever load from storage.
             assert len(sources) <= changed.loading.initial_sources
