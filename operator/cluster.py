@@ -43,7 +43,7 @@ import httpx
 import yaml
 
 # Pinned versions. hack/build-controlplane.sh and hack/install_tools.py carry the same values
-# (tests/integration/test_cluster.py checks they agree).
+# (tests/integration/test_cluster_live.py checks they agree).
 K8S_VERSION = "v1.36.3"
 ETCD_VERSION = "v3.6.8"
 KWOK_VERSION = "v0.8.0"
