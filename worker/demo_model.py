@@ -21,6 +21,7 @@ import click
 import torch
 from safetensors.torch import save_file
 from torch import nn
+
 from weightlift.worker.runtime import (
     CONFIG_FILE,
     PROGRAM_FILE,
@@ -185,6 +186,7 @@ def _write_probe(out: Path, d: int, tp: int, seed: int) -> None:
     """probe.json: a sample request and the output this model must give (computed through the
     runtime on the files just written, loaded with safetensors' own load_file)."""
     from safetensors.torch import load_file
+
     from weightlift.worker.loaders.files import rank_files
 
     rt = Pt2Runtime.open(out)

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 import torch
 from safetensors import safe_open
+
 from weightlift.worker.loaders.base import LoadError, LoadProgress
 from weightlift.worker.loaders.files import ShardIndex, shard_index
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
+
 from weightlift.worker.loaders.base import LoadError, LoadProgress
 from weightlift.worker.loaders.files import ShardIndex, shard_index
 from weightlift.worker.loaders.tensors import view_tensor
@@ -141,15 +142,24 @@ class PreloadLoader:
         mv = memoryview(host.numpy()) if total else memoryview(b"")  # type: ignore[arg-type]
         paths = [h.path for h in index.files]
         stream = torch.cuda.Stream(device) if cuda else None
-        with _open_all(paths) as fds, ThreadPoolExecutor(max(1, threads)) as pool:
+        # _open_all fails fast (naming the file) before any thread starts.
+        with _open_all(paths), ThreadPoolExecutor(max(1, threads)) as pool:
 
             def work(c: _Chunk) -> _Chunk:
-                _read_chunk(
-                    fds[c.file_no],
-                    paths[c.file_no],
-                    mv[c.buf_offset : c.buf_offset + c.length],
-                    c.file_offset,
-                )
+                # One fd per chunk: readahead state lives in the open file, and concurrent
+                # streams at different offsets of one fd look random to the kernel (cold-cache
+                # reads then shrink to single pages).
+                fd = os.open(paths[c.file_no], os.O_RDONLY)
+                try:
+                    os.posix_fadvise(fd, c.file_offset, c.length, os.POSIX_FADV_SEQUENTIAL)
+                    _read_chunk(
+                        fd,
+                        paths[c.file_no],
+                        mv[c.buf_offset : c.buf_offset + c.length],
+                        c.file_offset,
+                    )
+                finally:
+                    os.close(fd)
                 progress.add(c.length)
                 return c
 

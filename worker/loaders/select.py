@@ -14,6 +14,7 @@ from weightlift.worker.loaders.preload import PreloadLoader
 
 if TYPE_CHECKING:
     import torch
+
     from weightlift.worker.plan import WorkerPlan
 
 log = logging.getLogger(__name__)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+
 from weightlift.worker.loaders.header import TensorInfo
 
 TORCH_DTYPES: dict[str, torch.dtype] = {
