@@ -61,7 +61,10 @@ TOOLS = ("kubectl", "helm")
 KWOK_ANNOTATION = "kwok.x-k8s.io/node"
 ADMIN_USER = "weightlift-admin"
 SERVICE_CIDR = "10.96.0.0/16"
-POD_CIDR = "10.244.0.0/16"
+# kwok hands simulated pods addresses from this range. Loopback on purpose: nothing may send
+# traffic to made-up private addresses from this machine, and 127.244/16 stays clear of the
+# process node's 127.0.x.y worker addresses.
+POD_CIDR = "127.244.0.0/16"
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
