@@ -187,6 +187,38 @@ def test_unschedulable_node_selector_is_surfaced_in_status(env: Env) -> None:
     assert env.pods("nofit")[0].spec.node_name is None
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "operator bug (reported): kube.create_pod re-raises the 403 from ServiceAccount "
+        "admission, reconcile() aborts before patch_status, so status stays empty and only a "
+        "raw ApiException dump is posted as a ReconcileError event every 5 s"
+    ),
+)
+def test_rejected_pod_creation_is_surfaced_in_status(env: Env) -> None:
+    """The API server refuses the worker pod (its ServiceAccount does not exist): the status
+    must say so; an event alone is not enough."""
+    env.create("nosa", template={"serviceAccountName": "no-such-sa"})
+
+    def surfaced() -> dict[str, Any]:
+        st = env.status("nosa")
+        return st if "no-such-sa" in st.get("message", "") else {}
+
+    try:
+        st = wait_for(surfaced, 30, "the rejected pod creation in status.message")
+    except AssertionError as exc:
+        events = [
+            f"{e.reason}: {e.message}"
+            for e in env.core.list_namespaced_event(NS).items
+            if e.involved_object.name == "nosa"
+        ]
+        raise AssertionError(
+            f"{exc}; status: {json.dumps(env.status('nosa'))}; events: {events}"
+        ) from None
+    assert st["phase"] in ("Pending", "Failed")
+    assert env.pods("nosa") == []
+
+
 def test_tensor_parallel_larger_than_any_node_fails_fast(env: Env) -> None:
     env.create("toowide", parallelism={"tensor": 16})
     st = env.wait_phase("toowide", "Failed", timeout=60)
