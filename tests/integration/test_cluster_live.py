@@ -224,3 +224,41 @@ def test_cluster_json_records_distinct_ports(cluster: ClusterInfo) -> None:
     info = json.loads((cluster.state_dir / "cluster.json").read_text())
     assert info["server"] == cluster.server
     assert info["upSeconds"] > 0
+
+
+def test_failing_component_reports_log_tail_and_stops_the_rest(tmp_path: Path) -> None:
+    """A component that dies at startup: the error names it with its log tail, and what was
+    already started (etcd) is stopped."""
+    real = wl_cluster.controlplane_bin_dir()
+    if wl_cluster.missing_binaries():
+        pytest.skip("control plane binaries missing (see the cluster fixture)")
+    cache = tmp_path / "cache"
+    bin_dir = wl_cluster.controlplane_bin_dir(cache)
+    bin_dir.mkdir(parents=True)
+    for name in wl_cluster.CONTROLPLANE_BINARIES:
+        (bin_dir / name).symlink_to(real / name)
+    wl_cluster.kwok_stages_file(cache).symlink_to(wl_cluster.kwok_stages_file())
+    broken = bin_dir / "kube-apiserver"
+    broken.unlink()
+    broken.write_text("#!/bin/sh\necho 'E0000 simulated: cannot bind etcd storage' >&2\nexit 3\n")
+    broken.chmod(0o755)
+    cp = ControlPlane(tmp_path / "state", cache=cache, timeout=30)
+    with pytest.raises(ControlPlaneError) as err:
+        cp.up()
+    text = str(err.value)
+    assert "kube-apiserver exited with code 3" in text
+    assert "simulated: cannot bind etcd storage" in text
+    assert not (tmp_path / "state" / "pids.json").exists()
+    ours = str(bin_dir)
+    leftovers = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                argv0 = (proc / "cmdline").read_bytes().split(b"\0")[0].decode()
+            except OSError:
+                continue
+            if argv0.startswith(ours):
+                leftovers.append(argv0)
+    assert leftovers == []
+    etcd_log = (tmp_path / "state" / "logs" / "etcd.log").read_text()
+    assert etcd_log  # etcd did start, and was stopped again
