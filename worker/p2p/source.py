@@ -21,6 +21,7 @@ import logging
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
@@ -49,6 +50,9 @@ log = logging.getLogger(__name__)
 MAX_REGIONS = 16
 ALIGNMENT = 256
 SESSION_LEASE_SECONDS = 600.0
+# Progress polling of each rank's agent: while a reader has a session open / when idle.
+POLL_ACTIVE_S = 0.001
+POLL_IDLE_S = 0.005
 
 
 def _error(status: int, code: str, message: str) -> web.Response:
@@ -75,6 +79,7 @@ class RankSource:
         tensors: dict[str, torch.Tensor],
         checksum_kind: ChecksumKind,
         pool: ThreadPoolExecutor,
+        busy: Callable[[], bool] = lambda: True,
     ) -> None:
         if not tensors:
             raise ValueError(f"rank {rank}: no tensors to publish")
@@ -108,7 +113,10 @@ class RankSource:
 
         mod = nixl()
         self.agent_name = f"wl-src-{pod}-r{rank}-{uuid.uuid4().hex[:8]}"
-        config = mod.nixl_agent_config(enable_prog_thread=True, backends=["UCX"])
+        # No NIXL progress thread: it spins a core per agent even when idle (measured ~30% of a
+        # core each here). Our own poller below progresses the agent, fast while readers are
+        # active and slowly when idle.
+        config = mod.nixl_agent_config(enable_prog_thread=False, backends=["UCX"])
         self.agent: Any = mod.nixl_agent(self.agent_name, config)
         self._reg = self.agent.register_memory(
             [(r.addr, r.nbytes, r.device_id, "") for r in regions], self.mem_type
@@ -127,6 +135,21 @@ class RankSource:
             tensors=entries,
         )
         self.manifest_json = self.manifest.model_dump(mode="json")
+        self._busy = busy
+        self._stop = threading.Event()
+        self._poller = threading.Thread(
+            target=self._progress, name=f"p2p-progress-r{rank}", daemon=True
+        )
+        self._poller.start()
+
+    def _progress(self) -> None:
+        """Drive the UCX worker: a one-sided READ still needs the source side progressed (the
+        connection wire-up; without it the reader's first READ never completes)."""
+        while not self._stop.wait(POLL_ACTIVE_S if self._busy() else POLL_IDLE_S):
+            try:
+                self.agent.get_new_notifs()
+            except Exception as exc:  # a reader vanished mid-wireup: log, keep serving
+                log.debug("rank %d: progress: %s", self.rank, exc)
 
     def _regions(
         self, tensors: dict[str, torch.Tensor]
@@ -173,6 +196,8 @@ class RankSource:
         return [Region(addr=buf.data_ptr(), nbytes=buf.numel(), device_id=dev_id)], placed
 
     def close(self) -> None:
+        self._stop.set()
+        self._poller.join(timeout=5)
         try:
             self.agent.deregister_memory(self._reg)
         except Exception as exc:
@@ -208,6 +233,7 @@ class SourcePublisher:
                     tensors=tensors,
                     checksum_kind=kind,
                     pool=pool,
+                    busy=lambda: bool(self._sessions),
                 )
                 for rank, tensors in sorted(tensors_by_rank.items())
             }
