@@ -234,10 +234,25 @@ async def reconcile(
         spec = ModelDeploymentSpec.model_validate(body.get("spec") or {})
     except ValidationError as exc:
         status = invalid_spec_status(body, exc)
-        await asyncio.to_thread(
-            kube.patch_status, state.custom, namespace, name, _status_patch(status)
+        previous = _previous_status(body)
+        unchanged = (
+            previous is not None
+            and previous.phase == status.phase
+            and previous.message == status.message
         )
+        if unchanged and previous is not None:
+            status.conditions = previous.conditions  # keep lastTransitionTime
+        patch = _status_patch(status)
+        if {k: v for k, v in patch.items() if v is not None} != body.get("status"):
+            await asyncio.to_thread(kube.patch_status, state.custom, namespace, name, patch)
         logger.warning("invalid spec: %s", status.message)
+        if not unchanged:  # the contract: log, post an Event, go on with the others
+            try:
+                await asyncio.to_thread(
+                    kube.post_event, state.core, body, "Warning", "InvalidSpec", status.message
+                )
+            except Exception:  # best effort: the status says the same
+                logger.warning("could not post event InvalidSpec")
         return 30.0
     model = spec.model.name or name
     pods, siblings, max_gpus = await asyncio.gather(
