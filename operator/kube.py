@@ -7,6 +7,7 @@ which is what planning, tests and kubectl users all read.
 from __future__ import annotations
 
 import json
+import os
 from datetime import UTC, datetime
 from typing import Any
 
@@ -22,7 +23,9 @@ def load_config() -> client.ApiClient:
     try:
         config.load_incluster_config()
     except config.ConfigException:
-        config.load_kube_config()
+        # The client reads $KUBECONFIG once, at import; read it now so that a KUBECONFIG set
+        # in-process (cluster.py's documented use, tests, the demo) is the one used, as kopf does.
+        config.load_kube_config(config_file=os.environ.get("KUBECONFIG") or None)
     return client.ApiClient()
 
 
