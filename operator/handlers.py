@@ -7,7 +7,6 @@ early, a timer (the plan's requeue_after) wakes it otherwise. All decisions live
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from typing import Any
 
@@ -63,9 +62,22 @@ async def reconcile_loop(
             logger.exception("reconcile of %s/%s failed", namespace, name)
             await state.post_event_safe(namespace, name, "Warning", "ReconcileError", str(exc))
             delay = 5.0
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(wake.wait(), timeout=delay)
+        await _sleep(wake, stopped, delay)
     state.forget(uid)
+
+
+async def _sleep(wake: asyncio.Event, stopped: kopf.DaemonStopped, delay: float) -> None:
+    """Until the next pass is due, a pod/spec change wakes us, or kopf stops the daemon.
+
+    Waking on `stopped` lets an idle loop end by returning, so kopf sees a graceful exit
+    instead of having to cancel the task.
+    """
+    waiters = {asyncio.ensure_future(wake.wait()), asyncio.ensure_future(stopped.wait())}
+    try:
+        await asyncio.wait(waiters, timeout=delay, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiter in waiters:
+            waiter.cancel()
 
 
 @kopf.on.update(GROUP, VERSION, PLURAL)
