@@ -368,7 +368,7 @@ class ReplicaStatus(ApiModel):
         description="Pending, Scheduled, InitHooks, Loading, Serving, Ready, Failed."
     )
     node: str | None = Field(None, description="Node the pod is bound to.")
-    pod_ip: str | None = Field(None, description="Pod IP.")
+    pod_ip: str | None = Field(None, alias="podIP", description="Pod IP.")
     loaded_from: str | None = Field(None, description="storage or peer:<pod>.")
     bytes_loaded: int = Field(0, ge=0, description="Weight bytes on the device so far.")
     bytes_total: int = Field(0, ge=0, description="Weight bytes this replica loads.")

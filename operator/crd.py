@@ -13,6 +13,7 @@ from typing import Any
 
 import click
 import yaml
+
 from weightlift.operator.api import (
     GROUP,
     KIND,
@@ -23,6 +24,7 @@ from weightlift.operator.api import (
     ModelDeploymentSpec,
     ModelDeploymentStatus,
 )
+from weightlift.operator.planning import MAX_NAME_LENGTH
 
 _DROP_KEYS = {"title", "$defs", "discriminator"}
 
@@ -186,6 +188,13 @@ def build_crd() -> dict[str, Any]:
                             "description": "A model served by GPU replicas that load weights "
                             "from storage or from each other, Ready only after inference probes.",
                             "required": ["spec"],
+                            "x-kubernetes-validations": [
+                                {
+                                    "rule": f"size(self.metadata.name) <= {MAX_NAME_LENGTH}",
+                                    "message": f"metadata.name: at most {MAX_NAME_LENGTH} "
+                                    "characters (worker pod names and labels derive from it)",
+                                }
+                            ],
                             "properties": {
                                 "apiVersion": {"type": "string"},
                                 "kind": {"type": "string"},

@@ -416,7 +416,7 @@ class Observer:
         for rs in self.replica_statuses():
             pod = pods_by_name.get(rs["name"], {})
             port = _container_port(pod)
-            ip = rs.get("podIp") or (pod.get("status") or {}).get("podIP")
+            ip = rs.get("podIP") or (pod.get("status") or {}).get("podIP")
             t = self.times.get(rs["name"])
             replicas.append(
                 {

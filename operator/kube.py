@@ -115,7 +115,8 @@ def max_node_gpus(core: client.CoreV1Api, resource: str) -> int | None:
             best = max(best, int(raw))
         except ValueError:
             continue
-    return best if body.get("items") else None
+    # No GPU node at all (e.g. a pool scaled to zero) is unknown, not "too small".
+    return best or None
 
 
 def post_event(

@@ -34,6 +34,8 @@ POLL_WHILE_LOADING = 2.0
 POLL_STEADY = 30.0
 
 SUPPORTED_STORAGE = ("hostpath", "file", "pvc")
+# Pod names (<name>-<identity6>-<replica>) and label values must stay within 63 characters.
+MAX_NAME_LENGTH = 50
 
 
 @dataclass(frozen=True)
@@ -125,6 +127,11 @@ class Plan:
     requeue_after: float = POLL_STEADY
 
 
+def host_port(ip: str, port: int) -> str:
+    """host:port, with brackets around IPv6 addresses."""
+    return f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
+
+
 def pod_name(deployment: str, identity: str, replica: int) -> str:
     return f"{deployment}-{identity[:6]}-{replica}"
 
@@ -144,6 +151,11 @@ def _aware(moment: datetime) -> datetime:
 
 def validate(spec: ModelDeploymentSpec, observed: Observed) -> str | None:
     """Semantic checks the CRD schema cannot express; returns a message naming the field."""
+    if len(observed.name) > MAX_NAME_LENGTH:
+        return (
+            f"metadata.name: {len(observed.name)} characters; at most {MAX_NAME_LENGTH} "
+            "(worker pod names and labels derive from it)"
+        )
     scheme = spec.model.uri.split("://", 1)[0]
     if scheme not in SUPPORTED_STORAGE:
         return (
@@ -254,7 +266,7 @@ def _ready_sources(
         SourceEndpoint(
             pod=p.name,
             deployment=observed.name,
-            address=f"{p.pod_ip}:{spec.runtime.port}",
+            address=host_port(p.pod_ip, spec.runtime.port),
             model_identity=identity,
             ranks=ranks,
         )

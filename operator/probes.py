@@ -18,7 +18,7 @@ PROBE_NETWORKS_ENV = "WEIGHTLIFT_PROBE_NETWORKS"
 STATUS_TIMEOUT = 2.0
 
 
-def _allowed_networks() -> list[ipaddress.IPv4Network | ipaddress.IPv6Network] | None:
+def allowed_networks() -> list[ipaddress.IPv4Network | ipaddress.IPv6Network] | None:
     raw = os.environ.get(PROBE_NETWORKS_ENV, "").strip()
     if not raw:
         return None
@@ -29,7 +29,7 @@ def _allowed_networks() -> list[ipaddress.IPv4Network | ipaddress.IPv6Network] |
 def may_contact(pod_ip: str) -> bool:
     """False for pod IPs outside WEIGHTLIFT_PROBE_NETWORKS (when set): simulated pods (kwok) have
     made-up addresses that must not receive traffic."""
-    networks = _allowed_networks()
+    networks = allowed_networks()
     if networks is None:
         return True
     try:

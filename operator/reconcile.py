@@ -31,6 +31,7 @@ from weightlift.operator.planning import (
     Observed,
     ObservedPod,
     Plan,
+    host_port,
     plan,
     rfc3339,
 )
@@ -121,7 +122,7 @@ async def observe_pod(
     meta, status = pod["metadata"], pod.get("status", {})
     labels = meta.get("labels", {})
     ip = status.get("podIP")
-    address = f"{ip}:{spec.runtime.port}" if ip else None
+    address = host_port(ip, spec.runtime.port) if ip else None
     failure, report = _termination(pod)
     pod_ready = _pod_ready(pod)
     reachable = address is not None and may_contact(ip) and status.get("phase") == "Running"
@@ -183,8 +184,10 @@ def _sibling_sources(items: list[dict[str, Any]], name: str) -> list[SourceEndpo
 
 
 def _previous_status(body: dict[str, Any]) -> ModelDeploymentStatus | None:
+    if not body.get("status"):
+        return None  # first pass: the first phase gets its Event too
     try:
-        return ModelDeploymentStatus.model_validate(body.get("status") or {})
+        return ModelDeploymentStatus.model_validate(body["status"])
     except ValidationError:
         return None
 

@@ -6,7 +6,8 @@ import logging
 import os
 
 import click
-from weightlift.operator.probes import PROBE_NETWORKS_ENV
+
+from weightlift.operator.probes import PROBE_NETWORKS_ENV, allowed_networks
 
 
 @click.command("operator")
@@ -38,6 +39,10 @@ def operator_command(
             raise click.UsageError("give --namespace NS (repeatable) or --all-namespaces")
     if probe_networks:
         os.environ[PROBE_NETWORKS_ENV] = probe_networks
+    try:
+        allowed_networks()
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--probe-networks") from exc
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

@@ -332,7 +332,7 @@ async def test_first_source_pod_status_and_event(
 
     moved = await eventually(moved_on, what="the phase to leave Pending")
     replica = moved["replicaStatuses"][0]
-    assert (replica["node"], replica["podIp"]) == ("gpu-node-1", "10.77.0.5")
+    assert (replica["node"], replica["podIP"]) == ("gpu-node-1", "10.77.0.5")
     scheduled = next(c for c in moved["conditions"] if c["type"] == "Scheduled")
     assert scheduled["message"].startswith("1/")
 
