@@ -98,13 +98,15 @@ class PeerToPeerLoader:
             progress.loaded_from = f"peer:{cand.pod}"
             progress.finish()
             log.info(
-                "rank %d: %d bytes from peer %s in %.3fs (%.2f GB/s), %d checksums verified",
+                "rank %d: %d bytes from peer %s in %.3fs (%.2f GB/s), %d checksums verified; "
+                "phases since start: %s",
                 rank,
                 result.nbytes,
                 cand.pod,
                 result.seconds,
                 result.nbytes / result.seconds / 1e9 if result.seconds else 0.0,
                 len(result.tensors),
+                {k: round(v, 3) for k, v in result.timings.items()},
             )
             return result.tensors
         progress.reset()

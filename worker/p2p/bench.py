@@ -252,8 +252,8 @@ def run_fault(model: Path, workdir: Path, env: dict[str, str], throttle_s: float
             done: dict[str, Any] = {}
             for e in target.events(600):
                 if e["event"] == "batch" and killed_at is None:
-                    source.kill()
                     killed_at = time.monotonic()
+                    source.kill()
                 elif e["event"] == "fallback":
                     fallbacks.append(e)
                 elif e["event"] == "peer_failed":

@@ -81,6 +81,7 @@ class WorkerProc:
         path = workdir / f"{plan.pod_name}.json"
         path.write_text(plan.model_dump_json())
         self.url = f"http://127.0.0.1:{plan.runtime.port}"
+        self.log_path = workdir / f"{plan.pod_name}.log"
         self.lines: list[str] = []
         self.p = subprocess.Popen(
             [sys.executable, "-m", "weightlift.operator.cli", "worker", "--plan", str(path)],
@@ -133,6 +134,8 @@ class WorkerProc:
         if self.p.poll() is None:
             os.killpg(self.p.pid, signal.SIGKILL)
         self.p.wait(timeout=30)
+        self._reader.join(timeout=5)
+        self.log_path.write_text("\n".join(self.lines) + "\n")
 
 
 def _infer_ok(client: httpx.Client, url: str, model: Path) -> bool:
@@ -246,8 +249,8 @@ def _fault(
             while time.monotonic() < deadline and killed_wall is None:
                 st = tgt.status(client)
                 if st and st.get("phase") == "Loading" and st.get("bytesLoaded", 0) > 0:
-                    src.kill()
                     killed_wall, killed_mono = time.time(), time.monotonic()
+                    src.kill()
                 elif st and st.get("phase") in ("Serving", "Failed"):
                     break
                 time.sleep(0.005)

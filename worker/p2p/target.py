@@ -196,6 +196,8 @@ def pull_from_peer(
 ) -> PullResult:
     """Pull rank `rank` from the peer `pod` at `address`; raise PeerFailed on any failure."""
     t0 = time.monotonic()
+    # Seconds since the start at which each phase ended: manifest, alloc (buffer faulted in),
+    # agent (NIXL agent ready, remote added, connected), transfer_done, verified.
     timings: dict[str, float] = {}
     client = httpx.Client(timeout=opts.http_timeout_s, verify=False)  # plain http, no CA load
     session: str | None = None
@@ -205,11 +207,7 @@ def pull_from_peer(
     reg: Any = None
     handles: list[Any] = []
     buf: torch.Tensor | None = None
-    # The agent (UCX context and worker: a few hundred ms) is created while we fetch the
-    # manifest and fault in the local buffer.
-    setup = ThreadPoolExecutor(max_workers=1, thread_name_prefix="p2p-agent")
-    agent_future = setup.submit(_new_agent, f"wl-tgt-{reader}-r{rank}-{uuid.uuid4().hex[:8]}")
-    setup.shutdown(wait=False)
+    agent_future: Future[Any] | None = None
     try:
         manifest = fetch_manifest(client, address, identity=identity, rank=rank, peer=pod)
         try:
@@ -218,6 +216,14 @@ def pull_from_peer(
             raise PeerFailed(pod, str(exc).removeprefix(f"peer {pod}: "), kind="mismatch") from exc
         if progress is not None:
             progress.set_total(manifest.total_bytes)
+        timings["manifest"] = time.monotonic() - t0
+
+        # The agent (UCX context and worker: ~50 ms, ~0.5 s for the first in a process, holding
+        # the GIL) is created while this thread faults in the local buffer (torch releases the
+        # GIL there). Started after the manifest fetch so it cannot starve that request.
+        setup = ThreadPoolExecutor(max_workers=1, thread_name_prefix="p2p-agent")
+        agent_future = setup.submit(_new_agent, f"wl-tgt-{reader}-r{rank}-{uuid.uuid4().hex[:8]}")
+        setup.shutdown(wait=False)
 
         # Local layout: one buffer, aligned offsets, in manifest order.
         offsets: list[int] = []
@@ -347,7 +353,8 @@ def pull_from_peer(
                         )
                     if inflight:
                         time.sleep(0.0005)
-            timings["transfer"] = time.monotonic() - t_xfer
+            transfer_seconds = time.monotonic() - t_xfer
+            timings["transfer_done"] = time.monotonic() - t0
             for i, t in enumerate(manifest.tensors):
                 got = hashes[i].result()
                 if got != t.checksum:
@@ -364,14 +371,14 @@ def pull_from_peer(
             tensors={t.name: views[i] for i, t in enumerate(manifest.tensors)},
             manifest=manifest,
             seconds=time.monotonic() - t0,
-            transfer_seconds=timings["transfer"],
+            transfer_seconds=transfer_seconds,
             nbytes=manifest.total_bytes,
             batches=len(batches),
             peer_pod=pod,
             timings=timings,
         )
     finally:
-        if agent is None:
+        if agent is None and agent_future is not None:
             with contextlib.suppress(Exception):
                 agent = agent_future.result(timeout=30)
         if not _cleanup(agent, handles, remote_name, reg, pod) and buf is not None:
