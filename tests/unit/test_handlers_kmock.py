@@ -341,7 +341,9 @@ async def test_first_source_pod_status_and_event(
     assert ours, events
     assert ours[0]["involvedObject"]["uid"] == uid
     assert ours[0]["involvedObject"]["kind"] == KIND
-    assert ours[0]["reason"] == f"Phase{moved['phase']}"
+    reasons = [e["reason"] for e in ours]
+    assert reasons[0] == "PhasePending"  # the first phase gets its Event too
+    assert f"Phase{moved['phase']}" in reasons
 
     # kopf's finalizer guards the pods' cleanup.
     md = cluster.md("llama")
