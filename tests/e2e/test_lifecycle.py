@@ -129,7 +129,8 @@ def test_source_deleted_while_target_pulls(
         os.kill(pid, signal.SIGSTOP)
     obs.wait(
         lambda o: any(
-            r["name"] == target and r.get("phase") in ("Loading", "Serving", "Failed")
+            r["name"] == target
+            and r.get("phase") not in (None, "Pending", "Scheduled", "Starting", "InitHooks")
             for r in o.replica_statuses()
         ),
         READY_TIMEOUT,
