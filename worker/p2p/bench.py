@@ -6,8 +6,33 @@ ranks (PeerToPeerLoader, ranks in parallel, every checksum verified). memcpy and
 (the worker's storage loader) are measured in the same run. Then a fresh source is SIGKILLed
 after the target's first completed READ batch, and the target must fall back to storage.
 
-The processes are `python -m weightlift.worker.p2p.peer serve|pull` (the loading half of a
-worker: the same loader and publisher classes `weightlift worker` uses).
+Two process modes: `--processes worker` (default) runs real `weightlift worker` processes and
+reads their /weightlift/v1/status (see bench_worker.py); `--processes peer` runs
+`python -m weightlift.worker.p2p.peer serve|pull`, the loading half of a worker (the same
+loader and publisher classes), which also reports READ-only GB/s and pulls several times in one
+process.
+
+What mattered when tuning on one host (2 vCPUs, UCX from the nixl-cu12 wheel):
+- UCX picks cma (process_vm_readv, zero-copy, one copy in the kernel) for the READs and tcp for
+  its active messages; that is the fastest set here. UCX_TLS=tcp alone moves the bytes through
+  loopback sockets (~10x slower READs); the shared-memory transports (posix, sysv; "sm", "shm")
+  cannot be used at all: NIXL asks for peer-failure error handling, which they lack, so
+  UCX_TLS=sm/shm/cma-only fail at agent creation. Leave UCX_TLS unset or use "tcp,cma".
+- NIXL's progress thread (enable_prog_thread) spins a core per agent, idle or not (~30% of a core
+  each, measured); on a small host it starves the copy and the checksums. Without it the source
+  must still be progressed (a READ never completes otherwise): the source polls its agents
+  (get_new_notifs, 1 ms while a reader has a session, 5 ms idle) and the target's wait loop
+  (check_xfer_state) drives its own. This alone made pulls ~3x faster here.
+- Fresh destination memory costs page faults (~1-2 GB/s on this VM); faulting the buffer in with
+  one memset before the READs beat letting the kernel fault it page by page inside
+  process_vm_readv. Transparent huge pages (madvise) helped only after the first allocation of a
+  process, so they are not used.
+- The first NIXL agent of a process costs ~0.5 s (plugin and UCX loading, GIL held); later ones
+  ~50 ms. `prewarm_nixl()` (target.py) hides it when called early; the peer processes call it,
+  the worker does not (yet), so worker-mode numbers include it.
+- READ size: 16-256 MB per request made no measurable difference; 64 MB requests, up to
+  max_in_flight (8) in flight. Checksums (xxh3, ~10+ GB/s a core) run per tensor as soon as its
+  bytes landed, overlapping the remaining READs.
 """
 
 from __future__ import annotations
@@ -44,6 +69,21 @@ def measure_memcpy_gbps(nbytes: int, repeat: int = 5) -> float:
         t = time.perf_counter()
         dst.copy_(src)
         times.append(time.perf_counter() - t)
+    return n / statistics.median(times) / 1e9
+
+
+def measure_fresh_memcpy_gbps(nbytes: int, repeat: int = 3) -> float:
+    """memcpy into freshly allocated memory (page faults included): the ceiling for any load
+    that, like a target's, must land in new memory."""
+    n = max(nbytes, 64 << 20)
+    src = torch.ones(n, dtype=torch.uint8)
+    times = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        dst = torch.empty(n, dtype=torch.uint8)
+        dst.copy_(src)
+        times.append(time.perf_counter() - t)
+        del dst
     return n / statistics.median(times) / 1e9
 
 
@@ -153,7 +193,10 @@ def run_bench(
     src_plan.write_text(make_plan(model, pod="bench-src-0").model_dump_json())
     result: dict[str, Any] = {
         "model": {"size_mb": size_mb, "bytes_on_disk": total, "ranks": RANKS, "files": len(files)},
-        "limits": {"memcpy_gbps": measure_memcpy_gbps(min(total, 1 << 30))},
+        "limits": {
+            "memcpy_gbps": measure_memcpy_gbps(min(total, 1 << 30)),
+            "memcpy_fresh_gbps": measure_fresh_memcpy_gbps(min(total, 1 << 30)),
+        },
         "env": {k: v for k, v in env.items() if k.startswith("UCX_")},
     }
 
@@ -295,6 +338,15 @@ def print_table(result: dict[str, Any]) -> None:
     for col in ("path", "GB/s", "x memcpy", "seconds", "verified", "note"):
         table.add_column(col)
     table.add_row("memcpy (host)", f"{memcpy:.2f}", "1.00", "", "", "torch copy_, median")
+    fresh = result["limits"]["memcpy_fresh_gbps"]
+    table.add_row(
+        "memcpy into new memory",
+        f"{fresh:.2f}",
+        f"{fresh / memcpy:.2f}",
+        "",
+        "",
+        "page faults included",
+    )
     note = "end to end (loader: setup, READs, checksums)"
     if p2p.get("transfer_gbps"):
         note += f"; READs alone {p2p['transfer_gbps']:.2f} GB/s"
