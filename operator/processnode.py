@@ -910,6 +910,7 @@ class ProcessNode:
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
         self._boot_id = str(uuid.uuid4())
+        self._registered_at = now_rfc3339()  # conditions only transition at registration
         self._ip_iter = self._ip_candidates()
 
     # -- lifecycle
@@ -1075,7 +1076,7 @@ class ProcessNode:
                 if t == "Ready"
                 else "",
                 "lastHeartbeatTime": ts,
-                "lastTransitionTime": ts,
+                "lastTransitionTime": self._registered_at,
             }
             for t, s, r in rows
         ]
