@@ -385,6 +385,8 @@ def _load_staged(
     views = [memoryview(s.numpy()) for s in slots]  # type: ignore[arg-type]
     stream = torch.cuda.Stream(device) if cuda else None
     events: list[Any] = [None] * nslots
+    if stream is not None:  # dev_buf was allocated on the current stream: order after it
+        stream.wait_stream(torch.cuda.current_stream(device))
     free = list(range(nslots))
     with _open_all(index), ThreadPoolExecutor(threads, thread_name_prefix="wl-preload") as pool:
 
