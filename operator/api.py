@@ -409,6 +409,9 @@ class ModelDeploymentStatus(ApiModel):
         None, description="When replicas started waiting for a source (RFC 3339)."
     )
     conditions: list[Condition] = Field(default_factory=list, description="Conditions.")
+    restarts: int = Field(
+        0, ge=0, description="Failed replicas replaced since the deployment was last Ready."
+    )
     sources: list[SourceEndpoint] = Field(
         default_factory=list, description="Ready replicas other replicas can pull weights from."
     )

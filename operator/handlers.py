@@ -86,10 +86,13 @@ async def spec_changed(uid: str, memo: kopf.Memo, **_: Any) -> None:
 
 
 @kopf.on.event("", "v1", "pods", labels=MANAGED_BY)
-async def pod_changed(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+async def pod_changed(body: kopf.Body, event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
+    state = _state(memo)
+    if event.get("type") == "DELETED":
+        state.forget_pod(body.metadata.uid or "")
     for owner in body.metadata.get("ownerReferences", []):
         if owner.get("kind") == "ModelDeployment":
-            _state(memo).wake(owner["uid"])
+            state.wake(owner["uid"])
 
 
 @kopf.on.delete(GROUP, VERSION, PLURAL)

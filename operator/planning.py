@@ -32,6 +32,9 @@ REPLICA_LABEL = "weightlift.dev/replica"
 # How soon to look again while something is in motion (seconds).
 POLL_WHILE_LOADING = 2.0
 POLL_STEADY = 30.0
+# Replacing a replica that keeps failing: 10 s, 20 s, 40 s ... at most 5 minutes.
+BACKOFF_BASE = 10.0
+BACKOFF_MAX = 300.0
 
 SUPPORTED_STORAGE = ("hostpath", "file", "pvc")
 # Pod names (<name>-<identity6>-<replica>) and label values must stay within 63 characters.
@@ -53,6 +56,7 @@ class ObservedPod:
     pod_ready: bool = False  # the worker's readiness probe passed: hooks ran, weights bound
     unschedulable: str | None = None  # the scheduler's message while PodScheduled is False
     failure: str | None = None  # why the container terminated, if it did
+    failed_at: datetime | None = None  # when it failed (exit time, or first seen failed)
     worker: WorkerReport | None = None
     probe: ProbeResult | None = None
 
@@ -220,11 +224,27 @@ def plan(spec: ModelDeploymentSpec, observed: Observed) -> Plan:
     current = [p for p in live if p.identity == identity]
     old = [p for p in live if p.identity != identity]
 
-    # Transient failures are replaced; permanent ones (bad files, missing init symbol) stay so
-    # the status and the pod keep saying why, until the spec changes.
+    # Transient failures are replaced after an exponential backoff (like CrashLoopBackOff);
+    # permanent ones (bad files, missing init symbol) stay so the status and the pod keep
+    # saying why, until the spec changes.
+    restarts = observed.previous.restarts if observed.previous else 0
+    backing_off: list[tuple[ObservedPod, float]] = []
     for pod in current:
-        if pod.failed and not pod.permanent_failure:
-            result.delete[pod.name] = f"replacing failed replica: {pod.failure_message}"
+        if not pod.failed or pod.permanent_failure:
+            continue
+        left = _backoff_left(pod, restarts, observed.now)
+        if left > 0:
+            backing_off.append((pod, left))
+            continue
+        result.delete[pod.name] = f"replacing failed replica: {pod.failure_message}"
+        restarts += 1
+        result.events.append(
+            Event(
+                "Warning",
+                "ReplicaRestarted",
+                f"{pod.name} failed ({pod.failure_message}); replacement {restarts}",
+            )
+        )
     current = [p for p in current if p.name not in result.delete]
 
     sources = _ready_sources(spec, observed, identity, current)
@@ -237,7 +257,13 @@ def plan(spec: ModelDeploymentSpec, observed: Observed) -> Plan:
     waiting = _scale_up(spec, observed, identity, current, old, sources, result)
 
     phase, message = _phase(spec, current, old, waiting, result)
+    if backing_off and phase != Phase.FAILED:
+        pod, left = backing_off[0]
+        phase = Phase.DEGRADED if any(p.inference_ready for p in current) else Phase.PENDING
+        message = f"{pod.name} failed ({pod.failure_message}); replacing it in {left:.0f}s"
     result.status = _status(spec, observed, identity, live, sources, phase, message)
+    # The backoff starts over once the whole deployment is Ready again.
+    result.status.restarts = 0 if phase == Phase.READY else restarts
     result.status.waiting_since = _waiting_since(observed, waiting)
     result.status.conditions = _conditions(spec, observed, current, result.status, None)
     previous_phase = observed.previous.phase if observed.previous else None
@@ -247,10 +273,23 @@ def plan(spec: ModelDeploymentSpec, observed: Observed) -> Plan:
     in_motion = [p for p in current if not p.permanent_failure and not p.inference_ready]
     busy = waiting or in_motion or old or result.create or result.delete
     result.requeue_after = POLL_WHILE_LOADING if busy else _steady_poll(spec)
+    for _, left in backing_off:
+        result.requeue_after = max(0.5, min(result.requeue_after, left))
     if waiting and _was_waiting(observed):
         # Wake up when the wait runs out, but never spin: at least a short pause.
         result.requeue_after = max(0.5, min(result.requeue_after, _wait_left(spec, observed)))
     return result
+
+
+def backoff_seconds(restarts: int) -> float:
+    """Wait before the next replacement after `restarts` of them: 0, 10, 20, 40 .. 300 s."""
+    return 0.0 if restarts == 0 else min(BACKOFF_MAX, BACKOFF_BASE * 2 ** (restarts - 1))
+
+
+def _backoff_left(pod: ObservedPod, restarts: int, now: datetime) -> float:
+    if pod.failed_at is None:
+        return 0.0
+    return backoff_seconds(restarts) - (now - pod.failed_at).total_seconds()
 
 
 def _steady_poll(spec: ModelDeploymentSpec) -> float:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass, field
@@ -32,6 +33,7 @@ from weightlift.operator.planning import (
     ObservedPod,
     Plan,
     host_port,
+    parse_rfc3339,
     plan,
     rfc3339,
 )
@@ -51,6 +53,7 @@ class OperatorState:
     http: httpx.AsyncClient
     wakes: dict[str, asyncio.Event] = field(default_factory=dict)
     probes: dict[str, tuple[float, ProbeResult]] = field(default_factory=dict)  # pod uid ->
+    failures_seen: dict[str, datetime] = field(default_factory=dict)  # pod uid -> first seen
     node_gpus: tuple[float, int | None] = (0.0, None)
 
     @classmethod
@@ -71,6 +74,11 @@ class OperatorState:
 
     def forget(self, uid: str) -> None:
         self.wakes.pop(uid, None)
+
+    def forget_pod(self, uid: str) -> None:
+        """A deleted pod's probe and failure memory goes with it."""
+        self.probes.pop(uid, None)
+        self.failures_seen.pop(uid, None)
 
     async def post_event_safe(
         self, namespace: str, name: str, kind: str, reason: str, message: str
@@ -129,7 +137,7 @@ async def observe_pod(
     if report is None and reachable:
         report = await fetch_report(state.http, address)
     probe = await _probe(state, meta["uid"], address, model, spec, pod_ready and reachable)
-    return ObservedPod(
+    observed = ObservedPod(
         name=meta["name"],
         replica=int(labels.get(REPLICA_LABEL, "0")),
         identity=labels.get(IDENTITY_LABEL, ""),
@@ -144,6 +152,23 @@ async def observe_pod(
         worker=report,
         probe=probe,
     )
+    if observed.failed:
+        failed_at = _finished_at(pod) or state.failures_seen.setdefault(
+            meta["uid"], datetime.now(UTC)
+        )
+        observed = dataclasses.replace(observed, failed_at=failed_at)
+    return observed
+
+
+def _finished_at(pod: dict[str, Any]) -> datetime | None:
+    for cs in pod.get("status", {}).get("containerStatuses", []):
+        finished = ((cs.get("state") or {}).get("terminated") or {}).get("finishedAt")
+        if finished:
+            try:
+                return parse_rfc3339(finished)
+            except ValueError:
+                return None
+    return None
 
 
 async def _probe(
