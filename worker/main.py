@@ -123,9 +123,26 @@ class Worker:
         log.info("serving on %s:%d", self.plan.host, self.plan.runtime.port)
         return app
 
+    def _wants_p2p(self) -> bool:
+        plan = self.plan
+        p2p_strategy = plan.strategy in (LoadStrategy.AUTO, LoadStrategy.PEER_TO_PEER)
+        return plan.role == Role.TARGET and p2p_strategy and bool(plan.peers)
+
+    def _prewarm_p2p(self) -> None:
+        """The first NIXL agent of a process costs ~0.5 s of library loading: pay it while the
+        init hooks run, not inside the timed pull."""
+        if not self._wants_p2p():
+            return
+        try:
+            from weightlift.worker.p2p.target import prewarm_nixl
+        except ImportError:
+            return
+        prewarm_nixl()
+
     async def init_hooks(self) -> None:
         rep = self.state.report
         rep.phase = "InitHooks"
+        self._prewarm_p2p()
         hooks = self.plan.init_hooks
         if hooks is not None:
             dev_indices = [r for r in self.plan.ranks]
@@ -146,11 +163,7 @@ class Worker:
     def _load_rank(self, rank: int, progress: LoadProgress) -> tuple[str, dict[str, torch.Tensor]]:
         """(strategy used, tensors) for one rank; runs in a thread."""
         plan, dev = self.plan, self.devices[rank]
-        if (
-            plan.role == Role.TARGET
-            and plan.strategy in (LoadStrategy.AUTO, LoadStrategy.PEER_TO_PEER)
-            and plan.peers
-        ):
+        if self._wants_p2p():
             try:
                 from weightlift.worker.loaders.p2p import PeerToPeerLoader
             except ImportError as exc:
