@@ -62,6 +62,7 @@ def drop_cache(files: list[Path]) -> None:
     for f in files:
         fd = os.open(f, os.O_RDONLY)
         try:
+            os.fsync(fd)  # DONTNEED skips dirty pages: a just-written model would stay cached
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         finally:
             os.close(fd)

@@ -14,17 +14,26 @@ clean pages; nothing here mlocks). Files are checked against their headers' size
 mapping, and a populate that would hit a SIGBUS (file shrank meanwhile) fails with EFAULT, which
 becomes a LoadError naming the file. Kernels without MADV_POPULATE_READ touch one byte per page.
 
-Where the time goes (CPU, measured by `weightlift bench load`, 256 MB in 4 files, 2 cores):
- - warm cache: only page-table setup, no data moves: the kernel maps existing page-cache folios
-   (large folios on ext4/xfs, so few entries per MiB). ~10 ms for 256 MB; the bench's per-page
-   touch adds ~1 ms. This is why the result beats memcpy: memcpy moves every byte, we move none.
-   The peers pay 4 KiB faults (safetensors, direct: mmap with fault-around, lazily in the touch)
-   or a full copy (fastsafetensors, runai: read into their own buffers).
- - cold cache: disk read. Each job populates one contiguous file range (one job per file, more
-   when a file is large versus `threads`), sequentially, so kernel readahead (advised
-   SEQUENTIAL on the fd, which the mapping shares) streams large I/Os; the CPU cost is the
-   kernel's copy from the block device into the page cache. Bound by the storage, compare with
-   `odirect_read_gbps`.
+Where the time goes (CPU; `weightlift bench load --size-mb 256 --repeat 5`, 4 files, shared
+2-core box, medians; the numbers swing about 2x with the neighbours' load):
+ - warm cache (~15 ms for 260 MB, ~1x the box's threaded memcpy GB/s, 2x safetensors): no data
+   moves; the time is the kernel walking the page cache and writing page-table entries. The
+   mappings are advised MADV_HUGEPAGE so a cold load through them fills the page cache with
+   2 MiB folios, and populating a range of large folios is ~3x faster than of 4 KiB pages
+   (measured 47 vs 13 GB/s on 512 MB); the kernel still maps them with 4 KiB PTEs (no PMD
+   mapping of a private file mapping here), so page-table writes are what is left. Header
+   parsing and building ~100 views is < 1 ms. The peers pay 4 KiB faults lazily in the bench's
+   per-page touch (safetensors, direct: mmap + fault-around) or a full copy into fresh memory
+   (fastsafetensors, runai; and our own staged path: ~0.5-1 GB/s here, zeroing + copy).
+ - cold cache (~2.3-2.5 GB/s, about 2x O_DIRECT reads and safetensors here): the storage. One
+   populate job per file (more when a file is large next to total/threads), each a sequential
+   stream, so mmap readahead issues 2-4 MiB reads; CPU time is the kernel's copy into the page
+   cache. On a fast NVMe array more concurrent streams (`threads`) help; on this VM disk they
+   do not.
+ - not done: mlock (needs RLIMIT_MEMLOCK; page cache stays evictable under memory pressure) and
+   PMD mappings (would need a read-only or shared mapping; safetensors' semantics are private
+   and writable). The page cache is shared: ranks/pods on one node mapping the same files use
+   one copy of host memory.
 
 CUDA target (`_load_staged`): read big chunks (one fd per chunk, so each has its own readahead)
 with a pool of reader threads into a ring of pinned staging buffers; as each read completes its
@@ -61,6 +70,7 @@ if TYPE_CHECKING:
 
 _PAGE = mmap.PAGESIZE
 _HUGE = 2 << 20  # PMD size on x86-64 and arm64 (4 KiB pages)
+_HUGEPAGE_ADVICE = True
 _ALIGN = 4096
 # Ranges a populate job handles at once (progress granularity); a multiple of 2 MiB.
 _POPULATE_STEP = 64 << 20
@@ -142,7 +152,7 @@ class _Region:
         # Cold reads through this mapping then fill the page cache with 2 MiB folios (mmap
         # readahead honours VM_HUGEPAGE): fewer, larger folios to map on every later load.
         # Advice only: a kernel without file THP says EINVAL and nothing changes.
-        if hasattr(mmap, "MADV_HUGEPAGE"):
+        if _HUGEPAGE_ADVICE and hasattr(mmap, "MADV_HUGEPAGE"):
             libc.madvise(self.addr + offset, length, mmap.MADV_HUGEPAGE)
 
     def buffer(self) -> Any:
