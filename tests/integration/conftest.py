@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
+import tempfile
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -59,10 +61,23 @@ def _require_binaries() -> None:
 
 
 @pytest.fixture(scope="session")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterInfo]:
+def state_root(request: pytest.FixtureRequest) -> Iterator[Path]:
+    """Our own temp dir, not pytest's numbered basetemp: concurrent pytest sessions on one
+    machine prune each other's pytest-N dirs, which must not take etcd's data dir along.
+    Kept (and printed) when a test failed, for the component logs."""
+    root = Path(tempfile.mkdtemp(prefix="weightlift-it-"))
+    yield root
+    if request.session.testsfailed:
+        print(f"\nintegration state and logs kept in {root}")
+    else:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def cluster(state_root: Path) -> Iterator[ClusterInfo]:
     """The session's control plane; KUBECONFIG points at it while tests run."""
     _require_binaries()
-    state = tmp_path_factory.mktemp("cluster")
+    state = state_root / "cluster"
     cp = ControlPlane(state, nodes=GpuNodeSpec(count=4, gpus_per_node=8), bind_to_parent=True)
     old = os.environ.get("KUBECONFIG")
     try:
@@ -202,7 +217,7 @@ def operator_kubeconfig(
     cluster: ClusterInfo,
     kubectl: Kubectl,
     chart_rbac: ChartRbac,
-    tmp_path_factory: pytest.TempPathFactory,
+    state_root: Path,
 ) -> Path:
     """A kubeconfig with a real token of the chart's operator ServiceAccount."""
     token = kubectl(
@@ -211,19 +226,17 @@ def operator_kubeconfig(
     doc = yaml.safe_load(cluster.kubeconfig.read_text())
     doc["users"] = [{"name": "operator", "user": {"token": token}}]
     doc["contexts"][0]["context"]["user"] = "operator"
-    path = tmp_path_factory.mktemp("operator") / "kubeconfig"
+    path = state_root / "operator.kubeconfig"
     path.write_text(yaml.safe_dump(doc))
     return path
 
 
 @pytest.fixture(scope="session")
 def operator(
-    operator_kubeconfig: Path, chart_rbac: ChartRbac, tmp_path_factory: pytest.TempPathFactory
+    operator_kubeconfig: Path, chart_rbac: ChartRbac, state_root: Path
 ) -> Iterator[OperatorProcess]:
     """The operator, running as the chart's ServiceAccount, watching OPERATOR_NAMESPACE."""
-    op = OperatorProcess(
-        operator_kubeconfig, OPERATOR_NAMESPACE, tmp_path_factory.mktemp("oplog") / "operator.log"
-    )
+    op = OperatorProcess(operator_kubeconfig, OPERATOR_NAMESPACE, state_root / "operator.log")
     op.start()
     try:
         yield op

@@ -173,11 +173,11 @@ def test_scheduler_respects_node_selector(
     assert "node affinity/selector" in message or "didn't match" in message
 
 
-def test_cluster_cli_up_status_down(tmp_path: Path, cluster: ClusterInfo) -> None:
+def test_cluster_cli_up_status_down(state_root: Path, cluster: ClusterInfo) -> None:
     """`weightlift cluster up/status/down` as a user runs them, next to the session's cluster
     (distinct free ports); nothing is left running afterwards."""
     wl = str(REPO / ".venv" / "bin" / "weightlift")
-    state = tmp_path / "cli-state"
+    state = state_root / "cli-state"
     up = subprocess.run(
         [wl, "cluster", "up", "--state-dir", str(state), "--kwok-nodes=1", "--gpus-per-node=4"],
         capture_output=True,

@@ -125,7 +125,8 @@ def test_first_replica_is_source_others_wait_then_fall_back_to_storage(env: Env)
         for e in env.core.list_namespaced_event(NS).items
         if e.involved_object.name == "roles"
     }
-    assert "WaitForSourceExpired" in reasons
+    # each phase transition was announced: WaitingForSource -> (Loading) -> Probing
+    assert {"WaitForSourceExpired", "PhaseWaitingForSource", "PhaseProbing"} <= reasons
 
 
 def test_scheduler_respects_gpu_requests_and_node_selector(env: Env) -> None:
