@@ -16,11 +16,13 @@ accounting (active readers, completed reads) and expire on their own.
 
 from __future__ import annotations
 
+import atexit
 import base64
 import logging
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -206,6 +208,21 @@ class RankSource:
         self._keep.clear()
 
 
+# Publishers not closed by their owner are closed before the interpreter exits: a NIXL agent
+# still alive when C++ static destructors run aborts the process ("terminate called without an
+# active exception"), e.g. when a stop races the publisher's construction.
+_LIVE_PUBLISHERS: weakref.WeakSet[SourcePublisher] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_live_publishers() -> None:
+    for publisher in list(_LIVE_PUBLISHERS):
+        try:
+            publisher.close()
+        except Exception as exc:  # exiting anyway; say what could not be closed
+            log.warning("closing a P2P publisher at exit: %s", exc)
+
+
 class SourcePublisher:
     """Publishes every rank this worker holds; one NIXL agent per rank.
 
@@ -237,6 +254,7 @@ class SourcePublisher:
                 )
                 for rank, tensors in sorted(tensors_by_rank.items())
             }
+        _LIVE_PUBLISHERS.add(self)
 
     # ------------------------------------------------------------------------------ http
     async def handle(self, request: web.Request) -> web.StreamResponse:
@@ -340,7 +358,10 @@ class SourcePublisher:
                 self.expired_sessions += 1
 
     def close(self) -> None:
+        if self._closed:
+            return
         self._closed = True
+        _LIVE_PUBLISHERS.discard(self)
         for source in self.ranks.values():
             source.close()
 
