@@ -52,6 +52,7 @@ import mmap
 import os
 import sys
 import threading
+from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager
@@ -397,7 +398,7 @@ def _load_staged(
     events: list[Any] = [None] * nslots
     if stream is not None:  # dev_buf was allocated on the current stream: order after it
         stream.wait_stream(torch.cuda.current_stream(device))
-    free = list(range(nslots))
+    free = deque(range(nslots))  # FIFO: the oldest freed slot's copy is likeliest done
     with _open_all(index), ThreadPoolExecutor(threads, thread_name_prefix="wl-preload") as pool:
 
         def work(c: _Chunk, slot: int) -> tuple[_Chunk, int]:
@@ -412,7 +413,7 @@ def _load_staged(
                     c = next(todo, None)
                     if c is None:
                         break
-                    slot = free.pop()
+                    slot = free.popleft()
                     if events[slot] is not None:  # its last H2D copy must be done first
                         events[slot].synchronize()
                     pending.add(pool.submit(work, c, slot))
