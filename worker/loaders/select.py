@@ -42,8 +42,9 @@ def available_host_memory() -> int:
 
 
 def host_bytes_needed(plan: WorkerPlan, devices: dict[int, torch.device]) -> int:
-    """Host memory the preload needs: every local shard at once (ranks load concurrently; on CPU
-    the buffers are the result, on CUDA the pinned buffers live until their copy is done)."""
+    """Host memory the preload holds: on CPU every local shard stays resident in the page cache
+    (mapped, populated); on CUDA the files stream through a bounded ring of pinned buffers, but
+    we still ask for the shards to fit so the page cache can hold them for the next load."""
     del devices  # same need either way today; kept so a smarter policy can tell them apart
     return sum(shard_index(plan.model_dir, r, plan.tensor_parallel).data_bytes for r in plan.ranks)
 
