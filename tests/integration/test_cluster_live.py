@@ -1,3 +1,6 @@
+# The kubernetes client's models type every field Optional; these tests read objects the API
+# server returned and fail loudly (AttributeError/TypeError) if a field is absent.
+# mypy: disable-error-code="union-attr,index,arg-type"
 """The local control plane itself: versions, nodes, GC, service accounts, scheduler, CLI."""
 
 from __future__ import annotations
@@ -125,7 +128,7 @@ def test_scheduler_packs_gpus_and_reports_insufficient(
 
     def bound() -> dict[str, str]:
         pods = core.list_namespaced_pod(namespace).items
-        out = {p.metadata.name: p.spec.node_name for p in pods if p.spec.node_name}
+        out = {str(p.metadata.name): str(p.spec.node_name) for p in pods if p.spec.node_name}
         return out if len(out) == 4 else {}
 
     placement = wait_for(bound, 60, "4 six-GPU pods bound")

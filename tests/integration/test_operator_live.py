@@ -1,3 +1,6 @@
+# The kubernetes client's models type every field Optional; these tests read objects the API
+# server returned and fail loudly (AttributeError/TypeError) if a field is absent.
+# mypy: disable-error-code="union-attr,index,arg-type"
 """The operator (`weightlift operator`, running as the chart's ServiceAccount) against the real
 control plane. kwok makes bound pods Running/Ready but runs no worker, so no inference probe can
 pass: these tests assert roles, scheduling, phases, conditions and pod counts, never Ready."""
@@ -6,7 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from integration_helpers import OPERATOR_NAMESPACE, Kubectl, OperatorProcess, wait_for
@@ -43,8 +46,9 @@ class Env:
         self.created.append(name)
 
     def md(self, name: str) -> dict[str, Any]:
-        obj: dict[str, Any] = self.custom.get_namespaced_custom_object(
-            GROUP, VERSION, NS, PLURAL, name
+        obj = cast(
+            dict[str, Any],
+            self.custom.get_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, name),
         )
         return obj
 
