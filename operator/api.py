@@ -160,9 +160,14 @@ class PodTemplate(ApiModel):
         pattern=r"^[0-9]+(Ki|Mi|Gi|Ti)?$",
         description="Size limit of the /dev/shm memory volume.",
     )
-    service_account_name: str = Field(
-        "weightlift-worker",
-        description="ServiceAccount of worker pods (needs get/watch on its ModelDeployment).",
+    service_account_name: str | None = Field(
+        None,
+        max_length=253,
+        description=(
+            "ServiceAccount of worker pods. Unset: the namespace's default account with no API "
+            "token mounted (workers need no API access). The chart's weightlift-worker account "
+            "may read its ModelDeployment."
+        ),
     )
 
 

@@ -68,6 +68,16 @@ def list_pods(core: client.CoreV1Api, namespace: str, selector: str) -> list[Obj
     return items
 
 
+def api_error(exc: ApiException) -> str:
+    """The API server's own message (e.g. a missing ServiceAccount), without HTTP headers."""
+    try:
+        body = json.loads(exc.body or "{}")
+    except ValueError:
+        body = {}
+    message = body.get("message") if isinstance(body, dict) else None
+    return f"{exc.status} {exc.reason}: {message or exc.body or ''}".strip()
+
+
 def create_pod(core: client.CoreV1Api, namespace: str, manifest: Obj) -> bool:
     """Create; False when it already exists (a previous reconcile got there first)."""
     try:

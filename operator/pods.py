@@ -152,7 +152,11 @@ def render_pod(
         },
         "spec": {
             "restartPolicy": "Never",
-            "serviceAccountName": template.service_account_name,
+            **(
+                {"serviceAccountName": template.service_account_name}
+                if template.service_account_name
+                else {"automountServiceAccountToken": False}
+            ),
             "terminationGracePeriodSeconds": 30,
             "nodeSelector": dict(template.node_selector),
             "tolerations": [t.wire() for t in template.tolerations],

@@ -12,6 +12,7 @@ from typing import Any
 
 import httpx
 from kubernetes import client
+from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
 from weightlift.operator import kube
@@ -29,6 +30,7 @@ from weightlift.operator.planning import (
     IDENTITY_LABEL,
     REPLICA_LABEL,
     ROLE_LABEL,
+    Event,
     Observed,
     ObservedPod,
     Plan,
@@ -310,6 +312,18 @@ async def reconcile(
     return result.requeue_after
 
 
+def _surface_rejection(result: Plan, message: str, previous: dict[str, Any]) -> None:
+    """The API server refused a pod (quota, admission, missing ServiceAccount): say so in the
+    status and once as an Event, instead of failing the whole reconcile."""
+    status = result.status
+    status.message = message
+    for condition in status.conditions:
+        if condition.type == "Scheduled":
+            condition.status, condition.reason, condition.message = "False", "FailedCreate", message
+    if previous.get("message") != message:
+        result.events.append(Event("Warning", "FailedCreate", message))
+
+
 async def apply(
     state: OperatorState,
     body: dict[str, Any],
@@ -326,10 +340,16 @@ async def apply(
         await asyncio.to_thread(
             kube.patch_pod_labels, state.core, namespace, pod, {ROLE_LABEL: str(role)}
         )
+    rejected: list[str] = []
     for desired in result.create:
         manifest = render_pod(name, namespace, uid, spec, desired)
-        if await asyncio.to_thread(kube.create_pod, state.core, namespace, manifest):
-            logger.info("created %s pod %s", desired.role, desired.name)
+        try:
+            if await asyncio.to_thread(kube.create_pod, state.core, namespace, manifest):
+                logger.info("created %s pod %s", desired.role, desired.name)
+        except ApiException as exc:
+            rejected.append(f"creating pod {desired.name} was rejected: {kube.api_error(exc)}")
+    if rejected:
+        _surface_rejection(result, rejected[0], body.get("status") or {})
     previous = body.get("status") or {}
     patch = _status_patch(result.status)
     if {k: v for k, v in patch.items() if v is not None} != previous:

@@ -192,14 +192,6 @@ def test_unschedulable_node_selector_is_surfaced_in_status(env: Env) -> None:
     assert env.pods("nofit")[0].spec.node_name is None
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "operator bug (reported): kube.create_pod re-raises the 403 from ServiceAccount "
-        "admission, reconcile() aborts before patch_status, so status stays empty and only a "
-        "raw ApiException dump is posted as a ReconcileError event every 5 s"
-    ),
-)
 def test_rejected_pod_creation_is_surfaced_in_status(env: Env) -> None:
     """The API server refuses the worker pod (its ServiceAccount does not exist): the status
     must say so; an event alone is not enough."""
@@ -221,6 +213,9 @@ def test_rejected_pod_creation_is_surfaced_in_status(env: Env) -> None:
             f"{exc}; status: {json.dumps(env.status('nosa'))}; events: {events}"
         ) from None
     assert st["phase"] in ("Pending", "Failed")
+    scheduled = {c["type"]: c for c in st["conditions"]}["Scheduled"]
+    assert (scheduled["status"], scheduled["reason"]) == ("False", "FailedCreate")
+    assert "HTTP response headers" not in st["message"]
     assert env.pods("nosa") == []
 
 

@@ -367,3 +367,15 @@ def test_roundtrip_check_catches_a_misspelled_field() -> None:
     manifest["spec"]["containers"][0]["readinesProbe"] = {"periodSeconds": 1}
     with pytest.raises(ValidationError, match="readinesProbe"):
         _roundtrip(manifest)
+
+
+def test_default_service_account_gets_no_api_token() -> None:
+    spec = render(make_spec())["spec"]
+    assert "serviceAccountName" not in spec
+    assert spec["automountServiceAccountToken"] is False
+
+
+def test_named_service_account_is_used_with_its_token() -> None:
+    spec = render(make_spec(template={"serviceAccountName": "weightlift-worker"}))["spec"]
+    assert spec["serviceAccountName"] == "weightlift-worker"
+    assert "automountServiceAccountToken" not in spec
