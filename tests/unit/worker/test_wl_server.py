@@ -93,8 +93,12 @@ def test_kserve_v2_with_httpx(demo_tp2: DemoModel, tmp_path: Path) -> None:
             assert 'weightlift_inference_requests_total{model="demo",status="ok"} 1.0' in metrics
             assert 'status="bad_request"} 3.0' in metrics
             assert "weightlift_ready 1.0" in metrics
-            # P2P extension point: 503 until a publisher is installed, then forwarded.
-            assert c.get("/weightlift/v1/p2p/manifest").status_code in (200, 503)
+            # P2P extension point: 503 until the publisher is installed, then forwarded to it
+            # (which refuses a manifest request that names no identity and rank).
+            reply = c.get("/weightlift/v1/p2p/manifest")
+            assert reply.status_code in (400, 503), reply.text
+            if reply.status_code == 400:
+                assert "rank" in reply.text
         assert w.exit_code == 0
         calls = hook_log.read_text().split("\n")
         assert [c.split()[0] for c in calls if c] == ["init", "init", "release", "release"]
