@@ -19,6 +19,7 @@ from weightlift.operator.api import (
     ProbeResult,
     ReplicaStatus,
     Role,
+    RuntimeType,
     SourceEndpoint,
 )
 from weightlift.operator.identity import model_identity
@@ -411,7 +412,9 @@ def _scale_up(
         if i not in taken and pod_name(observed.name, identity, i) not in taken_names
     )
     strategy = LoadStrategy(spec.loading.strategy)
-    storage_only = strategy in (LoadStrategy.PRELOAD, LoadStrategy.DIRECT)
+    # An External runtime loads its own weights: no peer-to-peer for it.
+    external = spec.runtime.type == RuntimeType.EXTERNAL
+    storage_only = external or strategy in (LoadStrategy.PRELOAD, LoadStrategy.DIRECT)
     # Source-role replicas on their way to Ready (scheduling, loading, or loaded and waiting
     # for the inference probe) still count against initialSources.
     source_pods = {s.pod for s in sources}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from weightlift.operator.api import GROUP, KIND, VERSION, ModelDeploymentSpec, Role
+from weightlift.operator.api import GROUP, KIND, VERSION, ModelDeploymentSpec, Role, RuntimeType
 from weightlift.operator.planning import (
     DEPLOYMENT_LABEL,
     IDENTITY_LABEL,
@@ -88,14 +88,15 @@ def render_pod(
         {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
         *({"name": e.name, "value": e.value} for e in template.env),
     ]
-    if spec.runtime.type == "External":
-        env.append({"name": "WEIGHTLIFT_EXTERNAL_COMMAND", "value": " ".join(spec.runtime.command)})
+    # An External runtime (tritonserver, vLLM) is the container's own command: it loads its
+    # weights itself and serves KServe v2 on runtime.port, where the operator probes it.
+    external = spec.runtime.type == RuntimeType.EXTERNAL
     http_get = {"port": "http", "scheme": "HTTP"}
     container: dict[str, Any] = {
         "name": "worker",
         "image": template.image,
         "imagePullPolicy": template.image_pull_policy,
-        "command": ["weightlift", "worker"],
+        "command": list(spec.runtime.command) if external else ["weightlift", "worker"],
         "env": env,
         "ports": [{"name": "http", "containerPort": spec.runtime.port, "protocol": "TCP"}],
         "resources": {"limits": limits, "requests": requests},

@@ -217,6 +217,14 @@ def test_storage_strategies_make_every_replica_a_source_without_waiting(strategy
     assert all(d.peers == [] for d in more.create)
 
 
+def test_external_runtime_replicas_all_load_from_storage() -> None:
+    external = {"type": "External", "command": ["tritonserver"]}
+    spec = make_spec(3, runtime=external)
+    with_source = observe([mkpod(spec, 0, Role.SOURCE)])
+    assert roles(run(spec, with_source)) == [(1, Role.SOURCE), (2, Role.SOURCE)]
+    assert roles(run(make_spec(3), with_source)) == [(1, Role.TARGET), (2, Role.TARGET)]
+
+
 def test_peer_to_peer_strategy_waits_like_auto() -> None:
     spec = make_spec(3, strategy="PeerToPeer")
     assert roles(run(spec, observe())) == [(0, Role.SOURCE)]

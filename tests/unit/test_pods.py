@@ -252,11 +252,12 @@ def test_worker_plan_is_compact_json_and_user_env_is_appended() -> None:
     assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
 
 
-def test_external_runtime_command_reaches_the_worker_unchanged() -> None:
+def test_external_runtime_command_is_the_container_command_unchanged() -> None:
     command = ["tritonserver", "--model-repository", "/models/my repo", "--log-verbose=1"]
     spec = make_spec(runtime={"type": "External", "command": command, "port": 8001})
     pod = render(spec)
-    assert plan_of(pod).runtime.command == command
+    assert container(pod)["command"] == command
+    assert container(render(make_spec()))["command"] == ["weightlift", "worker"]
     assert container(pod)["ports"] == [{"name": "http", "containerPort": 8001, "protocol": "TCP"}]
 
 
