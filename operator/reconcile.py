@@ -229,24 +229,30 @@ def _status_patch(status: ModelDeploymentStatus) -> dict[str, Any]:
     return patch
 
 
-def invalid_spec_status(body: dict[str, Any], error: ValidationError) -> ModelDeploymentStatus:
+def invalid_spec_status(
+    body: dict[str, Any], error: ValidationError, previous: ModelDeploymentStatus | None
+) -> ModelDeploymentStatus:
+    """Failed/InvalidSpec naming the field; replicas, sources and progress stay as they were
+    (the running pods keep serving until the spec is fixed)."""
     first = error.errors()[0]
     where = "spec." + ".".join(str(p) for p in first["loc"])
     message = f"{where}: {first['msg']}"
-    now = rfc3339(datetime.now(UTC))
-    return ModelDeploymentStatus(
-        phase=Phase.FAILED,
+    ready = Condition(
+        type="Ready",
+        status="False",
+        reason="InvalidSpec",
         message=message,
-        observed_generation=body["metadata"].get("generation"),
-        conditions=[
-            Condition(
-                type="Ready",
-                status="False",
-                reason="InvalidSpec",
-                message=message,
-                last_transition_time=now,
-            )
-        ],
+        last_transition_time=rfc3339(datetime.now(UTC)),
+    )
+    base = previous or ModelDeploymentStatus()
+    kept = [c for c in base.conditions if c.type != "Ready"]
+    return base.model_copy(
+        update={
+            "phase": Phase.FAILED,
+            "message": message,
+            "observed_generation": body["metadata"].get("generation"),
+            "conditions": [*kept, ready],
+        }
     )
 
 
@@ -263,8 +269,8 @@ async def reconcile(
     try:
         spec = ModelDeploymentSpec.model_validate(body.get("spec") or {})
     except ValidationError as exc:
-        status = invalid_spec_status(body, exc)
         previous = _previous_status(body)
+        status = invalid_spec_status(body, exc, previous)
         unchanged = (
             previous is not None
             and previous.phase == status.phase
