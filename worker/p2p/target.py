@@ -14,8 +14,10 @@ in flight) and a liveness thread that polls the peer's /health every liveness_in
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
+import os
 import threading
 import time
 import uuid
@@ -31,7 +33,7 @@ import torch
 from weightlift.worker.loaders.base import LoadProgress
 from weightlift.worker.p2p import P2P_PREFIX
 from weightlift.worker.p2p.expected import ExpectedTensor, ShapeMismatch, check_manifest
-from weightlift.worker.p2p.manifest import DTYPES, RankManifest, align_up, checksum
+from weightlift.worker.p2p.manifest import DTYPES, RankManifest, align_up, checksum, element_size
 from weightlift.worker.p2p.nixl_compat import nixl
 
 log = logging.getLogger(__name__)
@@ -90,6 +92,27 @@ class _Batch:
     nbytes: int
     # tensor index -> bytes of it in this batch
     parts: dict[int, int]
+
+
+def _layout_size(expected: dict[str, ExpectedTensor]) -> int | None:
+    """Bytes of the local buffer for these tensors (the same in any order: each is aligned);
+    None when a dtype is unknown (the manifest check will say so)."""
+    total = 0
+    for t in expected.values():
+        numel = 1
+        for d in t.shape:
+            numel *= d
+        try:
+            total = align_up(total + numel * element_size(t.dtype), ALIGNMENT)
+        except KeyError:
+            return None
+    return total
+
+
+def _faulted_host_buffer(nbytes: int) -> torch.Tensor:
+    buf = torch.empty(max(nbytes, 1), dtype=torch.uint8)
+    buf.zero_()
+    return buf
 
 
 def _base_url(address: str) -> str:
@@ -208,7 +231,15 @@ def pull_from_peer(
     handles: list[Any] = []
     buf: torch.Tensor | None = None
     agent_future: Future[Any] | None = None
+    early_buf: Future[torch.Tensor] | None = None
     try:
+        # With the model's own headers the buffer size is known before the manifest arrives:
+        # fault the buffer in (torch's zero_ drops the GIL) while the manifest is fetched.
+        early_size = _layout_size(expected) if expected is not None else None
+        if early_size is not None and opts.prefault and device.type == "cpu":
+            alloc_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="p2p-alloc")
+            early_buf = alloc_pool.submit(_faulted_host_buffer, early_size)
+            alloc_pool.shutdown(wait=False)
         manifest = fetch_manifest(client, address, identity=identity, rank=rank, peer=pod)
         try:
             check_manifest(manifest, identity=identity, rank=rank, expected=expected, peer=pod)
@@ -218,11 +249,12 @@ def pull_from_peer(
             progress.set_total(manifest.total_bytes)
         timings["manifest"] = time.monotonic() - t0
 
-        # The agent (UCX context and worker: ~50 ms, ~0.5 s for the first in a process, holding
-        # the GIL) is created while this thread faults in the local buffer (torch releases the
-        # GIL there). Started after the manifest fetch so it cannot starve that request.
+        # The agent: a spare one made by prewarm_nixl, else a new one (UCX context and worker:
+        # ~20 ms, ~0.5 s for the first in a process, holding the GIL), made in a thread while
+        # this one faults in the local buffer. Started after the manifest fetch so it cannot
+        # starve that request.
         setup = ThreadPoolExecutor(max_workers=1, thread_name_prefix="p2p-agent")
-        agent_future = setup.submit(_new_agent, f"wl-tgt-{reader}-r{rank}-{uuid.uuid4().hex[:8]}")
+        agent_future = setup.submit(_take_agent, _agent_name(f"{reader}-r{rank}"))
         setup.shutdown(wait=False)
 
         # Local layout: one buffer, aligned offsets, in manifest order.
@@ -231,9 +263,12 @@ def pull_from_peer(
         for t in manifest.tensors:
             offsets.append(total)
             total = align_up(total + t.nbytes, ALIGNMENT)
-        buf = torch.empty(max(total, 1), dtype=torch.uint8, device=device)
-        if opts.prefault and device.type == "cpu":
-            buf.zero_()
+        if early_buf is not None and early_size == total:
+            buf = early_buf.result()
+        else:
+            buf = torch.empty(max(total, 1), dtype=torch.uint8, device=device)
+            if opts.prefault and device.type == "cpu":
+                buf.zero_()
         local_dev = (device.index or 0) if device.type == "cuda" else 0
         mem_type = "VRAM" if device.type == "cuda" else "DRAM"
         timings["alloc"] = time.monotonic() - t0
@@ -381,8 +416,11 @@ def pull_from_peer(
         if agent is None and agent_future is not None:
             with contextlib.suppress(Exception):
                 agent = agent_future.result(timeout=30)
-        if not _cleanup(agent, handles, remote_name, reg, pod) and buf is not None:
+        clean = _cleanup(agent, handles, remote_name, reg, pod)
+        if not clean and buf is not None:
             _QUARANTINE.append(buf)
+        if clean and verified and agent is not None:
+            _give_back(agent)  # all its state released: the next pull may use it
         if session is not None:
             with contextlib.suppress(httpx.HTTPError):
                 client.request(
@@ -394,22 +432,67 @@ def pull_from_peer(
         client.close()
 
 
-_PREWARMED = threading.Event()
+# Agents made ahead of time (prewarm_nixl) or handed back clean after a pull. A pull takes one
+# instead of creating its own (~20 ms of CPU each once NIXL is loaded, ~0.5 s for the first in a
+# process), and hands it back instead of destroying it (~4 ms) inside the timed load.
+_SPARE_AGENTS: list[Any] = []
+_SPARE_LOCK = threading.Lock()
+_MAX_SPARES = 8
+_PREWARM_THREAD: threading.Thread | None = None
 
 
-def prewarm_nixl() -> threading.Thread:
-    """Load NIXL and its UCX plugin in a background thread (the first agent of a process costs
-    ~0.5 s of library loading; later ones ~50 ms). A target worker calls this as early as it
-    knows it will pull (e.g. while its init hooks run)."""
+def prewarm_nixl(agents: int = 2) -> threading.Thread:
+    """Load NIXL and its UCX plugin and make `agents` spare agents in a background thread (the
+    first agent of a process costs ~0.5 s of library loading; later ones ~20 ms). A target
+    worker calls this as early as it knows it will pull (e.g. while its init hooks run); each
+    rank's pull then takes a ready agent. Two by default: one per rank of a 2-rank pod; a pull
+    that finds none makes its own."""
+    global _PREWARM_THREAD
 
     def run() -> None:
-        with contextlib.suppress(Exception):
-            _new_agent(f"wl-prewarm-{uuid.uuid4().hex[:8]}")
-        _PREWARMED.set()
+        for _ in range(max(agents, 1)):
+            try:
+                agent = _new_agent(_agent_name("spare"))
+            except Exception as exc:  # the pull will raise a clear error itself
+                log.debug("prewarming NIXL failed: %s", exc)
+                return
+            _give_back(agent)
 
     thread = threading.Thread(target=run, name="p2p-prewarm", daemon=True)
+    _PREWARM_THREAD = thread
     thread.start()
     return thread
+
+
+def _agent_name(who: str) -> str:
+    return f"wl-tgt-{who}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+def _take_agent(name: str) -> Any:
+    """A spare agent if there is one (waiting for a prewarm under way), else a new one."""
+    prewarm = _PREWARM_THREAD
+    while True:
+        with _SPARE_LOCK:
+            if _SPARE_AGENTS:
+                return _SPARE_AGENTS.pop()
+        if prewarm is None or not prewarm.is_alive():
+            return _new_agent(name)
+        prewarm.join(timeout=0.005)
+
+
+def _give_back(agent: Any) -> None:
+    with _SPARE_LOCK:
+        if len(_SPARE_AGENTS) < _MAX_SPARES:
+            _SPARE_AGENTS.append(agent)
+            return
+    del agent
+
+
+@atexit.register
+def _drop_spare_agents() -> None:
+    # A NIXL agent still alive when C++ static destructors run aborts the process.
+    with _SPARE_LOCK:
+        _SPARE_AGENTS.clear()
 
 
 def _new_agent(name: str) -> Any:
@@ -434,6 +517,7 @@ def _cleanup(agent: Any, handles: list[Any], remote_name: str | None, reg: Any, 
         try:
             agent.remove_remote_agent(remote_name)
         except Exception as exc:
+            clean = False  # the buffer needs no quarantine, but the agent is not reused
             log.debug("peer %s: remove_remote_agent failed: %s", pod, exc)
     if reg is not None:
         try:

@@ -130,3 +130,24 @@ def test_rendezvous_spreads_and_is_stable() -> None:
             assert less[0] == full[0]
     dup = rendezvous_order("t", [sources[0], sources[0], sources[1]])
     assert len(dup) == 2
+
+
+def test_early_layout_size_matches_the_manifest_layout() -> None:
+    """The target sizes its buffer from the local headers before the manifest arrives; any
+    manifest that passes the check needs exactly that many bytes, in whatever order."""
+    from weightlift.worker.p2p.manifest import align_up
+    from weightlift.worker.p2p.target import ALIGNMENT, _layout_size
+
+    expected = {
+        "a": ExpectedTensor(dtype="F16", shape=(3, 5)),
+        "b": ExpectedTensor(dtype="F32", shape=(7,)),
+        "c": ExpectedTensor(dtype="U8", shape=(0,)),
+        "d": ExpectedTensor(dtype="BF16", shape=(1000, 3)),
+    }
+    sizes = {"a": 30, "b": 28, "c": 0, "d": 6000}
+    for order in (["a", "b", "c", "d"], ["d", "c", "b", "a"]):
+        total = 0
+        for name in order:
+            total = align_up(total + sizes[name], ALIGNMENT)
+        assert _layout_size(expected) == total
+    assert _layout_size({"x": ExpectedTensor(dtype="NOPE", shape=(1,))}) is None
