@@ -449,20 +449,15 @@ class PodRunner(threading.Thread):
             vf = item["valueFrom"]
             if "fieldRef" in vf:
                 env[name] = self._field(pod, vf["fieldRef"]["fieldPath"])
-            elif "configMapKeyRef" in vf:
-                ref = vf["configMapKeyRef"]
-                data = self._configmap(ns, ref["name"], ref)
+            elif "configMapKeyRef" in vf or "secretKeyRef" in vf:
+                is_map = "configMapKeyRef" in vf
+                ref = vf["configMapKeyRef" if is_map else "secretKeyRef"]
+                data = (self._configmap if is_map else self._secret)(ns, ref["name"], ref)
                 if ref["key"] in data:
                     env[name] = data[ref["key"]]
                 elif not ref.get("optional"):
-                    raise ConfigError(f"configmap {ref['name']} has no key {ref['key']}")
-            elif "secretKeyRef" in vf:
-                ref = vf["secretKeyRef"]
-                data = self._secret(ns, ref["name"], ref)
-                if ref["key"] in data:
-                    env[name] = data[ref["key"]]
-                elif not ref.get("optional"):
-                    raise ConfigError(f"secret {ref['name']} has no key {ref['key']}")
+                    kind = "configmap" if is_map else "secret"
+                    raise ConfigError(f"{kind} {ref['name']} has no key {ref['key']}")
             elif "resourceFieldRef" in vf:
                 env[name] = self._resource(spec, vf["resourceFieldRef"]["resource"])
         # The loopback address this pod owns; the worker binds its servers there.
