@@ -41,6 +41,15 @@ def _state(memo: Any) -> OperatorState:
     return state
 
 
+@kopf.index(GROUP, VERSION, PLURAL)
+def published_sources(
+    namespace: str | None, status: kopf.Status, **_: Any
+) -> dict[str | None, list[Any]]:
+    """Every ModelDeployment's status.sources by namespace, kept current by kopf's watch: a
+    reconcile finds sibling sources without listing ModelDeployments each pass."""
+    return {namespace: list(status.get("sources") or [])}
+
+
 @kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=10.0)
 async def reconcile_loop(
     name: str,
@@ -49,15 +58,19 @@ async def reconcile_loop(
     stopped: kopf.DaemonStopped,
     memo: Any,
     logger: logging.Logger | logging.LoggerAdapter[Any],
-    **_: Any,
+    **kwargs: Any,
 ) -> None:
     assert namespace is not None  # ModelDeployments are namespaced
+    # kopf injects each index by its indexer's name (not part of its DaemonFn protocol).
+    published_sources: kopf.Index[str | None, list[Any]] = kwargs["published_sources"]
     state = _state(memo)
     wake = state.wake_event(uid)
     while not stopped:
         wake.clear()
+        # The index is live: read it afresh on every pass.
+        published = [raw for batch in published_sources.get(namespace, []) for raw in batch]
         try:
-            delay = await reconcile(state, namespace, name, logger)
+            delay = await reconcile(state, namespace, name, logger, published)
         except Exception as exc:  # never let one object take the operator down
             logger.exception("reconcile of %s/%s failed", namespace, name)
             await state.post_event_safe(namespace, name, "Warning", "ReconcileError", str(exc))

@@ -46,14 +46,6 @@ def get_deployment(api: client.CustomObjectsApi, namespace: str, name: str) -> O
         raise
 
 
-def list_deployments(api: client.CustomObjectsApi, namespace: str) -> list[Obj]:
-    body = _json(
-        api.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, _preload_content=False)
-    )
-    items: list[Obj] = body.get("items", [])
-    return items
-
-
 def patch_status(api: client.CustomObjectsApi, namespace: str, name: str, status: Obj) -> None:
     api.patch_namespaced_custom_object_status(
         GROUP, VERSION, namespace, PLURAL, name, {"status": status}

@@ -197,16 +197,16 @@ async def _probe(
     return result
 
 
-def _sibling_sources(items: list[dict[str, Any]], name: str) -> list[SourceEndpoint]:
+def _sibling_sources(published: list[Any], name: str) -> list[SourceEndpoint]:
+    """Valid sources other ModelDeployments publish (planning matches the identity)."""
     sources: list[SourceEndpoint] = []
-    for item in items:
-        if item["metadata"]["name"] == name:
+    for raw in published:
+        try:
+            source = SourceEndpoint.model_validate(raw)
+        except ValidationError:
             continue
-        for raw in (item.get("status") or {}).get("sources", []):
-            try:
-                sources.append(SourceEndpoint.model_validate(raw))
-            except ValidationError:
-                continue
+        if source.deployment != name:
+            sources.append(source)
     return sources
 
 
@@ -261,8 +261,10 @@ async def reconcile(
     namespace: str,
     name: str,
     logger: logging.Logger | logging.LoggerAdapter[Any],
+    published_sources: list[Any],
 ) -> float:
-    """One pass; returns seconds until the next one."""
+    """One pass; returns seconds until the next one. `published_sources` are the raw
+    status.sources entries of the namespace's ModelDeployments (the kopf index)."""
     body = await asyncio.to_thread(kube.get_deployment, state.custom, namespace, name)
     if body is None or body["metadata"].get("deletionTimestamp"):
         return 5.0
@@ -291,9 +293,8 @@ async def reconcile(
                 logger.warning("could not post event InvalidSpec")
         return 30.0
     model = spec.model.name or name
-    pods, siblings, max_gpus = await asyncio.gather(
+    pods, max_gpus = await asyncio.gather(
         asyncio.to_thread(kube.list_pods, state.core, namespace, f"{DEPLOYMENT_LABEL}={name}"),
-        asyncio.to_thread(kube.list_deployments, state.custom, namespace),
         state.max_node_gpus(),
     )
     uid = body["metadata"]["uid"]
@@ -309,7 +310,7 @@ async def reconcile(
         generation=body["metadata"].get("generation", 0),
         now=datetime.now(UTC),
         pods=list(observed_pods),
-        sibling_sources=_sibling_sources(siblings, name),
+        sibling_sources=_sibling_sources(published_sources, name),
         previous=_previous_status(body),
         max_node_gpus=max_gpus,
     )

@@ -457,3 +457,34 @@ async def test_kube_wrappers_round_trip_pods_and_labels(
     await asyncio.to_thread(kube.delete_pod, core, NS, "p0")
     await asyncio.to_thread(kube.delete_pod, core, NS, "p0")  # 404 is fine
     assert cluster.pods() == []
+
+
+async def test_a_sibling_deployments_source_feeds_new_replicas(
+    cluster: Cluster, operator: Operator
+) -> None:
+    """Sources another ModelDeployment publishes reach the planner through kopf's index."""
+    await cluster.create_md("feeder", {**SPEC, "replicas": 0})
+    await eventually(lambda: (cluster.md("feeder") or {}).get("status"), what="feeder status")
+    identity = cluster.md("feeder")["status"]["modelIdentity"]  # type: ignore[index]
+    source = {
+        "pod": "feeder-pod-0",
+        "deployment": "feeder",
+        "address": "127.0.9.9:8000",
+        "modelIdentity": identity,
+        "ranks": [0, 1],
+    }
+    await cluster.patch_md("feeder", {"status": {"sources": [source]}})
+
+    await cluster.create_md("eater", {**SPEC, "replicas": 2})
+    pods = await eventually(
+        lambda: (
+            len(cluster.pods(**{DEPLOYMENT_LABEL: "eater"})) == 2
+            and cluster.pods(**{DEPLOYMENT_LABEL: "eater"})
+        ),
+        what="both of eater's pods at once (no waiting for a source of its own)",
+    )
+    for pod in pods:
+        assert pod["metadata"]["labels"][ROLE_LABEL] == "Target"
+        env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
+        plan = WorkerPlan.model_validate_json(env[PLAN_ENV])
+        assert [(p.pod, p.address) for p in plan.peers] == [("feeder-pod-0", "127.0.9.9:8000")]
