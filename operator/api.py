@@ -20,7 +20,7 @@ SINGULAR = "modeldeployment"
 SHORT_NAMES = ["md", "mdep"]
 
 URI_SCHEMES = ("pvc", "hostpath", "file", "s3", "hf")
-URI_PATTERN = r"^(pvc|hostpath|file|s3|hf)://[^\s]+$"
+URI_PATTERN = rf"^({'|'.join(URI_SCHEMES)})://[^\s]+$"
 
 
 class ApiModel(BaseModel):

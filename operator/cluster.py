@@ -66,8 +66,6 @@ SERVICE_CIDR = "10.96.0.0/16"
 # process node's 127.0.x.y worker addresses.
 POD_CIDR = "127.244.0.0/16"
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-
 
 class ControlPlaneError(RuntimeError):
     """A component is missing, failed to start or did not become ready."""

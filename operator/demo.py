@@ -69,7 +69,6 @@ class LocalStack:
     # Extra env for worker processes and the operator (tests set timeouts, etc.).
     worker_env: dict[str, str] = field(default_factory=dict)
     operator_env: dict[str, str] = field(default_factory=dict)
-    start_timeout: float = 180.0
 
     kube: Kube = field(init=False)
     node: ProcessNode = field(init=False)

@@ -22,7 +22,6 @@ from weightlift.operator.api import (
     ModelDeploymentStatus,
     Phase,
     ProbeResult,
-    Role,
     SourceEndpoint,
 )
 from weightlift.operator.planning import (
@@ -39,7 +38,7 @@ from weightlift.operator.planning import (
     plan,
     rfc3339,
 )
-from weightlift.operator.pods import GPU_RESOURCE, render_pod
+from weightlift.operator.pods import GPU_RESOURCE, render_pod, role_of
 from weightlift.operator.probes import fetch_report, may_contact, probe_inference
 from weightlift.worker.plan import WorkerReport
 
@@ -143,7 +142,7 @@ async def observe_pod(
         name=meta["name"],
         replica=int(labels.get(REPLICA_LABEL, "0")),
         identity=labels.get(IDENTITY_LABEL, ""),
-        role=Role(labels.get(ROLE_LABEL, Role.SOURCE)),
+        role=role_of(labels),
         phase=status.get("phase", "Pending"),
         node=pod.get("spec", {}).get("nodeName"),
         pod_ip=ip,

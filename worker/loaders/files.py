@@ -83,9 +83,6 @@ class ShardIndex:
     def data_bytes(self) -> int:
         return sum(h.data_bytes for h in self.files)
 
-    def file_of(self, name: str) -> str:
-        return self.tensors[name][0].path
-
 
 def shard_index(model_dir: str | Path, rank: int, tp: int) -> ShardIndex:
     """Read and validate every header of rank `rank`; duplicate names across files are errors."""

@@ -16,8 +16,6 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
 from weightlift.worker.p2p.manifest import DTYPES, RankManifest
 
 _MAX_HEADER = 100 << 20
@@ -150,7 +148,3 @@ def check_manifest(
                 f"peer {peer}: tensor {name!r} shape {list(got.shape)} != expected "
                 f"{list(want.shape)}"
             )
-
-
-def torch_dtype(name: str) -> torch.dtype:
-    return DTYPES[name]
