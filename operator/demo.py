@@ -36,7 +36,6 @@ from weightlift.operator.processnode_kube import JSON, MERGE, Kube, KubeError
 log = logging.getLogger("weightlift.demo")
 
 DEPLOYMENT_LABEL = "weightlift.dev/deployment"
-WORKER_SERVICE_ACCOUNT = "weightlift-worker"
 BIN_DIR = Path(sys.executable).parent
 
 
@@ -107,7 +106,6 @@ class LocalStack:
         self.kube = Kube(self.kubeconfig)
         progress("applying the ModelDeployment CRD")
         self._apply_crd()
-        self._ensure_service_account()
         progress(f"starting process node {self.node_name}")
         self.node = ProcessNode(
             self.kubeconfig,
@@ -143,11 +141,6 @@ class LocalStack:
                 return
             time.sleep(0.1)
         raise RuntimeError(f"CRD {name} not Established after 30s")
-
-    def _ensure_service_account(self) -> None:
-        path = f"/api/v1/namespaces/{self.namespace}/serviceaccounts"
-        with contextlib.suppress(KubeError):
-            self.kube.create(path, {"metadata": {"name": WORKER_SERVICE_ACCOUNT}})
 
     def _start_operator(self) -> None:
         log_path = self.state_dir / "operator.log"
@@ -288,7 +281,6 @@ def model_deployment(
         "template": {
             "nodeSelector": {LOCAL_NODE_LABEL: "true"},
             "shmSize": "1Gi",
-            "serviceAccountName": WORKER_SERVICE_ACCOUNT,
         },
         "loading": {
             "strategy": strategy,

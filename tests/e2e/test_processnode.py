@@ -39,7 +39,7 @@ def _pod(name: str, command: list[str], **container: Any) -> JSON:
             "restartPolicy": container.pop("restartPolicy", "Never"),
             "terminationGracePeriodSeconds": 5,
             "nodeSelector": {LOCAL_NODE_LABEL: "true"},
-            "serviceAccountName": "weightlift-worker",
+            "automountServiceAccountToken": False,  # like worker pods: no API token
             "containers": [
                 {
                     "name": "main",
