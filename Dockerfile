@@ -1,11 +1,25 @@
-# Image for both the operator and the worker (the worker extra brings torch and NIXL).
-FROM python:3.11-slim
+# Two images from one distribution. The local stack (local/) and the benchmarks (bench/) are
+# never installed in either: they are development tools.
+#   docker build --target operator -t weightlift/operator .   (kopf, no torch)
+#   docker build --target worker   -t weightlift/worker   .   (torch, safetensors, NIXL)
+FROM python:3.11-slim AS base
 RUN useradd --uid 1000 --create-home weightlift
 WORKDIR /opt/weightlift
-COPY pyproject.toml README.md ./
+COPY pyproject.toml setup.py README.md ./
+COPY api api
 COPY operator operator
 COPY worker worker
-RUN pip install --no-cache-dir "torch>=2.5" && pip install --no-cache-dir ".[worker,p2p]"
+# Empty rooms: setup.py maps every room; the images ship none of the dev-only code.
+RUN mkdir local bench
+
+FROM base AS operator
+RUN rm -rf worker && mkdir worker && pip install --no-cache-dir . && rm -rf /opt/weightlift
+USER 1000
+ENTRYPOINT ["weightlift", "operator"]
+
+FROM base AS worker
+RUN pip install --no-cache-dir "torch>=2.5" && pip install --no-cache-dir ".[worker,p2p]" \
+    && rm -rf /opt/weightlift
 USER 1000
 ENTRYPOINT []
-CMD ["weightlift", "--help"]
+CMD ["weightlift", "worker"]

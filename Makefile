@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	# torch first, so later packages that require torch (nixl) do not pull a second build.
 	$(PY) -m pip install -q "torch>=2.5"
-	$(PY) -m pip install -q -e ".[worker,p2p,bench,dev]"
+	$(PY) -m pip install -q -e ".[worker,p2p,bench,dev,local]"
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -31,8 +31,9 @@ crd: venv
 	cp crds/modeldeployment.yaml helm/weightlift/crds/modeldeployment.yaml
 
 lint: venv
-	$(VENV)/bin/ruff check operator worker tests
-	$(VENV)/bin/mypy operator worker
+	$(VENV)/bin/ruff check api operator worker local bench tests setup.py
+	hack/typecheck
+	$(VENV)/bin/lint-imports
 
 unit: venv
 	$(PY) -m pytest tests/unit -q

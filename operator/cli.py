@@ -1,24 +1,16 @@
-"""`weightlift` command line. Subcommands live in their own modules and load lazily, so
-`weightlift operator` never imports torch and `weightlift --help` is instant."""
+"""`weightlift` command line: the root group. Each room registers its commands under the entry
+point group `weightlift.commands` (pyproject.toml); they load lazily, so `weightlift operator`
+never imports torch and `weightlift --help` is instant."""
 
 from __future__ import annotations
 
-import importlib
+from importlib.metadata import EntryPoint, entry_points
 
 import click
 
-# name -> "module:attribute" of a click command or group.
-SUBCOMMANDS: dict[str, str] = {
-    "crd": "weightlift.operator.crd:crd_command",
-    "operator": "weightlift.operator.run:operator_command",
-    "cluster": "weightlift.operator.cluster:cluster_group",
-    "node": "weightlift.operator.processnode:node_command",
-    "demo": "weightlift.operator.demo:demo_command",
-    "worker": "weightlift.worker.main:worker_command",
-    "model": "weightlift.worker.demo_model:model_group",
-    "bench": "weightlift.worker.bench:bench_group",
-}
+GROUP = "weightlift.commands"
 
+# One line each for `--help`, without importing the command modules.
 HELP = {
     "crd": "Print the ModelDeployment CRD generated from the pydantic model.",
     "operator": "Run the operator (kopf) against the current kubeconfig.",
@@ -31,33 +23,36 @@ HELP = {
 }
 
 
+def _commands() -> dict[str, EntryPoint]:
+    return {ep.name: ep for ep in entry_points(group=GROUP)}
+
+
 class LazyGroup(click.Group):
     def list_commands(self, ctx: click.Context) -> list[str]:
-        return sorted(SUBCOMMANDS)
+        return sorted(_commands())
 
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
-        target = SUBCOMMANDS.get(name)
-        if target is None:
+        entry = _commands().get(name)
+        if entry is None:
             return None
-        module_name, attr = target.split(":")
         try:
-            module = importlib.import_module(module_name)
+            command = entry.load()
         except ModuleNotFoundError as exc:
-            missing = exc.name or module_name
+            missing = exc.name or entry.module
 
             @click.command(name=name, help=f"(unavailable: {missing} is not installed)")
             def unavailable() -> None:
                 raise click.ClickException(
-                    f"'weightlift {name}' needs the module {missing!r}; "
-                    "install weightlift with the extra that provides it (e.g. '.[worker]')"
+                    f"'weightlift {name}' needs the module {missing!r}, which this installation "
+                    "lacks; install weightlift with the extra that provides it (e.g. '.[worker]')"
                 )
 
             return unavailable
-        command: click.Command = getattr(module, attr)
+        if not isinstance(command, click.Command):
+            raise click.ClickException(f"entry point {entry.value} is not a click command")
         return command
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
-        # Short help without importing every subcommand module.
         rows = [(name, HELP.get(name, "")) for name in self.list_commands(ctx)]
         with formatter.section("Commands"):
             formatter.write_dl(rows)

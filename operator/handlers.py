@@ -12,10 +12,9 @@ from typing import Any
 
 import kopf
 
+from weightlift.api.labels import DEPLOYMENT_LABEL, MANAGED_BY
+from weightlift.api.model import GROUP, PLURAL, VERSION
 from weightlift.operator import kube
-from weightlift.operator.api import GROUP, PLURAL, VERSION
-from weightlift.operator.planning import DEPLOYMENT_LABEL
-from weightlift.operator.pods import MANAGED_BY
 from weightlift.operator.reconcile import OperatorState, reconcile
 
 log = logging.getLogger("weightlift.operator")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 
-from weightlift.operator.api import ModelDeploymentSpec
+from weightlift.api.model import ModelDeploymentSpec
 
 IDENTITY_LENGTH = 16
 

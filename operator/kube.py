@@ -14,7 +14,7 @@ from typing import Any
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from weightlift.operator.api import GROUP, PLURAL, VERSION
+from weightlift.api.model import GROUP, PLURAL, VERSION
 
 Obj = dict[str, Any]
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
-from weightlift.operator.api import (
+from weightlift.api.labels import DEPLOYMENT_LABEL, MAX_NAME_LENGTH
+from weightlift.api.model import (
     Condition,
     ConditionType,
     LoadStrategy,
@@ -22,13 +23,10 @@ from weightlift.operator.api import (
     RuntimeType,
     SourceEndpoint,
 )
+from weightlift.api.storage import ModelUri
+from weightlift.api.times import parse_rfc3339, rfc3339
+from weightlift.api.worker import WorkerPhase, WorkerReport
 from weightlift.operator.identity import model_identity
-from weightlift.worker.plan import WorkerReport
-
-DEPLOYMENT_LABEL = "weightlift.dev/deployment"
-IDENTITY_LABEL = "weightlift.dev/identity"
-ROLE_LABEL = "weightlift.dev/role"
-REPLICA_LABEL = "weightlift.dev/replica"
 
 # How soon to look again while something is in motion (seconds).
 POLL_WHILE_LOADING = 2.0
@@ -38,8 +36,6 @@ BACKOFF_BASE = 10.0
 BACKOFF_MAX = 300.0
 
 SUPPORTED_STORAGE = ("hostpath", "file", "pvc")
-# Pod names (<name>-<identity6>-<replica>) and label values must stay within 63 characters.
-MAX_NAME_LENGTH = 50
 
 
 @dataclass(frozen=True)
@@ -63,7 +59,7 @@ class ObservedPod:
 
     @property
     def failed(self) -> bool:
-        worker_failed = self.worker is not None and self.worker.phase == "Failed"
+        worker_failed = self.worker is not None and self.worker.phase == WorkerPhase.FAILED
         return self.phase in ("Failed", "Succeeded") or worker_failed
 
     @property
@@ -141,14 +137,6 @@ def pod_name(deployment: str, identity: str, replica: int) -> str:
     return f"{deployment}-{identity[:6]}-{replica}"
 
 
-def rfc3339(moment: datetime) -> str:
-    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def parse_rfc3339(text: str) -> datetime:
-    return datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
-
-
 def _aware(moment: datetime) -> datetime:
     """Observed.now without a zone is taken as UTC (comparing naive and aware would raise)."""
     return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
@@ -161,17 +149,15 @@ def validate(spec: ModelDeploymentSpec, observed: Observed) -> str | None:
             f"metadata.name: {len(observed.name)} characters; at most {MAX_NAME_LENGTH} "
             "(worker pod names and labels derive from it)"
         )
-    scheme = spec.model.uri.split("://", 1)[0]
+    uri = ModelUri.parse(spec.model.uri)
+    scheme = uri.scheme
     if scheme not in SUPPORTED_STORAGE:
         return (
             f"spec.model.uri: scheme {scheme}:// needs a storage downloader this version does "
             f"not ship; use one of {', '.join(s + '://' for s in SUPPORTED_STORAGE)}"
         )
-    if scheme == "pvc":
-        # Parsed as pods.model_mount parses it: pvc://claim/path, surrounding slashes ignored.
-        claim, _, path = spec.model.uri.removeprefix("pvc://").strip("/").partition("/")
-        if not claim or not path.strip("/"):
-            return "spec.model.uri: pvc:// needs a claim and a path, e.g. pvc://models/llama-3"
+    if scheme == "pvc" and not (uri.claim and uri.path):
+        return "spec.model.uri: pvc:// needs a claim and a path, e.g. pvc://models/llama-3"
     tp = spec.parallelism.tensor
     if observed.max_node_gpus is not None and tp > observed.max_node_gpus:
         return (
@@ -581,7 +567,7 @@ def _replica_status(pod: ObservedPod) -> ReplicaStatus:
         phase = "Failed"
     elif pod.inference_ready:
         phase = "Ready"
-    elif report is not None and report.phase not in ("", "Starting"):
+    elif report is not None and report.phase != WorkerPhase.STARTING:
         phase = report.phase
     elif pod.node:
         phase = "Scheduled"

@@ -4,18 +4,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from weightlift.operator.api import GROUP, KIND, VERSION, ModelDeploymentSpec, Role, RuntimeType
-from weightlift.operator.planning import (
+from weightlift.api.labels import (
     DEPLOYMENT_LABEL,
     IDENTITY_LABEL,
+    PEERS_ANNOTATION,
     REPLICA_LABEL,
     ROLE_LABEL,
-    DesiredPod,
+    WORKER_LABELS,
 )
-from weightlift.worker.plan import PeerCandidate, WorkerPlan
+from weightlift.api.model import GROUP, KIND, VERSION, ModelDeploymentSpec, Role, RuntimeType
+from weightlift.api.storage import ModelUri
+from weightlift.api.worker import PeerCandidate, WorkerPlan
+from weightlift.operator.planning import DesiredPod
 
-MANAGED_BY = {"app.kubernetes.io/managed-by": "weightlift"}
-WORKER_LABELS = {"app.kubernetes.io/name": "weightlift-worker", **MANAGED_BY}
 GPU_RESOURCE = "nvidia.com/gpu"
 PVC_MOUNT_ROOT = "/mnt/models"
 WORKER_UID = 1000
@@ -29,19 +30,18 @@ def model_mount(
     hostpath:// mounts the node directory at the same path (so the local process node and a real
     kubelet agree); file:// is a directory inside the image; pvc://claim/path mounts the claim.
     """
-    scheme, rest = spec.model.uri.split("://", 1)
-    if scheme == "hostpath":
-        path = "/" + rest.lstrip("/")
-        volume = {"name": "model", "hostPath": {"path": path, "type": "Directory"}}
-        return path, [volume], [{"name": "model", "mountPath": path, "readOnly": True}]
-    if scheme == "pvc":
-        claim, _, sub = rest.strip("/").partition("/")
-        root = f"{PVC_MOUNT_ROOT}/{claim}"
-        volume = {"name": "model", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}}
+    uri = ModelUri.parse(spec.model.uri)
+    if uri.scheme == "hostpath":
+        volume = {"name": "model", "hostPath": {"path": uri.path, "type": "Directory"}}
+        return uri.path, [volume], [{"name": "model", "mountPath": uri.path, "readOnly": True}]
+    if uri.scheme == "pvc":
+        root = f"{PVC_MOUNT_ROOT}/{uri.claim}"
+        claim = {"claimName": uri.claim, "readOnly": True}
+        volume = {"name": "model", "persistentVolumeClaim": claim}
         mount = {"name": "model", "mountPath": root, "readOnly": True}
-        return f"{root}/{sub}".rstrip("/"), [volume], [mount]
+        return f"{root}/{uri.path}".rstrip("/"), [volume], [mount]
     # file:// and anything planning let through: a path inside the image.
-    return "/" + rest.lstrip("/"), [], []
+    return uri.path, [], []
 
 
 def worker_plan(
@@ -138,7 +138,7 @@ def render_pod(
             "namespace": namespace,
             "labels": labels,
             "annotations": {
-                "weightlift.dev/peers": ",".join(s.pod for s in desired.peers),
+                PEERS_ANNOTATION: ",".join(s.pod for s in desired.peers),
             },
             "ownerReferences": [
                 {

@@ -11,8 +11,8 @@ from typing import Any
 
 import httpx
 
-from weightlift.operator.api import InferenceProbe, ProbeResult
-from weightlift.worker.plan import WorkerReport
+from weightlift.api.model import InferenceProbe, ProbeResult
+from weightlift.api.worker import WorkerReport
 
 PROBE_NETWORKS_ENV = "WEIGHTLIFT_PROBE_NETWORKS"
 STATUS_TIMEOUT = 2.0

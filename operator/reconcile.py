@@ -15,8 +15,8 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
-from weightlift.operator import kube
-from weightlift.operator.api import (
+from weightlift.api.labels import DEPLOYMENT_LABEL, IDENTITY_LABEL, REPLICA_LABEL, ROLE_LABEL
+from weightlift.api.model import (
     Condition,
     ModelDeploymentSpec,
     ModelDeploymentStatus,
@@ -24,23 +24,12 @@ from weightlift.operator.api import (
     ProbeResult,
     SourceEndpoint,
 )
-from weightlift.operator.planning import (
-    DEPLOYMENT_LABEL,
-    IDENTITY_LABEL,
-    REPLICA_LABEL,
-    ROLE_LABEL,
-    Event,
-    Observed,
-    ObservedPod,
-    Plan,
-    host_port,
-    parse_rfc3339,
-    plan,
-    rfc3339,
-)
+from weightlift.api.times import parse_rfc3339, rfc3339
+from weightlift.api.worker import WorkerReport
+from weightlift.operator import kube
+from weightlift.operator.planning import Event, Observed, ObservedPod, Plan, host_port, plan
 from weightlift.operator.pods import GPU_RESOURCE, render_pod, role_of
 from weightlift.operator.probes import fetch_report, may_contact, probe_inference
-from weightlift.worker.plan import WorkerReport
 
 NODE_CACHE_SECONDS = 60.0
 
@@ -135,7 +124,7 @@ async def observe_pod(
     failure, report = _termination(pod)
     pod_ready = _pod_ready(pod)
     reachable = address is not None and may_contact(ip) and status.get("phase") == "Running"
-    if report is None and reachable:
+    if report is None and reachable and address is not None:
         report = await fetch_report(state.http, address)
     probe = await _probe(state, meta["uid"], address, model, spec, pod_ready and reachable)
     observed = ObservedPod(

@@ -18,9 +18,9 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from weightlift.operator.api import InitHooks
+from weightlift.api.model import InitHooks
+from weightlift.api.worker import HookReport
 from weightlift.worker.loaders.base import LoadError
-from weightlift.worker.plan import HookReport
 
 log = logging.getLogger(__name__)
 

@@ -32,13 +32,13 @@ import click
 import torch
 from aiohttp import web
 
-from weightlift.operator.api import LoadStrategy, Role
+from weightlift.api.model import LoadStrategy, Role
+from weightlift.api.worker import HookReport, WorkerPhase, WorkerPlan
 from weightlift.worker.hooks import HookError, InitHookSession, run_init_hooks
 from weightlift.worker.loaders.base import Loader, LoadError, LoadProgress
 from weightlift.worker.loaders.files import shard_index
 from weightlift.worker.loaders.header import SafetensorsFormatError
 from weightlift.worker.loaders.select import choose_storage_loader
-from weightlift.worker.plan import HookReport, WorkerPlan
 from weightlift.worker.runtime import BindError, Pt2Runtime
 from weightlift.worker.server import WorkerState, build_app, set_p2p_handler
 
@@ -141,7 +141,7 @@ class Worker:
 
     async def init_hooks(self) -> None:
         rep = self.state.report
-        rep.phase = "InitHooks"
+        rep.phase = WorkerPhase.INIT_HOOKS
         self._prewarm_p2p()
         hooks = self.plan.init_hooks
         if hooks is not None:
@@ -183,7 +183,7 @@ class Worker:
 
     async def load_and_bind(self) -> dict[int, dict[str, torch.Tensor]]:
         rep = self.state.report
-        rep.phase = "Loading"
+        rep.phase = WorkerPhase.LOADING
         runtime = await _in_daemon_thread(Pt2Runtime.open, self.plan.model_dir)
         for r in self.plan.ranks:
             self.state.progress[r] = LoadProgress()
@@ -228,8 +228,8 @@ class Worker:
 
     async def shutdown(self, app: web.Application | None) -> None:
         self.state.ready = False
-        if self.state.report.phase != "Failed":
-            self.state.report.phase = "Stopping"
+        if self.state.report.phase != WorkerPhase.FAILED:
+            self.state.report.phase = WorkerPhase.STOPPING
         if app is not None:
             set_p2p_handler(app, None)
         if self.publisher is not None:
@@ -275,7 +275,7 @@ class Worker:
                 msg = f"load did not finish within {self.plan.loading.load_timeout_seconds}s"
             else:
                 msg = str(exc) or type(exc).__name__
-            rep.phase = "Failed"
+            rep.phase = WorkerPhase.FAILED
             rep.message = msg
             rep.permanent_failure = is_permanent(exc)
             self.state.ready = False
@@ -296,7 +296,7 @@ class Worker:
         for p in self.state.progress.values():
             if p.finished is None:
                 p.finish()
-        self.state.report.phase = "Serving"
+        self.state.report.phase = WorkerPhase.SERVING
         self.state.ready = True
         await self.publish(bound, app)
         self.published = True

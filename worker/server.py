@@ -23,8 +23,8 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from weightlift.api.worker import WorkerPlan, WorkerReport
 from weightlift.worker.loaders.base import LoadProgress
-from weightlift.worker.plan import WorkerPlan, WorkerReport
 from weightlift.worker.runtime import V2_TO_NUMPY, InferError, Pt2Runtime
 
 HEADER_LEN = "Inference-Header-Content-Length"

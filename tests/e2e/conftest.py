@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from weightlift.operator.demo import LocalStack, Observer, make_demo_model, model_deployment
+from weightlift.local.demo import LocalStack, Observer, make_demo_model, model_deployment
 
 HERE = Path(__file__).resolve().parent
 MODEL_MB = 8.0
@@ -34,7 +34,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 def _require_binaries() -> None:
-    from weightlift.operator.cluster import CONTROLPLANE_BINARIES, controlplane_bin_dir
+    from weightlift.local.cluster import CONTROLPLANE_BINARIES, controlplane_bin_dir
 
     missing = [
         b for b in CONTROLPLANE_BINARIES if not os.access(controlplane_bin_dir() / b, os.X_OK)

@@ -12,8 +12,8 @@ from typing import Any
 
 from conftest import READY_TIMEOUT, _alive, pids_of, wait_gone
 
-from weightlift.operator.demo import LocalStack, Observer, infer, md_path
-from weightlift.operator.processnode_kube import MERGE
+from weightlift.local.demo import LocalStack, Observer, infer, md_path
+from weightlift.local.kubeclient import MERGE
 
 JSON = dict[str, Any]
 Deploy = Callable[..., Observer]

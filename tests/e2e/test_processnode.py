@@ -13,8 +13,8 @@ import httpx
 import pytest
 from conftest import _alive
 
-from weightlift.operator.demo import LocalStack
-from weightlift.operator.processnode import LOCAL_NODE_LABEL
+from weightlift.local.demo import LocalStack
+from weightlift.local.processnode import LOCAL_NODE_LABEL
 
 JSON = dict[str, Any]
 

@@ -18,7 +18,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from integration_helpers import (
+from kubernetes import client, config
+
+from tests.support.cluster import (
     CHART_NAMESPACE,
     OPERATOR_NAMESPACE,
     REPO,
@@ -28,9 +30,7 @@ from integration_helpers import (
     render_chart,
     wait_for,
 )
-from kubernetes import client, config
-
-from weightlift.operator.cluster import (
+from weightlift.local.cluster import (
     ClusterInfo,
     ControlPlane,
     GpuNodeSpec,

@@ -13,11 +13,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from integration_helpers import REPO, Kubectl, wait_for
 from kubernetes import client
 
-from weightlift.operator import cluster as wl_cluster
-from weightlift.operator.cluster import ClusterInfo, ControlPlane, ControlPlaneError
+from tests.support.cluster import REPO, Kubectl, wait_for
+from weightlift.local import cluster as wl_cluster
+from weightlift.local.cluster import ClusterInfo, ControlPlane, ControlPlaneError
 
 
 def _shell_var(path: Path, name: str) -> str:

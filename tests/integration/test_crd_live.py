@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 import yaml
-from integration_helpers import REPO, Kubectl, wait_for
+
+from tests.support.cluster import REPO, Kubectl, wait_for
 
 EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
 

@@ -12,8 +12,9 @@ from collections.abc import Iterator
 from typing import Any, cast
 
 import pytest
-from integration_helpers import OPERATOR_NAMESPACE, Kubectl, OperatorProcess, wait_for
 from kubernetes import client
+
+from tests.support.cluster import OPERATOR_NAMESPACE, Kubectl, OperatorProcess, wait_for
 
 NS = OPERATOR_NAMESPACE
 GROUP, VERSION, PLURAL = "weightlift.dev", "v1alpha1", "modeldeployments"

@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from integration_helpers import OPERATOR_NAMESPACE, ChartRbac, Kubectl, OperatorProcess, wait_for
+
+from tests.support.cluster import OPERATOR_NAMESPACE, ChartRbac, Kubectl, OperatorProcess, wait_for
 
 NS = OPERATOR_NAMESPACE
 

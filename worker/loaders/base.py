@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Protocol
 if TYPE_CHECKING:
     import torch
 
-    from weightlift.worker.plan import WorkerPlan
+    from weightlift.api.worker import WorkerPlan
 
 
 class LoadError(RuntimeError):

@@ -11,7 +11,7 @@ from weightlift.worker.loaders.base import LoadError, LoadProgress
 from weightlift.worker.loaders.files import ShardIndex, shard_index
 
 if TYPE_CHECKING:
-    from weightlift.worker.plan import WorkerPlan
+    from weightlift.api.worker import WorkerPlan
 
 
 class DirectLoader:

@@ -22,7 +22,7 @@ from weightlift.worker.p2p.target import PeerFailed, PullOptions, PullResult, pu
 if TYPE_CHECKING:
     import torch
 
-    from weightlift.worker.plan import WorkerPlan
+    from weightlift.api.worker import WorkerPlan
 
 log = logging.getLogger(__name__)
 

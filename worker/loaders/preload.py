@@ -67,7 +67,7 @@ from weightlift.worker.loaders.files import ShardIndex, shard_index
 from weightlift.worker.loaders.tensors import view_tensor
 
 if TYPE_CHECKING:
-    from weightlift.worker.plan import WorkerPlan
+    from weightlift.api.worker import WorkerPlan
 
 _PAGE = mmap.PAGESIZE
 _HUGE = 2 << 20  # PMD size on x86-64 and arm64 (4 KiB pages)

@@ -6,7 +6,7 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from weightlift.operator.api import LoadStrategy
+from weightlift.api.model import LoadStrategy
 from weightlift.worker.loaders.base import Loader
 from weightlift.worker.loaders.direct import DirectLoader
 from weightlift.worker.loaders.files import shard_index
@@ -15,7 +15,7 @@ from weightlift.worker.loaders.preload import PreloadLoader
 if TYPE_CHECKING:
     import torch
 
-    from weightlift.worker.plan import WorkerPlan
+    from weightlift.api.worker import WorkerPlan
 
 log = logging.getLogger(__name__)
 

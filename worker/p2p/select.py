@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import xxhash
 
-from weightlift.worker.plan import PeerCandidate
+from weightlift.api.worker import PeerCandidate
 
 
 def rendezvous_order(target: str, candidates: Sequence[PeerCandidate]) -> list[PeerCandidate]:

@@ -44,7 +44,7 @@ from weightlift.worker.p2p.manifest import (
 from weightlift.worker.p2p.nixl_compat import nixl
 
 if TYPE_CHECKING:
-    from weightlift.worker.plan import WorkerPlan
+    from weightlift.api.worker import WorkerPlan
 
 log = logging.getLogger(__name__)
 

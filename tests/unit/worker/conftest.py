@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from weightlift.worker.demo_model import DemoModel, make_demo
+from weightlift.local.models import DemoModel, make_demo
 
 
 @pytest.fixture(scope="session")

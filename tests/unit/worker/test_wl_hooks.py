@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from weightlift.operator.api import InitHooks
-from weightlift.worker.demo_model import build_hook_library
+from weightlift.api.model import InitHooks
+from weightlift.local.models import build_hook_library
 from weightlift.worker.hooks import INIT_SYMBOL, HookError, resolve_library, run_init_hooks
 
 RECORDING = r"""

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from wl_support import make_plan
 
-from weightlift.worker.demo_model import DemoModel
+from tests.support.worker import make_plan
+from weightlift.local.models import DemoModel
 from weightlift.worker.loaders.base import LoadError, LoadProgress
 from weightlift.worker.loaders.direct import DirectLoader
 from weightlift.worker.loaders.files import index_files, rank_files

@@ -11,9 +11,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
-from wl_support import copy_model, make_plan
 
-from weightlift.worker.demo_model import DemoModel
+from tests.support.worker import copy_model, make_plan
+from weightlift.local.models import DemoModel
 from weightlift.worker.loaders.base import LoadProgress
 from weightlift.worker.loaders.files import rank_files
 from weightlift.worker.loaders.preload import PreloadLoader

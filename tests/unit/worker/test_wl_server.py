@@ -18,9 +18,9 @@ import pytest
 import tritonclient.http as triton
 from aiohttp import web
 from safetensors.torch import load_file, save_file
-from wl_support import copy_model, make_plan, running_worker
 
-from weightlift.worker.demo_model import DemoModel, build_hook_library
+from tests.support.worker import copy_model, make_plan, running_worker
+from weightlift.local.models import DemoModel, build_hook_library
 from weightlift.worker.server import set_p2p_handler
 
 SLOW_HOOK = r"""

@@ -1,0 +1,15 @@
+"""Labels and name limits shared by the operator (writes them) and the local stack (reads them)."""
+
+from __future__ import annotations
+
+DEPLOYMENT_LABEL = "weightlift.dev/deployment"
+IDENTITY_LABEL = "weightlift.dev/identity"
+ROLE_LABEL = "weightlift.dev/role"
+REPLICA_LABEL = "weightlift.dev/replica"
+PEERS_ANNOTATION = "weightlift.dev/peers"
+
+MANAGED_BY = {"app.kubernetes.io/managed-by": "weightlift"}
+WORKER_LABELS = {"app.kubernetes.io/name": "weightlift-worker", **MANAGED_BY}
+
+# Pod names (<name>-<identity6>-<replica>) and label values must stay within 63 characters.
+MAX_NAME_LENGTH = 50

@@ -1,0 +1,424 @@
+"""The ModelDeployment API: one pydantic model, the single source of the CRD (see crd.py).
+
+Field descriptions become the OpenAPI descriptions `kubectl explain` shows, so every spec field
+has one. Names are camelCase on the wire (aliases) and snake_case in Python.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic.alias_generators import to_camel
+
+from weightlift.api.storage import URI_PATTERN
+
+GROUP = "weightlift.dev"
+VERSION = "v1alpha1"
+KIND = "ModelDeployment"
+PLURAL = "modeldeployments"
+SINGULAR = "modeldeployment"
+SHORT_NAMES = ["md", "mdep"]
+
+
+class ApiModel(BaseModel):
+    """camelCase on the wire, strict about unknown fields (the CRD prunes them anyway)."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, extra="forbid", use_enum_values=True
+    )
+
+    def wire(self) -> dict[str, Any]:
+        """The JSON-ready dict as the API server stores it (camelCase, no nulls)."""
+        return self.model_dump(by_alias=True, exclude_none=True, mode="json")
+
+
+# ----------------------------------------------------------------------------------- spec
+
+
+class ModelFormat(StrEnum):
+    SAFETENSORS = "safetensors"
+    PT2 = "pt2"
+
+
+class LoadStrategy(StrEnum):
+    AUTO = "Auto"
+    PEER_TO_PEER = "PeerToPeer"
+    PRELOAD = "Preload"
+    DIRECT = "Direct"
+
+
+class RuntimeType(StrEnum):
+    BUILTIN = "Builtin"
+    EXTERNAL = "External"
+
+
+class Role(StrEnum):
+    SOURCE = "Source"
+    TARGET = "Target"
+
+
+class ModelSource(ApiModel):
+    uri: str = Field(
+        pattern=URI_PATTERN,
+        max_length=2048,
+        description=(
+            "Where the weights live: pvc://<claim>/<path>, hostpath:///<dir>, file:///<dir> "
+            "(inside the worker image), s3://<bucket>/<prefix> or hf://<org>/<repo>."
+        ),
+    )
+    format: ModelFormat = Field(
+        ModelFormat.PT2,
+        description=(
+            "pt2: a model.pt2 program (torch.export / AOTInductor) with sidecar safetensors; "
+            "safetensors: weights only, served by an External runtime."
+        ),
+    )
+    revision: str = Field(
+        "main",
+        min_length=1,
+        max_length=128,
+        description="Model revision (git sha, tag or version); part of the model identity.",
+    )
+    dtype: Literal["auto", "float32", "float16", "bfloat16"] = Field(
+        "auto", description="Weight dtype on the device; auto keeps the stored dtype."
+    )
+    name: str | None = Field(
+        None,
+        max_length=128,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$",
+        description="Model name served on /v2/models/{name}; defaults to the ModelDeployment name.",
+    )
+
+
+class Parallelism(ApiModel):
+    tensor: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="Tensor-parallel size: GPUs per replica; rank r loads only shard r.",
+    )
+
+
+class Toleration(ApiModel):
+    key: str | None = Field(None, description="Taint key the toleration applies to.")
+    operator: Literal["Exists", "Equal"] = Field("Equal", description="Exists or Equal.")
+    value: str | None = Field(None, description="Taint value to match with Equal.")
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
+        None, description="Taint effect to match; empty matches all effects."
+    )
+    toleration_seconds: int | None = Field(
+        None, ge=0, description="How long a NoExecute taint is tolerated."
+    )
+
+
+class EnvVar(ApiModel):
+    name: str = Field(
+        min_length=1, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", description="Variable name."
+    )
+    value: str = Field("", description="Variable value (use a Secret-backed runtime for secrets).")
+
+
+class Resources(ApiModel):
+    requests: dict[str, str] = Field(
+        default_factory=dict, description="Extra resource requests (cpu, memory, ...)."
+    )
+    limits: dict[str, str] = Field(
+        default_factory=dict,
+        description="Extra resource limits; nvidia.com/gpu is set from parallelism.tensor.",
+    )
+
+
+class PodTemplate(ApiModel):
+    image: str = Field(
+        "ghcr.io/weightlift/worker:0.1.0",
+        min_length=1,
+        description="Worker image; it must contain the weightlift worker.",
+    )
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(
+        "IfNotPresent", description="Image pull policy of the worker container."
+    )
+    resources: Resources = Field(
+        default_factory=Resources, description="Resources beyond the GPUs."
+    )
+    node_selector: dict[str, str] = Field(
+        default_factory=dict, description="Node labels a worker pod must match."
+    )
+    tolerations: list[Toleration] = Field(
+        default_factory=list, description="Tolerations for tainted GPU nodes."
+    )
+    env: list[EnvVar] = Field(default_factory=list, description="Extra worker environment.")
+    rdma_resource: str | None = Field(
+        None,
+        pattern=r"^[a-z0-9.-]+/[a-z0-9_.-]+$",
+        description="Extended resource for RDMA NICs (e.g. rdma/ib); one is requested per pod.",
+    )
+    shm_size: str = Field(
+        "8Gi",
+        pattern=r"^[0-9]+(Ki|Mi|Gi|Ti)?$",
+        description="Size limit of the /dev/shm memory volume.",
+    )
+    service_account_name: str | None = Field(
+        None,
+        max_length=253,
+        description=(
+            "ServiceAccount of worker pods. Unset: the namespace's default account with no API "
+            "token mounted (workers need no API access). The chart's weightlift-worker account "
+            "may read its ModelDeployment."
+        ),
+    )
+
+
+class PreloadOptions(ApiModel):
+    threads: int = Field(8, ge=1, le=128, description="Parallel file readers.")
+    chunk_mib: int = Field(64, ge=1, le=4096, description="Read and copy chunk size in MiB.")
+    host_memory_fraction: float = Field(
+        0.8,
+        ge=0.05,
+        le=1.0,
+        description="Auto preloads when the shard fits in this fraction of available host memory.",
+    )
+    pinned: bool = Field(True, description="Use pinned host memory when the device is CUDA.")
+
+
+class PeerToPeerOptions(ApiModel):
+    backend: Literal["UCX"] = Field("UCX", description="NIXL backend plugin.")
+    transfer_timeout_seconds: int = Field(
+        30, ge=1, le=3600, description="Deadline of one batch of READs before the peer is dropped."
+    )
+    max_in_flight: int = Field(8, ge=1, le=256, description="Transfer requests in flight.")
+    checksum: Literal["xxh3", "crc32"] = Field(
+        "xxh3", description="Per-tensor checksum the target verifies before serving."
+    )
+
+
+class LoadingSpec(ApiModel):
+    strategy: LoadStrategy = Field(
+        LoadStrategy.AUTO,
+        description=(
+            "Auto: peer-to-peer when a Ready source exists, else Preload if host memory "
+            "allows, else Direct. PeerToPeer, Preload or Direct force one strategy."
+        ),
+    )
+    initial_sources: int = Field(
+        1, ge=1, le=64, description="Replicas that load from storage when no source is Ready."
+    )
+    wait_for_source_seconds: int = Field(
+        300,
+        ge=0,
+        le=86400,
+        description="How long other replicas wait for a Ready source before loading from storage.",
+    )
+    load_timeout_seconds: int = Field(
+        1800, ge=10, le=86400, description="A replica not loaded by then is marked failed."
+    )
+    preload: PreloadOptions = Field(
+        default_factory=PreloadOptions, description="CPU preload options."
+    )
+    peer_to_peer: PeerToPeerOptions = Field(
+        default_factory=PeerToPeerOptions, description="Peer-to-peer (NIXL) options."
+    )
+
+
+class InitHooks(ApiModel):
+    library: str = Field(
+        min_length=1,
+        max_length=1024,
+        description=(
+            "Shared library dlopen'd before the model loads; triton_pytorch_model_init(model_dir, "
+            "device_index) is called per device. Relative paths resolve inside the model dir."
+        ),
+    )
+    required: bool = Field(
+        True, description="Fail the load when the library or its init symbol is missing."
+    )
+    allow_outside_model_dir: bool = Field(
+        False,
+        description="Allow an absolute library path outside the model dir (trusted images only).",
+    )
+
+
+class RuntimeSpec(ApiModel):
+    type: RuntimeType = Field(
+        RuntimeType.BUILTIN,
+        description="Builtin: the worker serves model.pt2 over KServe v2. External: run command.",
+    )
+    port: int = Field(8000, ge=1024, le=65535, description="HTTP port of the KServe v2 endpoint.")
+    command: list[str] = Field(
+        default_factory=list,
+        description="External runtime command (e.g. tritonserver ...); required for External.",
+    )
+
+    @model_validator(mode="after")
+    def _external_needs_command(self) -> RuntimeSpec:
+        if self.type == RuntimeType.EXTERNAL and not self.command:
+            raise ValueError("runtime.command is required when runtime.type is External")
+        return self
+
+
+class ExpectedTensor(ApiModel):
+    name: str = Field(min_length=1, description="Output tensor name.")
+    shape: list[int] | None = Field(None, description="Expected shape; omitted means any.")
+    data: list[float] = Field(
+        default_factory=list, description="Expected values, flattened row-major."
+    )
+
+
+class InferenceProbe(ApiModel):
+    request: dict[str, Any] = Field(
+        description="KServe v2 inference request body POSTed to /v2/models/{model}/infer.",
+        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
+    )
+    expected_outputs: list[ExpectedTensor] = Field(
+        default_factory=list,
+        description="Expected outputs; empty checks names, shapes and datatypes only.",
+    )
+    tolerance: float = Field(
+        1e-4, ge=0, description="Absolute tolerance when comparing output values."
+    )
+    period_seconds: int = Field(10, ge=1, le=3600, description="Seconds between probes.")
+    timeout_seconds: int = Field(5, ge=1, le=600, description="Timeout of one probe request.")
+    failure_threshold: int = Field(
+        3, ge=1, le=100, description="Consecutive failures before a replica is not Ready."
+    )
+
+
+class Rollout(ApiModel):
+    max_surge: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="Extra replicas allowed while rolling to a new model identity.",
+    )
+
+
+class ModelDeploymentSpec(ApiModel):
+    model: ModelSource = Field(description="The model to load and serve.")
+    replicas: int = Field(1, ge=0, le=1024, description="Number of model replicas.")
+    parallelism: Parallelism = Field(
+        default_factory=Parallelism, description="Parallelism within one replica."
+    )
+    template: PodTemplate = Field(default_factory=PodTemplate, description="Worker pod settings.")
+    loading: LoadingSpec = Field(
+        default_factory=LoadingSpec, description="How weights reach the GPUs."
+    )
+    init_hooks: InitHooks | None = Field(
+        None, description="Library whose init hook runs before the model package loads."
+    )
+    runtime: RuntimeSpec = Field(default_factory=RuntimeSpec, description="Serving runtime.")
+    probe: InferenceProbe | None = Field(
+        None,
+        description="Inference probe; a replica counts as Ready only after it passes.",
+    )
+    rollout: Rollout = Field(default_factory=Rollout, description="Rollover between identities.")
+
+    @model_validator(mode="after")
+    def _safetensors_needs_external(self) -> ModelDeploymentSpec:
+        # Mirrors the CRD's CEL rule, for objects that never passed the API server's admission.
+        if (
+            self.model.format == ModelFormat.SAFETENSORS
+            and self.runtime.type != RuntimeType.EXTERNAL
+        ):
+            raise ValueError(
+                "spec.model.format safetensors needs spec.runtime.type External "
+                "(the Builtin runtime serves pt2 programs)"
+            )
+        return self
+
+
+# --------------------------------------------------------------------------------- status
+
+
+class Phase(StrEnum):
+    PENDING = "Pending"
+    WAITING_FOR_SOURCE = "WaitingForSource"
+    LOADING = "Loading"
+    PROBING = "Probing"
+    READY = "Ready"
+    DEGRADED = "Degraded"
+    FAILED = "Failed"
+
+
+class ConditionType(StrEnum):
+    SCHEDULED = "Scheduled"
+    WEIGHTS_LOADED = "WeightsLoaded"
+    INFERENCE_READY = "InferenceReady"
+    READY = "Ready"
+
+
+class Condition(ApiModel):
+    type: str = Field(description="Scheduled, WeightsLoaded, InferenceReady or Ready.")
+    status: Literal["True", "False", "Unknown"] = Field(description="Condition status.")
+    reason: str = Field(description="CamelCase reason.")
+    message: str = Field("", description="Human readable detail.")
+    last_transition_time: str | None = Field(None, description="RFC 3339 time of last change.")
+
+
+class ProbeResult(ApiModel):
+    passed: bool = Field(description="Whether the last inference probe passed.")
+    message: str = Field("", description="Why it failed, or a summary of the output.")
+    consecutive_failures: int = Field(0, ge=0, description="Failures in a row.")
+    last_probe_time: str | None = Field(None, description="RFC 3339 time of the last probe.")
+    latency_ms: float | None = Field(None, description="Latency of the last probe request.")
+
+
+class ReplicaStatus(ApiModel):
+    name: str = Field(description="Worker pod name.")
+    replica: int = Field(ge=0, description="Replica index.")
+    model_identity: str = Field(description="Identity of the weights this replica loads.")
+    role: Role = Field(description="Source (from storage) or Target (from a peer).")
+    phase: str = Field(
+        description="Pending, Scheduled, InitHooks, Loading, Serving, Ready, Failed."
+    )
+    node: str | None = Field(None, description="Node the pod is bound to.")
+    pod_ip: str | None = Field(None, alias="podIP", description="Pod IP.")
+    loaded_from: str | None = Field(None, description="storage or peer:<pod>.")
+    bytes_loaded: int = Field(0, ge=0, description="Weight bytes on the device so far.")
+    bytes_total: int = Field(0, ge=0, description="Weight bytes this replica loads.")
+    gbps: float | None = Field(None, description="Load throughput in GB/s.")
+    load_seconds: float | None = Field(None, description="Seconds spent loading weights.")
+    hooks_run: bool | None = Field(None, description="Whether init hooks ran.")
+    ready: bool = Field(False, description="Passed its inference probe.")
+    probe: ProbeResult | None = Field(None, description="Last inference probe result.")
+    message: str = Field("", description="Detail, e.g. why the replica failed.")
+
+
+class SourceEndpoint(ApiModel):
+    pod: str = Field(description="Pod holding the weights.")
+    deployment: str = Field(description="ModelDeployment the pod belongs to.")
+    address: str = Field(description="host:port of the worker's HTTP endpoint.")
+    model_identity: str = Field(description="Identity of the weights it serves.")
+    ranks: list[int] = Field(default_factory=list, description="Tensor-parallel ranks served.")
+
+
+class ModelDeploymentStatus(ApiModel):
+    # Written by this operator; tolerate fields a newer/older operator wrote.
+    model_config = ConfigDict(extra="ignore")
+
+    phase: Phase = Field(Phase.PENDING, description="Lifecycle phase.")
+    message: str = Field("", description="Why the phase is what it is.")
+    observed_generation: int | None = Field(None, description="Generation last reconciled.")
+    model_identity: str | None = Field(
+        None, description="Hash of uri, revision, format, dtype and TP layout."
+    )
+    replicas: int = Field(0, ge=0, description="Worker pods that exist.")
+    ready_replicas: int = Field(0, ge=0, description="Replicas that passed inference probes.")
+    updated_replicas: int = Field(0, ge=0, description="Ready replicas of the current identity.")
+    ready: str = Field("0/0", description="ready/desired, for kubectl get.")
+    ready_sources: int = Field(0, ge=0, description="Ready sources of the current identity.")
+    loaded: str = Field("0%", description="Percent of weight bytes loaded, for kubectl get.")
+    selector: str = Field("", description="Label selector of worker pods (scale subresource).")
+    waiting_since: str | None = Field(
+        None, description="When replicas started waiting for a source (RFC 3339)."
+    )
+    conditions: list[Condition] = Field(default_factory=list, description="Conditions.")
+    restarts: int = Field(
+        0, ge=0, description="Failed replicas replaced since the deployment was last Ready."
+    )
+    sources: list[SourceEndpoint] = Field(
+        default_factory=list, description="Ready replicas other replicas can pull weights from."
+    )
+    replica_statuses: list[ReplicaStatus] = Field(
+        default_factory=list, description="One entry per worker pod."
+    )

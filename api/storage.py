@@ -1,0 +1,29 @@
+"""Model URIs: the schemes the API accepts and the one parser every room uses."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+URI_SCHEMES = ("pvc", "hostpath", "file", "s3", "hf")
+URI_PATTERN = rf"^({'|'.join(URI_SCHEMES)})://[^\s]+$"
+
+
+@dataclass(frozen=True)
+class ModelUri:
+    """scheme://location, split once. For pvc:// `claim` is the claim and `path` the directory
+    inside it; for hostpath:// and file:// `path` is absolute; for s3:// and hf:// `claim` is the
+    bucket or repo and `path` the rest. Surrounding slashes are ignored."""
+
+    scheme: str
+    claim: str
+    path: str
+
+    @classmethod
+    def parse(cls, uri: str) -> ModelUri:
+        scheme, sep, rest = uri.partition("://")
+        if not sep:
+            raise ValueError(f"{uri!r} is not scheme://location")
+        if scheme in ("hostpath", "file"):
+            return cls(scheme, "", "/" + rest.lstrip("/"))
+        claim, _, path = rest.strip("/").partition("/")
+        return cls(scheme, claim, path)

@@ -1,0 +1,407 @@
+"""`weightlift bench load`: load GB/s of our loaders vs safetensors, fastsafetensors and runai-
+model-streamer on the same files, warm and cold page cache, with the machine's own limits
+(multithreaded memcpy, O_DIRECT read) measured in the same run. Every result is checked bit for
+bit against safetensors' `load_file`; medians of `--repeat` runs go to the table, JSON and PNG.
+
+Timed: the loader call plus reading one byte per page of the result (so loaders that return
+lazily mmap-backed tensors pay their page faults too). Cold runs call
+`posix_fadvise(POSIX_FADV_DONTNEED)` on every file first (no root needed; it drops the clean
+cached pages of those files). Warm runs follow a cold run of the same loader.
+
+Not run by default (`--loader weightlift-preload-staged`): Preload's staged path on CPU, i.e.
+read into staging buffers and copy into one result buffer (what the CUDA path does before its
+H2D copies), to see what the copy costs next to the zero-copy CPU path.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import mmap
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import click
+import numpy as np
+import torch
+
+from weightlift.worker.loaders.base import LoadProgress
+from weightlift.worker.loaders.direct import DirectLoader
+from weightlift.worker.loaders.files import index_files, rank_files
+from weightlift.worker.loaders.preload import PreloadLoader
+from weightlift.worker.loaders.tensors import all_bit_equal
+
+Tensors = dict[str, torch.Tensor]
+# A loader returns its tensors and a closer (some libraries own the memory until closed).
+BenchLoader = Callable[[list[Path]], tuple[Tensors, Callable[[], None]]]
+
+
+def _noop() -> None:
+    return None
+
+
+def touch(tensors: Tensors) -> int:
+    """Read one byte of every 4 KiB page: a lazily mmap-backed result (safetensors' load_file,
+    safe_open on CPU) pays for its page faults inside the timed region like everyone else."""
+    acc = 0
+    for t in tensors.values():
+        if t.numel():
+            b = t.detach().reshape(-1).view(torch.uint8)
+            acc += int(b[::4096].sum()) + int(b[-1])
+    return acc
+
+
+def drop_cache(files: list[Path]) -> None:
+    for f in files:
+        fd = os.open(f, os.O_RDONLY)
+        try:
+            os.fsync(fd)  # DONTNEED skips dirty pages: a just-written model would stay cached
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def make_loaders(threads: int, chunk_mib: int) -> dict[str, BenchLoader]:
+    cpu = torch.device("cpu")
+
+    def wl_preload(files: list[Path]) -> tuple[Tensors, Callable[[], None]]:
+        idx = index_files(files)
+        t = PreloadLoader().load_index(
+            idx, cpu, LoadProgress(), threads=threads, chunk_bytes=chunk_mib << 20
+        )
+        return t, _noop
+
+    def wl_preload_staged(files: list[Path]) -> tuple[Tensors, Callable[[], None]]:
+        idx = index_files(files)
+        t = PreloadLoader(staged=True).load_index(
+            idx, cpu, LoadProgress(), threads=threads, chunk_bytes=chunk_mib << 20
+        )
+        return t, _noop
+
+    def wl_direct(files: list[Path]) -> tuple[Tensors, Callable[[], None]]:
+        return DirectLoader().load_index(index_files(files), cpu, LoadProgress()), _noop
+
+    def st_load_file(files: list[Path]) -> tuple[Tensors, Callable[[], None]]:
+        from safetensors.torch import load_file
+
+        out: Tensors = {}
+        for f in files:
+            out.update(load_file(str(f)))
+        return out, _noop
+
+    def fastsafetensors(files: list[Path]) -> tuple[Tensors, Callable[[], None]]:
+        from fastsafetensors import fastsafe_open
+
+        ctx = fastsafe_open(filenames=[str(f) for f in files], nogds=True, device="cpu")
+        f = ctx.__enter__()
+        out = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118
+        return out, lambda: ctx.__exit__(None, None, None)
+
+    def runai(files: list[Path]) -> tuple[Tensors, Callable[[], None]]:
+        from runai_model_streamer import SafetensorsStreamer
+
+        out: Tensors = {}
+        streamer = SafetensorsStreamer()
+        streamer.__enter__()
+        for f in files:
+            streamer.stream_file(str(f))
+            for name, t in streamer.get_tensors():
+                out[name] = t
+        return out, lambda: streamer.__exit__(None, None, None)
+
+    return {
+        "weightlift-preload": wl_preload,
+        "weightlift-direct": wl_direct,
+        "safetensors": st_load_file,
+        "fastsafetensors": fastsafetensors,
+        "runai-model-streamer": runai,
+        "weightlift-preload-staged": wl_preload_staged,
+    }
+
+
+# Loaders `make_loaders` knows that run only when asked for with --loader.
+OPT_IN = {"weightlift-preload-staged"}
+
+# Where the time goes, printed under the table and stored in the JSON.
+NOTES = [
+    "weightlift-preload (CPU): files mapped MAP_PRIVATE into one region, then "
+    "madvise(MADV_POPULATE_READ) in parallel ranges: warm = page-table setup only (no byte "
+    "copied, hence above memcpy); cold = kernel readahead into the page cache, one sequential "
+    "stream per file (compare odirect_read_gbps). Every page is mapped on return.",
+    "safetensors / weightlift-direct (CPU): mmap, lazily faulted page by page inside the timed "
+    "touch; fastsafetensors / runai-model-streamer: read (copy) into their own host buffers.",
+    "weightlift-preload-staged (opt-in): the CUDA path on CPU: read into staging buffers, copy "
+    "into one result buffer (fresh anonymous pages: zeroing + copy).",
+]
+
+
+def memcpy_gbps(nbytes: int, threads: int, repeat: int = 3) -> float:
+    """Multithreaded copy between two pre-faulted buffers (pure memory bandwidth)."""
+    src = np.ones(nbytes, dtype=np.uint8)
+    dst = np.ones(nbytes, dtype=np.uint8)  # written, so faulted in (np.zeros maps lazily)
+    step = -(-nbytes // threads)
+
+    def part(i: int) -> None:
+        np.copyto(dst[i * step : (i + 1) * step], src[i * step : (i + 1) * step])
+
+    best = []
+    with ThreadPoolExecutor(threads) as pool:
+        for _ in range(repeat):
+            t0 = time.perf_counter()
+            list(pool.map(part, range(threads)))
+            best.append(nbytes / (time.perf_counter() - t0) / 1e9)
+    return statistics.median(best)
+
+
+def odirect_read_gbps(files: list[Path], threads: int, chunk: int = 16 << 20) -> float | None:
+    """O_DIRECT reads of the files (parallel, aligned buffers): the storage's own speed."""
+    if not hasattr(os, "O_DIRECT"):
+        return None
+    jobs = []
+    total = 0
+    for f in files:
+        size = f.stat().st_size
+        for off in range(0, size, chunk):
+            jobs.append((f, off))
+        total += size
+
+    def read(job: tuple[Path, int], buf: mmap.mmap) -> int:
+        f, off = job
+        fd = os.open(f, os.O_RDONLY | os.O_DIRECT)
+        try:
+            return os.preadv(fd, [buf], off)
+        finally:
+            os.close(fd)
+
+    bufs = [mmap.mmap(-1, chunk) for _ in range(threads)]
+    try:
+        with ThreadPoolExecutor(threads) as pool:
+            t0 = time.perf_counter()
+            got = sum(pool.map(lambda ij: read(ij[1], bufs[ij[0] % threads]), enumerate(jobs)))
+            secs = time.perf_counter() - t0
+    except OSError:
+        return None  # filesystem without O_DIRECT (tmpfs)
+    finally:
+        for b in bufs:
+            b.close()
+    return got / secs / 1e9 if got >= total else None
+
+
+@dataclass
+class Run:
+    loader: str
+    cache: str
+    seconds: float
+    gbps: float
+    verified: bool
+
+
+def bench(
+    files: list[Path], repeat: int, threads: int, chunk_mib: int, loaders: list[str]
+) -> dict[str, Any]:
+    from safetensors.torch import load_file
+
+    nbytes = index_files(files).data_bytes
+    # The reference is copied out of safetensors' mmap: a file that stays mapped keeps its pages
+    # in the page cache, and every later "cold" run would silently be warm.
+    reference: Tensors = {}
+    for f in files:
+        reference.update({k: v.clone() for k, v in load_file(str(f)).items()})
+    gc.collect()
+    available = make_loaders(threads, chunk_mib)
+    runs: list[Run] = []
+    for name in loaders:  # untimed warm-up: imports, thread pools, native library init
+        tensors, close = available[name](files)
+        del tensors
+        close()
+    for _ in range(repeat):
+        for name in loaders:
+            fn = available[name]
+            for cache in ("cold", "warm"):
+                if cache == "cold":
+                    drop_cache(files)
+                gc.collect()
+                t0 = time.perf_counter()
+                tensors, close = fn(files)
+                touch(tensors)
+                secs = time.perf_counter() - t0
+                ok = all_bit_equal(tensors, reference)
+                del tensors
+                close()
+                runs.append(Run(name, cache, secs, nbytes / secs / 1e9, ok))
+    ncpu = os.cpu_count() or 1
+    mem, odr = [], []
+    for _ in range(repeat):  # limits measured as often as the loaders, medians reported
+        mem.append(memcpy_gbps(min(nbytes, 1 << 30), max(2, ncpu)))
+        drop_cache(files)
+        od = odirect_read_gbps(files, max(2, ncpu))
+        if od is not None:
+            odr.append(od)
+    limits = {
+        "memcpy_gbps": round(statistics.median(mem), 3),
+        "odirect_read_gbps": round(statistics.median(odr), 3) if odr else None,
+    }
+    results = []
+    for name in loaders:
+        for cache in ("warm", "cold"):
+            rs = [r for r in runs if r.loader == name and r.cache == cache]
+            secs = statistics.median(r.seconds for r in rs)
+            results.append(
+                {
+                    "loader": name,
+                    "cache": cache,
+                    "gbps": round(nbytes / secs / 1e9, 3),
+                    "seconds": round(secs, 4),
+                    "verified": all(r.verified for r in rs),
+                    "runs": len(rs),
+                }
+            )
+    return {
+        "bytes": nbytes,
+        "files": [str(f) for f in files],
+        "repeat": repeat,
+        "threads": threads,
+        "chunk_mib": chunk_mib,
+        "cpus": ncpu,
+        "torch": torch.__version__,
+        "limits": limits,
+        "results": results,
+        "runs": [asdict(r) for r in runs],
+        "notes": NOTES,
+    }
+
+
+def print_table(doc: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    lim = doc["limits"]
+    memcpy = lim["memcpy_gbps"]
+    best_peer = {
+        c: max(
+            (
+                r["gbps"]
+                for r in doc["results"]
+                if r["cache"] == c and not r["loader"].startswith("weightlift")
+            ),
+            default=0.0,
+        )
+        for c in ("warm", "cold")
+    }
+    t = Table(
+        title=f"weightlift bench load: {doc['bytes'] / 1e6:.0f} MB, median of {doc['repeat']}, "
+        f"memcpy {memcpy} GB/s, O_DIRECT read {lim['odirect_read_gbps']} GB/s"
+    )
+    for col in ("loader", "cache", "GB/s", "seconds", "x memcpy", "x best peer", "verified"):
+        t.add_column(col, justify="left" if col in ("loader", "cache") else "right", no_wrap=True)
+    for r in doc["results"]:
+        peer = best_peer[r["cache"]]
+        t.add_row(
+            r["loader"],
+            r["cache"],
+            f"{r['gbps']:.2f}",
+            f"{r['seconds']:.3f}",
+            f"{r['gbps'] / memcpy:.2f}" if memcpy else "-",
+            f"{r['gbps'] / peer:.2f}" if peer else "-",
+            "yes" if r["verified"] else "NO",
+        )
+    console = Console()
+    console.width = max(console.width, 110)  # full loader names even when piped
+    console.print(t)
+    for note in doc.get("notes", []):
+        console.print(f"- {note}", highlight=False)
+
+
+def plot(doc: dict[str, Any], png: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(dict.fromkeys(r["loader"] for r in doc["results"]))
+    get = {(r["loader"], r["cache"]): r["gbps"] for r in doc["results"]}
+    x = np.arange(len(names))
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    ax.bar(x - 0.2, [get[(n, "warm")] for n in names], 0.4, label="warm cache")
+    ax.bar(x + 0.2, [get[(n, "cold")] for n in names], 0.4, label="cold cache")
+    lim = doc["limits"]
+    ax.axhline(lim["memcpy_gbps"], color="k", ls="--", lw=1, label="memcpy (threads)")
+    if lim["odirect_read_gbps"]:
+        ax.axhline(lim["odirect_read_gbps"], color="r", ls=":", lw=1, label="O_DIRECT read")
+    ax.set_xticks(x, names, rotation=15)
+    ax.set_ylabel("GB/s")
+    ax.set_title(f"Load throughput, {doc['bytes'] / 1e6:.0f} MB, median of {doc['repeat']}")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(png, dpi=120)
+    plt.close(fig)
+
+
+@click.command("load")
+@click.option("--size-mb", type=float, default=512, show_default=True)
+@click.option(
+    "--json",
+    "json_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    required=True,
+    help="Write results here; the PNG goes next to it.",
+)
+@click.option(
+    "--dir",
+    "model_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Model dir to (re)use; default: a fresh temporary dir.",
+)
+@click.option("--parts", type=int, default=4, show_default=True, help="safetensors files.")
+@click.option("--repeat", type=int, default=3, show_default=True)
+@click.option("--threads", type=int, default=8, show_default=True, help="Preload readers.")
+@click.option("--chunk-mib", type=int, default=64, show_default=True)
+@click.option("--loader", "only", multiple=True, help="Only these loaders (repeatable).")
+def load_command(
+    size_mb: float,
+    json_path: Path,
+    model_dir: Path | None,
+    parts: int,
+    repeat: int,
+    threads: int,
+    chunk_mib: int,
+    only: tuple[str, ...],
+) -> None:
+    """Load GB/s of weightlift-preload/direct vs safetensors, fastsafetensors, runai."""
+    from weightlift.local.models import make_demo
+
+    names = list(make_loaders(threads, chunk_mib))
+    unknown = sorted(set(only) - set(names))
+    if unknown:
+        raise click.BadParameter(
+            f"unknown loader(s) {unknown}; known: {names}", param_hint="--loader"
+        )
+    loaders = [n for n in names if n in only] if only else [n for n in names if n not in OPT_IN]
+    with tempfile.TemporaryDirectory(prefix="wl-bench-", dir=os.environ.get("WL_BENCH_TMP")) as tmp:
+        d = model_dir or Path(tmp) / "model"
+        if not (d / "model.pt2").exists() or not list(d.glob("*.safetensors")):
+            click.echo(f"writing a {size_mb:.0f} MB demo model to {d} ...")
+            make_demo(d, size_mb, tp=1, hook=False, parts=parts)
+        files = rank_files(d, 0, 1)
+        doc = bench(files, repeat, threads, chunk_mib, loaders)
+    doc["command"] = (
+        f"weightlift bench load --size-mb {size_mb:g} --parts {parts} --repeat {repeat} "
+        f"--threads {threads} --chunk-mib {chunk_mib} --json {json_path}"
+        + "".join(f" --loader {n}" for n in only)
+    )
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    json_path.write_text(json.dumps(doc, indent=2) + "\n")
+    print_table(doc)
+    png = json_path.with_suffix(".png")
+    plot(doc, png)
+    click.echo(f"wrote {json_path} and {png}")
+    if not all(r["verified"] for r in doc["results"]):
+        raise click.ClickException("some loader's output differs from safetensors.load_file")

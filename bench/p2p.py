@@ -1,0 +1,460 @@
+"""`weightlift bench p2p`: P2P over NIXL vs memcpy vs a storage reload, then a killed source.
+
+One run, one host: writes an N MB model presharded for 2 ranks, starts a source process that
+loads it from storage and publishes it (SourcePublisher), then a target process that pulls both
+ranks (PeerToPeerLoader, ranks in parallel, every checksum verified). memcpy and a storage reload
+(the worker's storage loader) are measured in the same run. Then a fresh source is SIGKILLed
+after the target's first completed READ batch, and the target must fall back to storage.
+
+Two process modes: `--processes worker` (default) runs real `weightlift worker` processes and
+reads their /weightlift/v1/status (see bench_worker.py); `--processes peer` runs
+`python -m weightlift.bench.peer serve|pull`, the loading half of a worker (the same
+loader and publisher classes), which also reports READ-only GB/s and pulls several times in one
+process.
+
+What mattered when tuning on one host (2 vCPUs, UCX from the nixl-cu12 wheel):
+- UCX picks cma (process_vm_readv, zero-copy, one copy in the kernel) for the READs and tcp for
+  its active messages; that is the fastest set here. UCX_TLS=tcp alone moves the bytes through
+  loopback sockets (~10x slower READs); the shared-memory transports (posix, sysv; "sm", "shm")
+  cannot be used at all: NIXL asks for peer-failure error handling, which they lack, so
+  UCX_TLS=sm/shm/cma-only fail at agent creation. Leave UCX_TLS unset or use "tcp,cma".
+- NIXL's progress thread (enable_prog_thread) spins a core per agent, idle or not (~30% of a core
+  each, measured); on a small host it starves the copy and the checksums. Without it the source
+  must still be progressed (a READ never completes otherwise): the source polls its agents
+  (get_new_notifs, 1 ms while a reader has a session, 5 ms idle) and the target's wait loop
+  (check_xfer_state) drives its own. This alone made pulls ~3x faster here.
+- Fresh destination memory costs page faults (~3 GB/s a thread on this VM, ~1.2 us per 4 KiB
+  page; they scale with threads): faulting the buffer in with one memset before the READs beat
+  letting the kernel fault it page by page inside process_vm_readv. The target starts that
+  memset before the manifest fetch when the model's own headers give the size. Tried and
+  dropped: (a) a thread faulting the buffer (MADV_POPULATE_WRITE) in chunks while READs land in
+  the part already faulted: no gain on 2 cores (the faulting, the copy and the source all want
+  the same CPUs, and add_remote_agent took ~0.1 s instead of ~0.01 s next to it); (b)
+  transparent huge pages (MADV_HUGEPAGE, 2 MiB aligned): 24 GB/s when the kernel hands back
+  recently freed memory, but 0.44 GB/s on memory this VM returned to its host (virtio-balloon
+  free page reporting, page_reporting_order=11), which is what a fresh process gets; on bare
+  metal they would help.
+- NIXL agents: `prewarm_nixl()` (target.py; the worker calls it while init hooks run) loads
+  NIXL (~0.5 s for the first agent of a process) and leaves two spare agents (~20 ms of CPU each)
+  that the ranks' pulls take; a pull hands its agent back instead of destroying it.
+- READ size: 16-256 MB per request made no measurable difference; 64 MB requests, up to
+  max_in_flight (8) in flight. Checksums (xxh3: ~30 GB/s a core here, GIL released) run per
+  tensor as soon as its bytes landed, overlapping the remaining READs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import click
+import torch
+
+from weightlift.api.worker import PeerCandidate
+from weightlift.local.sharded import make_plan, write_sharded_model
+from weightlift.worker.loaders.p2p import BATCH_MB_ENV, THROTTLE_ENV
+
+RANKS = 2
+
+
+def measure_memcpy_gbps(nbytes: int, repeat: int = 5) -> float:
+    """Host memcpy GB/s with torch's threads (both buffers pre-faulted; median of repeats)."""
+    n = max(nbytes, 64 << 20)
+    src = torch.ones(n, dtype=torch.uint8)
+    dst = torch.zeros(n, dtype=torch.uint8)
+    times = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        dst.copy_(src)
+        times.append(time.perf_counter() - t)
+    return n / statistics.median(times) / 1e9
+
+
+def measure_fresh_memcpy_gbps(nbytes: int, repeat: int = 3) -> float:
+    """memcpy into freshly allocated memory (page faults included): the ceiling for any load
+    that, like a target's, must land in new memory."""
+    n = max(nbytes, 64 << 20)
+    src = torch.ones(n, dtype=torch.uint8)
+    times = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        dst = torch.empty(n, dtype=torch.uint8)
+        dst.copy_(src)
+        times.append(time.perf_counter() - t)
+        del dst
+    return n / statistics.median(times) / 1e9
+
+
+def _drop_cache(paths: list[Path]) -> bool:
+    ok = True
+    for p in paths:
+        try:
+            fd = os.open(p, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+        except OSError:
+            ok = False
+    return ok
+
+
+def measure_storage(plan_path: Path, files: list[Path], cold: bool, repeat: int) -> dict[str, Any]:
+    """Both ranks from storage with the worker's storage loader, ranks in parallel threads."""
+    from weightlift.api.worker import WorkerPlan
+    from weightlift.bench.peer import storage_load
+
+    plan = WorkerPlan.from_file(plan_path)
+    device = torch.device("cpu")
+    runs = []
+    nbytes = 0
+    for _ in range(repeat):
+        if cold:
+            _drop_cache(files)
+        t = time.perf_counter()
+        with ThreadPoolExecutor(RANKS) as pool:
+            out = list(pool.map(lambda r: storage_load(plan, r, device), range(RANKS)))
+        runs.append(time.perf_counter() - t)
+        nbytes = sum(t.numel() * t.element_size() for shard in out for t in shard.values())
+        del out
+    seconds = statistics.median(runs)
+    try:
+        from weightlift.worker.loaders.select import choose_storage_loader
+
+        loader = choose_storage_loader(plan, {0: device}).name
+    except ImportError:
+        loader = "safetensors.load_file"
+    return {
+        "gbps": nbytes / seconds / 1e9,
+        "seconds": seconds,
+        "cache": "cold" if cold else "warm",
+        "loader": loader,
+        "runs": runs,
+    }
+
+
+class _Proc:
+    def __init__(self, args: list[str], env: dict[str, str]) -> None:
+        self.p = subprocess.Popen(
+            [sys.executable, "-m", "weightlift.bench.peer", *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            start_new_session=True,
+        )
+
+    def events(self, timeout: float) -> Any:
+        assert self.p.stdout is not None
+        deadline = time.monotonic() + timeout
+        for line in self.p.stdout:
+            yield json.loads(line)
+            if time.monotonic() > deadline:
+                raise click.ClickException(f"peer process timed out after {timeout}s")
+        err = self.p.stderr.read() if self.p.stderr else ""
+        raise click.ClickException(f"peer process exited early: {err[-3000:]}")
+
+    def wait_for(self, event: str, timeout: float) -> dict[str, Any]:
+        for e in self.events(timeout):
+            if e["event"] == event:
+                return dict(e)
+        raise AssertionError("unreachable")
+
+    def kill(self) -> None:
+        if self.p.poll() is None:
+            os.killpg(self.p.pid, signal.SIGKILL)
+        self.p.wait(timeout=30)
+
+
+def run_bench(
+    size_mb: float,
+    repeat: int,
+    workdir: Path,
+    env: dict[str, str],
+    throttle_s: float,
+    processes: str = "worker",
+) -> dict[str, Any]:
+    model = workdir / "model"
+    if processes == "worker":
+        from weightlift.local.models import make_demo
+
+        files = make_demo(model, size_mb, tp=RANKS, hook=False).files
+    else:
+        files = [
+            f
+            for fs in write_sharded_model(model, size_mb=size_mb, tensor_parallel=RANKS).values()
+            for f in fs
+        ]
+    total = sum(f.stat().st_size for f in files)
+    src_plan = workdir / "source.json"
+    src_plan.write_text(make_plan(model, pod="bench-src-0").model_dump_json())
+    result: dict[str, Any] = {
+        "model": {"size_mb": size_mb, "bytes_on_disk": total, "ranks": RANKS, "files": len(files)},
+        "limits": {
+            "memcpy_gbps": measure_memcpy_gbps(min(total, 1 << 30)),
+            "memcpy_fresh_gbps": measure_fresh_memcpy_gbps(min(total, 1 << 30)),
+        },
+        "env": {k: v for k, v in env.items() if k.startswith("UCX_")},
+    }
+
+    if processes == "worker":
+        from weightlift.bench.p2p_worker import run_workers
+
+        result.update(run_workers(model, workdir, env, repeat, throttle_s))
+    else:
+        result.update(run_peers(model, workdir, env, repeat, throttle_s, src_plan))
+    result["p2p"]["ratio_to_memcpy"] = result["p2p"]["gbps"] / result["limits"]["memcpy_gbps"]
+    # A target must land its bytes in memory it never touched: this is its honest ceiling.
+    result["p2p"]["ratio_to_memcpy_fresh"] = (
+        result["p2p"]["gbps"] / result["limits"]["memcpy_fresh_gbps"]
+    )
+
+    # --- storage reload in the same run (cold page cache, and warm)
+    result["storage"] = measure_storage(src_plan, files, cold=True, repeat=repeat)
+    result["storage_warm"] = measure_storage(src_plan, files, cold=False, repeat=repeat)
+
+    return result
+
+
+def run_peers(
+    model: Path,
+    workdir: Path,
+    env: dict[str, str],
+    repeat: int,
+    throttle_s: float,
+    src_plan: Path,
+) -> dict[str, Any]:
+    """Source and target as `python -m weightlift.bench.peer` processes."""
+    # --- p2p: source process, target process pulling both ranks `repeat` times
+    source = _Proc(["serve", "--plan", str(src_plan)], env)
+    try:
+        ready = source.wait_for("ready", 300)
+        cand = PeerCandidate(pod="bench-src-0", address=f"127.0.0.1:{ready['port']}")
+        tgt_plan = workdir / "target.json"
+        tgt_plan.write_text(make_plan(model, pod="bench-tgt-0", peers=[cand]).model_dump_json())
+        target = _Proc(
+            ["pull", "--plan", str(tgt_plan), "--repeat", str(repeat), "--check", str(model)], env
+        )
+        try:
+            runs = _collect_runs(target)
+        finally:
+            target.kill()
+    finally:
+        source.kill()
+    warm = runs[1:] or runs
+    seconds = statistics.median(r["seconds"] for r in warm)
+    xfer = statistics.median(
+        max(rk.get("transfer_seconds", 0.0) for rk in r["ranks"]) for r in warm
+    )
+    nbytes = runs[0]["bytes"]
+    result: dict[str, Any] = {"processes": "python -m weightlift.bench.peer serve|pull"}
+    result["p2p"] = {
+        "gbps": nbytes / seconds / 1e9,
+        "seconds": seconds,
+        "verified": all(r["ok"] for r in runs),
+        "ranks": RANKS,
+        "bytes": nbytes,
+        "transfer_gbps": nbytes / xfer / 1e9 if xfer else None,
+        "first_pull_seconds": runs[0]["seconds"],
+        "runs": [r["seconds"] for r in runs],
+        "from": sorted({rk["loaded_from"] for r in runs for rk in r["ranks"]}),
+    }
+
+    result["fault"] = run_fault(model, workdir, env, throttle_s)
+    return result
+
+
+def _collect_runs(target: _Proc) -> list[dict[str, Any]]:
+    runs: list[dict[str, Any]] = []
+    for e in target.events(600):
+        if e["event"] in ("repeat", "done"):
+            runs.append(e)
+            if e["event"] == "done":
+                return runs
+    return runs
+
+
+def run_fault(model: Path, workdir: Path, env: dict[str, str], throttle_s: float) -> dict[str, Any]:
+    plan = workdir / "doomed.json"
+    plan.write_text(make_plan(model, pod="bench-doomed-0").model_dump_json())
+    source = _Proc(["serve", "--plan", str(plan)], env)
+    killed_at: float | None = None
+    try:
+        ready = source.wait_for("ready", 300)
+        cand = PeerCandidate(pod="bench-doomed-0", address=f"127.0.0.1:{ready['port']}")
+        tgt_plan = workdir / "doomed-target.json"
+        tgt_plan.write_text(
+            make_plan(model, pod="bench-tgt-1", peers=[cand], max_in_flight=1).model_dump_json()
+        )
+        target = _Proc(
+            ["pull", "--plan", str(tgt_plan), "--fallback", "--check", str(model)],
+            {**env, THROTTLE_ENV: str(throttle_s), BATCH_MB_ENV: "4"},
+        )
+        try:
+            fallbacks: list[dict[str, Any]] = []
+            failures: list[str] = []
+            done: dict[str, Any] = {}
+            for e in target.events(600):
+                if e["event"] == "batch" and killed_at is None:
+                    killed_at = time.monotonic()
+                    source.kill()
+                elif e["event"] == "fallback":
+                    fallbacks.append(e)
+                elif e["event"] == "peer_failed":
+                    failures.append(e["message"])
+                elif e["event"] == "done":
+                    done = e
+                    break
+        finally:
+            target.kill()
+    finally:
+        source.kill()
+    ranks = done.get("ranks", [])
+    fell_back = bool(ranks) and all(r.get("fell_back") for r in ranks)
+    to_fallback = (
+        max(f["t"] for f in fallbacks) - killed_at if fallbacks and killed_at is not None else None
+    )
+    storage_done = [r["t_storage_done"] for r in ranks if "t_storage_done" in r]
+    return {
+        "source_killed": killed_at is not None,
+        "fell_back": fell_back,
+        "verified": bool(done.get("ok")) and fell_back,
+        "seconds_to_fallback": to_fallback,
+        "seconds_to_loaded": (max(storage_done) - killed_at)
+        if storage_done and killed_at is not None
+        else None,
+        "loaded_from": sorted({str(r.get("loaded_from")) for r in ranks}),
+        "peer_failures": failures,
+        "throttle_s": throttle_s,
+    }
+
+
+def print_table(result: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    memcpy = result["limits"]["memcpy_gbps"]
+    p2p, st, stw, fault = result["p2p"], result["storage"], result["storage_warm"], result["fault"]
+    table = Table(title=f"weightlift bench p2p: {result['model']['size_mb']} MB, {RANKS} ranks")
+    fresh = result["limits"]["memcpy_fresh_gbps"]
+    for col in ("path", "GB/s", "x memcpy", "x memcpy new", "seconds", "verified", "note"):
+        table.add_column(col)
+    table.add_row(
+        "memcpy (host)", f"{memcpy:.2f}", "1.00", f"{memcpy / fresh:.2f}", "", "", "torch copy_"
+    )
+    table.add_row(
+        "memcpy into new memory",
+        f"{fresh:.2f}",
+        f"{fresh / memcpy:.2f}",
+        "1.00",
+        "",
+        "",
+        "page faults included",
+    )
+    note = "end to end (loader: setup, READs, checksums)"
+    if p2p.get("transfer_gbps"):
+        note += f"; READs alone {p2p['transfer_gbps']:.2f} GB/s"
+    if "first_pull_seconds" in p2p:
+        note += f"; first pull {p2p['first_pull_seconds']:.3f}s"
+    if "runs" in p2p and p2p["runs"] and isinstance(p2p["runs"][0], dict):
+        note = "target worker's loadSeconds; inference probe checked"
+    table.add_row(
+        "p2p NIXL READ",
+        f"{p2p['gbps']:.2f}",
+        f"{p2p['ratio_to_memcpy']:.2f}",
+        f"{p2p['gbps'] / fresh:.2f}",
+        f"{p2p['seconds']:.3f}",
+        str(p2p["verified"]),
+        note,
+    )
+    for label, s in (("storage (cold cache)", st), ("storage (warm cache)", stw)):
+        table.add_row(
+            label,
+            f"{s['gbps']:.2f}",
+            f"{s['gbps'] / memcpy:.2f}",
+            f"{s['gbps'] / fresh:.2f}",
+            f"{s['seconds']:.3f}",
+            "",
+            s["loader"],
+        )
+    fb = fault["seconds_to_fallback"]
+    table.add_row(
+        "fault: source killed",
+        "",
+        "",
+        "",
+        f"{fb:.3f}" if fb is not None else "n/a",
+        str(fault["verified"]),
+        f"fell back: {fault['fell_back']} → {', '.join(fault['loaded_from'])}",
+    )
+    Console().print(table)
+
+
+@click.command("p2p")
+@click.option("--size-mb", type=float, default=256.0, show_default=True, help="Model size.")
+@click.option("--json", "json_path", type=click.Path(path_type=Path), help="Write results here.")
+@click.option(
+    "--repeat", type=int, default=5, show_default=True, help="Pulls (median of all but the first)."
+)
+@click.option("--ucx-tls", default=None, help="UCX_TLS for both processes (default: UCX's choice).")
+@click.option(
+    "--throttle-s",
+    type=float,
+    default=0.2,
+    show_default=True,
+    help="Fault run: pause after each posted READ batch so the kill lands mid-transfer.",
+)
+@click.option("--workdir", type=click.Path(path_type=Path), default=None, help="Keep files here.")
+@click.option(
+    "--processes",
+    type=click.Choice(["worker", "peer"]),
+    default="worker",
+    show_default=True,
+    help="worker: real `weightlift worker` processes; peer: the loading half only "
+    "(python -m weightlift.bench.peer), which also reports transfer-only GB/s.",
+)
+def p2p_command(
+    size_mb: float,
+    json_path: Path | None,
+    repeat: int,
+    ucx_tls: str | None,
+    throttle_s: float,
+    workdir: Path | None,
+    processes: str,
+) -> None:
+    """P2P transfer over NIXL between two processes vs memcpy and a storage reload."""
+    env = dict(os.environ)
+    if ucx_tls:
+        env["UCX_TLS"] = ucx_tls
+    env.setdefault("NIXL_LOG_LEVEL", "WARN")
+    if workdir is None:
+        with tempfile.TemporaryDirectory(prefix="wl-bench-p2p-") as tmp:
+            result = run_bench(size_mb, repeat, Path(tmp), env, throttle_s, processes)
+    else:
+        workdir.mkdir(parents=True, exist_ok=True)
+        result = run_bench(size_mb, repeat, workdir, env, throttle_s, processes)
+    print_table(result)
+    summary = {
+        "limits": result["limits"],
+        "p2p": result["p2p"],
+        "storage": result["storage"],
+        "fault": result["fault"],
+        "storage_warm": result["storage_warm"],
+        "source_load": result.get("source_load"),
+        "model": result["model"],
+        "env": result["env"],
+        "processes": result["processes"],
+    }
+    if json_path is not None:
+        json_path.write_text(json.dumps(summary, indent=2) + "\n")
+        click.echo(f"wrote {json_path}")

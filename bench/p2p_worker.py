@@ -1,0 +1,279 @@
+"""`weightlift bench p2p` with real `weightlift worker` processes (the default mode).
+
+A source worker loads a `weightlift model make-demo` model (2 ranks) from storage, serves it and
+publishes it; target workers (role Target, strategy PeerToPeer) pull it and serve. Numbers come
+from the workers' own /weightlift/v1/status (loadSeconds, bytesLoaded, loadedFrom). The fault
+run kills the source when the target's status first shows bytes loaded, and reads the moment of
+the fallback from the target's log line "P2P failed (...); falling back to storage".
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import click
+import httpx
+
+from weightlift.api.model import (
+    LoadingSpec,
+    LoadStrategy,
+    ModelSource,
+    PeerToPeerOptions,
+    Role,
+    RuntimeSpec,
+)
+from weightlift.api.worker import PeerCandidate, WorkerPlan
+from weightlift.worker.loaders.p2p import BATCH_MB_ENV, THROTTLE_ENV
+
+RANKS = 2
+_FALLBACK_LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) WARNING .*P2P failed")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def worker_plan(
+    model: Path, pod: str, port: int, role: Role, peers: list[PeerCandidate], max_in_flight: int = 8
+) -> WorkerPlan:
+    return WorkerPlan(
+        deployment="bench",
+        pod_name=pod,
+        model_identity="bench-identity",
+        model=ModelSource(uri=f"file://{model}"),
+        model_dir=str(model),
+        served_model_name="bench",
+        tensor_parallel=RANKS,
+        ranks=list(range(RANKS)),
+        device="cpu",
+        role=role,
+        peers=peers,
+        host="127.0.0.1",
+        runtime=RuntimeSpec(port=port),
+        loading=LoadingSpec(
+            strategy=LoadStrategy.PEER_TO_PEER if role == Role.TARGET else LoadStrategy.AUTO,
+            peer_to_peer=PeerToPeerOptions(
+                transfer_timeout_seconds=10, max_in_flight=max_in_flight
+            ),
+        ),
+    )
+
+
+class WorkerProc:
+    """A `weightlift worker` process; its log is collected in a thread; always killed."""
+
+    def __init__(self, plan: WorkerPlan, workdir: Path, env: dict[str, str]) -> None:
+        self.plan = plan
+        path = workdir / f"{plan.pod_name}.json"
+        path.write_text(plan.model_dump_json())
+        self.url = f"http://127.0.0.1:{plan.runtime.port}"
+        self.log_path = workdir / f"{plan.pod_name}.log"
+        self.lines: list[str] = []
+        self.p = subprocess.Popen(
+            [sys.executable, "-m", "weightlift.operator.cli", "worker", "--plan", str(path)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env={**env, "WEIGHTLIFT_FAIL_LINGER_SECONDS": "0"},
+            start_new_session=True,
+        )
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.p.stdout is not None
+        for line in self.p.stdout:
+            self.lines.append(line.rstrip())
+
+    def status(self, client: httpx.Client) -> dict[str, Any] | None:
+        try:
+            r = client.get(f"{self.url}/weightlift/v1/status", timeout=1.0)
+            return dict(r.json()) if r.status_code == 200 else None
+        except (httpx.HTTPError, ValueError):
+            return None
+
+    def wait_phase(self, client: httpx.Client, timeout: float = 600) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            st = self.status(client)
+            if st and st.get("phase") in ("Serving", "Failed"):
+                return st
+            if self.p.poll() is not None:
+                raise click.ClickException(
+                    f"worker {self.plan.pod_name} exited: " + "\n".join(self.lines[-30:])
+                )
+            time.sleep(0.05)
+        raise click.ClickException(f"worker {self.plan.pod_name} not Serving after {timeout}s")
+
+    def wait_published(self, client: httpx.Client, timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                if client.get(f"{self.url}/weightlift/v1/p2p/health").status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.05)
+        raise click.ClickException(f"{self.plan.pod_name} did not publish as a P2P source")
+
+    def kill(self) -> None:
+        if self.p.poll() is None:
+            os.killpg(self.p.pid, signal.SIGKILL)
+        self.p.wait(timeout=30)
+        self._reader.join(timeout=5)
+        self.log_path.write_text("\n".join(self.lines) + "\n")
+
+
+def _infer_ok(client: httpx.Client, url: str, model: Path) -> bool:
+    """The demo model's probe request gives the expected output (the weights are really right)."""
+    probe_path = model / "probe.json"
+    if not probe_path.exists():
+        return True
+    probe = json.loads(probe_path.read_text())
+    r = client.post(f"{url}/v2/models/bench/infer", json=probe["request"], timeout=30)
+    if r.status_code != 200:
+        return False
+    outputs = {o["name"]: o for o in r.json().get("outputs", [])}
+    tol = float(probe.get("tolerance", 1e-3))
+    for want in probe.get("expectedOutputs", []):
+        got = outputs.get(want["name"])
+        if got is None or len(got["data"]) != len(want["data"]):
+            return False
+        for a, b in zip(got["data"], want["data"], strict=True):
+            if abs(a - b) > tol * max(1.0, abs(b)):
+                return False
+    return True
+
+
+def run_workers(
+    model: Path, workdir: Path, env: dict[str, str], repeat: int, throttle_s: float
+) -> dict[str, Any]:
+    out: dict[str, Any] = {"processes": "weightlift worker (source) + weightlift worker (target)"}
+    with httpx.Client() as client:
+        src = WorkerProc(
+            worker_plan(model, "bench-src-0", free_port(), Role.SOURCE, []), workdir, env
+        )
+        try:
+            st = src.wait_phase(client)
+            if st["phase"] != "Serving":
+                raise click.ClickException(f"source failed: {st.get('message')}")
+            src.wait_published(client)
+            out["source_load"] = {
+                "gbps": st.get("gbps"),
+                "seconds": st.get("loadSeconds"),
+                "strategy": st.get("strategy"),
+                "loaded_from": st.get("loadedFrom"),
+            }
+            cand = PeerCandidate(pod="bench-src-0", address=f"127.0.0.1:{src.plan.runtime.port}")
+            runs = []
+            for i in range(repeat):
+                tgt = WorkerProc(
+                    worker_plan(model, f"bench-tgt-{i}", free_port(), Role.TARGET, [cand]),
+                    workdir,
+                    env,
+                )
+                try:
+                    st = tgt.wait_phase(client)
+                    ok = st["phase"] == "Serving" and _infer_ok(client, tgt.url, model)
+                    runs.append(
+                        {
+                            "seconds": st.get("loadSeconds"),
+                            "bytes": st.get("bytesLoaded"),
+                            "loaded_from": st.get("loadedFrom"),
+                            "strategy": st.get("strategy"),
+                            "phase": st["phase"],
+                            "inference_ok": ok,
+                        }
+                    )
+                finally:
+                    tgt.kill()
+        finally:
+            src.kill()
+        good = [r for r in runs if r["phase"] == "Serving" and r["seconds"]]
+        seconds = statistics.median(r["seconds"] for r in good) if good else float("nan")
+        nbytes = good[0]["bytes"] if good else 0
+        out["p2p"] = {
+            "gbps": nbytes / seconds / 1e9 if good else 0.0,
+            "seconds": seconds,
+            "verified": bool(good)
+            and len(good) == len(runs)
+            and all(r["inference_ok"] and str(r["loaded_from"]).startswith("peer:") for r in runs),
+            "ranks": RANKS,
+            "bytes": nbytes,
+            "runs": runs,
+        }
+        out["fault"] = _fault(model, workdir, env, throttle_s, client)
+    return out
+
+
+def _log_time(line: str) -> float | None:
+    m = _FALLBACK_LINE.match(line)
+    if not m:
+        return None
+    return datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
+
+
+def _fault(
+    model: Path, workdir: Path, env: dict[str, str], throttle_s: float, client: httpx.Client
+) -> dict[str, Any]:
+    src = WorkerProc(
+        worker_plan(model, "bench-doomed-0", free_port(), Role.SOURCE, []), workdir, env
+    )
+    killed_wall: float | None = None
+    killed_mono: float | None = None
+    try:
+        src.wait_phase(client)
+        src.wait_published(client)
+        cand = PeerCandidate(pod="bench-doomed-0", address=f"127.0.0.1:{src.plan.runtime.port}")
+        tgt = WorkerProc(
+            worker_plan(model, "bench-tgt-f", free_port(), Role.TARGET, [cand], max_in_flight=1),
+            workdir,
+            {**env, THROTTLE_ENV: str(throttle_s), BATCH_MB_ENV: "4"},
+        )
+        try:
+            deadline = time.monotonic() + 600
+            while time.monotonic() < deadline and killed_wall is None:
+                st = tgt.status(client)
+                if st and st.get("phase") == "Loading" and st.get("bytesLoaded", 0) > 0:
+                    killed_wall, killed_mono = time.time(), time.monotonic()
+                    src.kill()
+                elif st and st.get("phase") in ("Serving", "Failed"):
+                    break
+                time.sleep(0.005)
+            st = tgt.wait_phase(client)
+            serving_mono = time.monotonic()
+            ok = st["phase"] == "Serving" and _infer_ok(client, tgt.url, model)
+            time.sleep(0.2)  # let the log reader catch up
+            fallback_times = [t for t in map(_log_time, tgt.lines) if t is not None]
+            messages = [ln for ln in tgt.lines if "P2P failed" in ln]
+        finally:
+            tgt.kill()
+    finally:
+        src.kill()
+    fell_back = st.get("loadedFrom") == "storage"
+    return {
+        "source_killed": killed_wall is not None,
+        "fell_back": fell_back,
+        "verified": ok and fell_back,
+        "seconds_to_fallback": (max(fallback_times) - killed_wall)
+        if fallback_times and killed_wall is not None
+        else None,
+        "seconds_to_serving": serving_mono - killed_mono if killed_mono is not None else None,
+        "loaded_from": [str(st.get("loadedFrom"))],
+        "peer_failures": [m.split("P2P failed", 1)[1][:400] for m in messages],
+        "throttle_s": throttle_s,
+    }

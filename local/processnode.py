@@ -1,0 +1,1294 @@
+"""The process node: a tiny kubelet stand-in that runs pods as local processes.
+
+There is no container runtime on a laptop/CI machine, so for local mode (`weightlift demo`, e2e
+tests) this agent registers a Node that advertises GPUs it does not have, watches the pods the
+real scheduler binds to it, and runs each container's command as a local process:
+
+- pod IP: a distinct loopback address 127.0.x.y per pod (exported as POD_IP and
+  WEIGHTLIFT_BIND_HOST so the worker binds there; Linux routes all of 127/8 to `lo`);
+- env: the pod's env, `valueFrom.fieldRef` resolved (metadata.*, status.podIP, spec.nodeName...),
+  configMap/secret keys read from the API, `$(VAR)` references expanded;
+- volumes: hostPath -> the same path, emptyDir -> a dir under the state dir, configMap/secret/
+  projected -> files under the state dir; a mountPath that differs from the local dir is rewritten
+  in env values (also inside JSON values such as WEIGHTLIFT_PLAN) since there is no mount namespace;
+- probes: readiness/liveness (httpGet, tcpSocket, exec) as the pod declares them;
+- status: phase, podIP(s), hostIP, containerStatuses (waiting/running/terminated, exit code and a
+  log-tail message, ready, restartCount), Initialized/ContainersReady/Ready conditions;
+- restarts per restartPolicy with a capped backoff;
+- deletion: SIGTERM to the process group, SIGKILL after the grace period, then the final delete
+  with grace 0 (what the kubelet does);
+- heartbeats: the node's Lease in kube-node-lease and its Ready condition stay fresh.
+
+It is not a product feature beyond local mode, and says so on the Node (annotation and runtime
+version). Processes die with the node (PR_SET_PDEATHSIG), so nothing outlives it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import hashlib
+import ipaddress
+import json
+import logging
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import click
+import httpx
+
+from weightlift.api.times import now_micro, now_rfc3339
+from weightlift.local.kubeclient import JSON, MERGE, Kube, KubeError
+
+log = logging.getLogger("weightlift.processnode")
+
+LOCAL_NODE_LABEL = "weightlift.dev/local-node"
+PROCESS_NODE_ANNOTATION = "weightlift.dev/process-node"
+RUNTIME_VERSION = "weightlift-process://0.1.0"
+LEASE_SECONDS = 40
+MAX_BACKOFF_SECONDS = 20.0
+LOG_TAIL_BYTES = 2048
+
+try:  # preloaded in the parent: the child only calls it (no dlopen after fork)
+    _LIBC: ctypes.CDLL | None = ctypes.CDLL(None, use_errno=True)
+except OSError:  # pragma: no cover - non-glibc
+    _LIBC = None
+
+
+def _die_with_parent() -> None:
+    """preexec_fn: SIGKILL this process if the node (its parent thread) goes away."""
+    if _LIBC is not None:
+        _LIBC.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def _key(pod: JSON) -> str:
+    return f"{pod['metadata']['namespace']}/{pod['metadata']['name']}"
+
+
+# ----------------------------------------------------------------------------------- config
+
+
+@dataclass
+class NodeConfig:
+    name: str
+    state_dir: Path
+    gpus: int = 8
+    gpu_product: str = "NVIDIA-H100-80GB-HBM3"
+    # Generous on purpose: the node runs processes, it does not enforce requests.
+    cpu: str = "64"
+    memory: str = "512Gi"
+    max_pods: int = 110
+    labels: dict[str, str] = field(default_factory=dict)
+    heartbeat_seconds: float = 10.0
+    # Where `weightlift` and `python` of this installation live; bare commands resolve here first.
+    bin_dir: Path = field(default_factory=lambda: Path(sys.executable).parent)
+    # Extra environment for every process (e.g. CUDA_VISIBLE_DEVICES="").
+    extra_env: dict[str, str] = field(default_factory=dict)
+    # Host environment variables passed through (a container would not see the host env).
+    passthrough_env: tuple[str, ...] = ("HOME", "LANG", "LC_ALL", "TMPDIR", "USER")
+    delete_node_on_stop: bool = True
+    # Third octet range for pod IPs 127.0.x.y; the start is derived from the node name.
+    ip_octets: tuple[int, int] = (16, 250)
+
+
+# ------------------------------------------------------------------------------ pod runner
+
+
+@dataclass
+class ProbeState:
+    successes: int = 0
+    failures: int = 0
+    next_at: float = 0.0
+    ok: bool = False
+
+
+@dataclass
+class ContainerRun:
+    spec: JSON
+    log_path: Path
+    proc: subprocess.Popen[bytes] | None = None
+    started_at: str | None = None
+    restart_count: int = 0
+    last_terminated: JSON | None = None
+    terminated: JSON | None = None  # current state when not running
+    waiting: JSON | None = None
+    restart_at: float = 0.0
+    backoff: float = 1.0
+    started_mono: float = 0.0
+    readiness: ProbeState = field(default_factory=ProbeState)
+    liveness: ProbeState = field(default_factory=ProbeState)
+
+    @property
+    def name(self) -> str:
+        name: str = self.spec["name"]
+        return name
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+
+class ConfigError(Exception):
+    """The pod asks for something the process node cannot provide (CreateContainerConfigError)."""
+
+
+class PodRunner(threading.Thread):
+    """Owns one pod (by uid): starts its containers, probes them, writes status, tears down."""
+
+    def __init__(self, node: ProcessNode, pod: JSON, pod_ip: str) -> None:
+        meta = pod["metadata"]
+        super().__init__(name=f"pod-{meta['namespace']}-{meta['name']}", daemon=True)
+        self.node = node
+        self.uid: str = meta["uid"]
+        self.namespace: str = meta["namespace"]
+        self.pod_name: str = meta["name"]
+        self.pod_ip = pod_ip
+        self._pod = pod
+        self._lock = threading.Lock()
+        self._gone = threading.Event()  # the API object is gone (force delete)
+        self._wake = threading.Event()
+        self.dir = (
+            node.config.state_dir / "pods" / f"{self.namespace}_{self.pod_name}_{self.uid[:8]}"
+        )
+        self.containers: list[ContainerRun] = []
+        self.start_time = now_rfc3339()
+        self._last_status: JSON | None = None
+        self._config_error: str | None = None
+        self.finished = threading.Event()
+        self.deleted = False  # finalized: the API object was deleted by us
+        self.mounts: list[tuple[str, str]] = []
+
+    # -- inputs from the node's watch
+    def update(self, pod: JSON) -> None:
+        with self._lock:
+            self._pod = pod
+        self._wake.set()
+
+    def gone(self) -> None:
+        self._gone.set()
+        self._wake.set()
+
+    @property
+    def pod(self) -> JSON:
+        with self._lock:
+            return self._pod
+
+    def pids(self) -> list[int]:
+        return [c.proc.pid for c in self.containers if c.proc is not None and c.running]
+
+    # -- main loop
+    def run(self) -> None:
+        try:
+            self._run()
+        except Exception:
+            log.exception("pod %s/%s: runner crashed", self.namespace, self.pod_name)
+            self._kill_all(grace=2.0)
+        finally:
+            self.finished.set()
+            self.node._runner_done(self)
+
+    def _run(self) -> None:
+        pod = self.pod
+        if pod["metadata"].get("deletionTimestamp"):
+            self._finalize(pod)
+            return
+        if pod.get("status", {}).get("phase") in ("Succeeded", "Failed"):
+            return  # terminal from an earlier node incarnation: nothing to run
+        self.dir.mkdir(parents=True, exist_ok=True)
+        spec = pod["spec"]
+        self.containers = [
+            ContainerRun(spec=c, log_path=self.dir / f"{c['name']}.log") for c in spec["containers"]
+        ]
+        for c in self.containers:
+            c.waiting = {"reason": "ContainerCreating"}
+        self._write_status()
+        try:
+            self.mounts = self._prepare_volumes(pod)
+            self._run_init_containers(pod)
+        except ConfigError as exc:
+            self._config_error = str(exc)
+            for c in self.containers:
+                c.waiting = {"reason": "CreateContainerConfigError", "message": str(exc)}
+            self.node.event(pod, "Warning", "Failed", str(exc))
+        while not self.node.stopping.is_set():
+            if self._gone.is_set():
+                self._kill_all(grace=self._grace(self.pod))
+                return
+            pod = self.pod
+            if pod["metadata"].get("deletionTimestamp"):
+                self._finalize(pod)
+                return
+            if self._config_error is None:
+                self._tick(pod)
+            self._write_status()
+            self._wake.wait(0.25)
+            self._wake.clear()
+        # The node is stopping: kill our processes, leave the API object to the cluster.
+        self._kill_all(grace=min(self._grace(pod), 10.0))
+
+    # -- containers
+    def _tick(self, pod: JSON) -> None:
+        policy = pod["spec"].get("restartPolicy", "Always")
+        now = time.monotonic()
+        for c in self.containers:
+            if c.proc is None and c.terminated is None:
+                if now >= c.restart_at:
+                    self._start(pod, c)
+                continue
+            if c.proc is not None and c.proc.poll() is not None:
+                self._on_exit(pod, c)
+            if c.proc is None and c.terminated is not None:
+                exit_code = int(c.terminated.get("exitCode", 1))
+                again = policy == "Always" or (policy == "OnFailure" and exit_code != 0)
+                if again and now >= c.restart_at:
+                    c.last_terminated, c.terminated = c.terminated, None
+                    c.restart_count += 1
+                    self._start(pod, c)
+                elif again:
+                    c.waiting = {
+                        "reason": "CrashLoopBackOff",
+                        "message": f"back-off {c.backoff:.0f}s restarting failed container",
+                    }
+            if c.running:
+                self._probe(pod, c, now)
+
+    def _start(self, pod: JSON, c: ContainerRun) -> None:
+        try:
+            argv, env, cwd = self._command(pod, c.spec)
+        except ConfigError as exc:
+            c.waiting = {"reason": "CreateContainerConfigError", "message": str(exc)}
+            c.restart_at = time.monotonic() + 5.0
+            return
+        # terminationMessagePath (default /dev/termination-log) lives in the pod dir; the worker
+        # writes it where WEIGHTLIFT_TERMINATION_LOG says.
+        term = self._termination_log(c)
+        term.write_text("")
+        env.setdefault("WEIGHTLIFT_TERMINATION_LOG", str(term))
+        with c.log_path.open("ab") as out:
+            out.write(f"--- {now_rfc3339()} start {argv}\n".encode())
+            out.flush()
+            try:
+                c.proc = subprocess.Popen(
+                    argv,
+                    env=env,
+                    cwd=cwd,
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                    preexec_fn=_die_with_parent,
+                )
+            except OSError as exc:
+                c.proc = None
+                c.terminated = {
+                    "exitCode": 128,
+                    "reason": "StartError",
+                    "message": f"{argv[0]}: {exc}",
+                    "startedAt": now_rfc3339(),
+                    "finishedAt": now_rfc3339(),
+                }
+                c.restart_at = time.monotonic() + c.backoff
+                c.backoff = min(c.backoff * 2, MAX_BACKOFF_SECONDS)
+                return
+        c.started_at = now_rfc3339()
+        c.started_mono = time.monotonic()
+        c.waiting = None
+        c.readiness = ProbeState(
+            next_at=c.started_mono + self._probe_delay(c.spec, "readinessProbe")
+        )
+        c.liveness = ProbeState(next_at=c.started_mono + self._probe_delay(c.spec, "livenessProbe"))
+        log.info(
+            "pod %s/%s: %s started pid %d on %s",
+            self.namespace,
+            self.pod_name,
+            c.name,
+            c.proc.pid,
+            self.pod_ip,
+        )
+        self.node.event(pod, "Normal", "Started", f"Started container {c.name} (pid {c.proc.pid})")
+
+    def _on_exit(self, pod: JSON, c: ContainerRun) -> None:
+        assert c.proc is not None
+        code = c.proc.returncode
+        exit_code = 128 + (-code) if code < 0 else code
+        message = self._termination_message(c) if exit_code != 0 or code < 0 else ""
+        c.terminated = {
+            "exitCode": exit_code,
+            "reason": "Completed" if exit_code == 0 else "Error",
+            "startedAt": c.started_at,
+            "finishedAt": now_rfc3339(),
+            "containerID": f"process://{c.proc.pid}",
+        }
+        if code < 0:
+            c.terminated["signal"] = -code
+        if message:
+            c.terminated["message"] = message
+        c.proc = None
+        c.readiness.ok = False
+        # Backoff resets after a container ran for a while (like the kubelet's 10 min, scaled).
+        if time.monotonic() - c.started_mono > 60:
+            c.backoff = 1.0
+        c.restart_at = time.monotonic() + c.backoff
+        c.backoff = min(c.backoff * 2, MAX_BACKOFF_SECONDS)
+        log.info("pod %s/%s: %s exited %d", self.namespace, self.pod_name, c.name, exit_code)
+
+    def _termination_log(self, c: ContainerRun) -> Path:
+        return self.dir / f"{c.name}.termination-log"
+
+    def _termination_message(self, c: ContainerRun) -> str:
+        """The container's termination message file, else (FallbackToLogsOnError) its log tail."""
+        with contextlib.suppress(OSError):
+            written = self._termination_log(c).read_text(errors="replace").strip()
+            if written:
+                return written[:4096]
+        if c.spec.get("terminationMessagePolicy", "File") != "FallbackToLogsOnError":
+            return ""
+        try:
+            with c.log_path.open("rb") as f:
+                f.seek(0, os.SEEK_END)
+                size = f.tell()
+                f.seek(max(0, size - LOG_TAIL_BYTES))
+                tail = f.read().decode(errors="replace")
+        except OSError:
+            return ""
+        # Only this run's output: cut at the last start marker.
+        marker = tail.rfind("--- ")
+        if marker >= 0 and "start [" in tail[marker:].split("\n", 1)[0]:
+            tail = tail[marker:].split("\n", 1)[1] if "\n" in tail[marker:] else ""
+        lines = [ln for ln in tail.strip().splitlines() if ln.strip()]
+        return "\n".join(lines[-20:])
+
+    def _run_init_containers(self, pod: JSON) -> None:
+        for spec in pod["spec"].get("initContainers", []):
+            argv, env, cwd = self._command(pod, spec)
+            with (self.dir / f"init-{spec['name']}.log").open("ab") as out:
+                proc = subprocess.run(
+                    argv,
+                    env=env,
+                    cwd=cwd,
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                    timeout=600,
+                    preexec_fn=_die_with_parent,
+                    check=False,
+                )
+            if proc.returncode != 0:
+                raise ConfigError(f"init container {spec['name']} exited {proc.returncode}")
+
+    # -- command, env and volumes
+    def _resolve_exe(self, exe: str) -> str:
+        if "/" in exe:
+            return self._translate(exe)
+        local = self.node.config.bin_dir / exe
+        if local.exists():
+            return str(local)
+        found = shutil.which(exe)
+        if found is None:
+            raise ConfigError(f"executable {exe!r} not found in {self.node.config.bin_dir} or PATH")
+        return found
+
+    def _command(self, pod: JSON, spec: JSON) -> tuple[list[str], dict[str, str], str]:
+        env = self._env(pod, spec)
+        argv = [_expand(a, env) for a in [*spec.get("command", []), *spec.get("args", [])]]
+        if not argv:
+            raise ConfigError(
+                f"container {spec['name']} has no command: the process node cannot run an "
+                "image's entrypoint"
+            )
+        argv = [self._resolve_exe(argv[0]), *argv[1:]]
+        wd = spec.get("workingDir")
+        cwd = self._translate(wd) if wd else str(self.dir)
+        if not Path(cwd).is_dir():
+            raise ConfigError(f"workingDir {wd} does not exist locally ({cwd})")
+        return argv, env, cwd
+
+    def _env(self, pod: JSON, spec: JSON) -> dict[str, str]:
+        cfg = self.node.config
+        env: dict[str, str] = {k: os.environ[k] for k in cfg.passthrough_env if k in os.environ}
+        env["PATH"] = f"{cfg.bin_dir}:{os.environ.get('PATH', '/usr/bin:/bin')}"
+        env["HOSTNAME"] = self.pod_name
+        env["PYTHONUNBUFFERED"] = "1"
+        env.update(cfg.extra_env)
+        ns = self.namespace
+        for src in spec.get("envFrom", []):
+            prefix = src.get("prefix", "")
+            if "configMapRef" in src:
+                data = self._configmap(ns, src["configMapRef"]["name"], src["configMapRef"])
+            elif "secretRef" in src:
+                data = self._secret(ns, src["secretRef"]["name"], src["secretRef"])
+            else:
+                continue
+            env.update({prefix + k: v for k, v in data.items()})
+        for item in spec.get("env", []):
+            name = item["name"]
+            if "valueFrom" not in item:
+                env[name] = self._translate_value(_expand(item.get("value", ""), env))
+                continue
+            vf = item["valueFrom"]
+            if "fieldRef" in vf:
+                env[name] = self._field(pod, vf["fieldRef"]["fieldPath"])
+            elif "configMapKeyRef" in vf or "secretKeyRef" in vf:
+                is_map = "configMapKeyRef" in vf
+                ref = vf["configMapKeyRef" if is_map else "secretKeyRef"]
+                data = (self._configmap if is_map else self._secret)(ns, ref["name"], ref)
+                if ref["key"] in data:
+                    env[name] = data[ref["key"]]
+                elif not ref.get("optional"):
+                    kind = "configmap" if is_map else "secret"
+                    raise ConfigError(f"{kind} {ref['name']} has no key {ref['key']}")
+            elif "resourceFieldRef" in vf:
+                env[name] = self._resource(spec, vf["resourceFieldRef"]["resource"])
+        # The loopback address this pod owns; the worker binds its servers there.
+        env.setdefault("POD_IP", self.pod_ip)
+        env.setdefault("WEIGHTLIFT_BIND_HOST", self.pod_ip)
+        env.setdefault("WEIGHTLIFT_POD_IP", self.pod_ip)
+        env.setdefault("WEIGHTLIFT_PROCESS_NODE", self.node.config.name)
+        return env
+
+    def _field(self, pod: JSON, path: str) -> str:
+        meta = pod["metadata"]
+        simple = {
+            "metadata.name": meta["name"],
+            "metadata.namespace": meta["namespace"],
+            "metadata.uid": meta["uid"],
+            "spec.nodeName": self.node.config.name,
+            "spec.serviceAccountName": pod["spec"].get("serviceAccountName", "default"),
+            "status.podIP": self.pod_ip,
+            "status.podIPs": self.pod_ip,
+            "status.hostIP": self.node.host_ip,
+            "status.hostIPs": self.node.host_ip,
+        }
+        if path in simple:
+            return str(simple[path])
+        m = re.fullmatch(r"metadata\.(labels|annotations)\['([^']+)'\]", path)
+        if m:
+            return str(meta.get(m.group(1), {}).get(m.group(2), ""))
+        raise ConfigError(f"unsupported fieldRef {path}")
+
+    def _resource(self, spec: JSON, resource: str) -> str:
+        res = spec.get("resources", {})
+        kind, _, name = resource.partition(".")
+        value = res.get(kind, {}).get(name)
+        return str(value) if value is not None else "0"
+
+    def _configmap(self, ns: str, name: str, ref: JSON) -> dict[str, str]:
+        obj = self.node.kube.get_or_none(f"/api/v1/namespaces/{ns}/configmaps/{name}")
+        if obj is None:
+            if ref.get("optional"):
+                return {}
+            raise ConfigError(f"configmap {ns}/{name} not found")
+        data: dict[str, str] = obj.get("data", {})
+        return data
+
+    def _secret(self, ns: str, name: str, ref: JSON) -> dict[str, str]:
+        import base64
+
+        obj = self.node.kube.get_or_none(f"/api/v1/namespaces/{ns}/secrets/{name}")
+        if obj is None:
+            if ref.get("optional"):
+                return {}
+            raise ConfigError(f"secret {ns}/{name} not found")
+        return {k: base64.b64decode(v).decode() for k, v in obj.get("data", {}).items()}
+
+    def _prepare_volumes(self, pod: JSON) -> list[tuple[str, str]]:
+        """Map each volume to a local dir; return (mountPath, localPath) pairs, longest first."""
+        local: dict[str, Path] = {}
+        vol_root = self.dir / "volumes"
+        for vol in pod["spec"].get("volumes", []):
+            name = vol["name"]
+            if "hostPath" in vol:
+                hp = vol["hostPath"]
+                path = Path(hp["path"])
+                if hp.get("type") in ("DirectoryOrCreate",):
+                    path.mkdir(parents=True, exist_ok=True)
+                if not path.exists():
+                    raise ConfigError(f"hostPath {path} (volume {name}) does not exist")
+                local[name] = path
+            elif "emptyDir" in vol:
+                local[name] = vol_root / name
+                local[name].mkdir(parents=True, exist_ok=True)
+            elif "configMap" in vol or "secret" in vol:
+                src = vol.get("configMap") or vol["secret"]
+                ref = {"optional": src.get("optional", False)}
+                data = (
+                    self._configmap(self.namespace, src["name"], ref)
+                    if "configMap" in vol
+                    else self._secret(self.namespace, src["secretName"], ref)
+                )
+                local[name] = self._write_files(vol_root / name, data, src.get("items"))
+            elif "projected" in vol:
+                local[name] = self._projected(pod, vol_root / name, vol["projected"])
+            elif "downwardAPI" in vol:
+                data = {
+                    i["path"]: self._field(pod, i["fieldRef"]["fieldPath"])
+                    for i in vol["downwardAPI"].get("items", [])
+                    if "fieldRef" in i
+                }
+                local[name] = self._write_files(vol_root / name, data, None)
+            else:
+                kind = next((k for k in vol if k != "name"), "?")
+                raise ConfigError(f"volume {name}: {kind} volumes are not supported locally")
+        mounts: list[tuple[str, str]] = []
+        for c in [*pod["spec"]["containers"], *pod["spec"].get("initContainers", [])]:
+            for vm in c.get("volumeMounts", []):
+                if vm["name"] not in local:
+                    raise ConfigError(f"volumeMount {vm['name']} names no volume")
+                base = local[vm["name"]]
+                target = base / vm["subPath"] if vm.get("subPath") else base
+                pair = (vm["mountPath"].rstrip("/") or "/", str(target))
+                # Identity pairs stay in the table: /tmp/x/model mounted at itself must win
+                # over a /tmp emptyDir mount (longest mountPath first).
+                if pair not in mounts:
+                    mounts.append(pair)
+        mounts.sort(key=lambda p: len(p[0]), reverse=True)
+        return mounts
+
+    def _write_files(self, root: Path, data: dict[str, str], items: list[JSON] | None) -> Path:
+        root.mkdir(parents=True, exist_ok=True)
+        paths = {i["key"]: i["path"] for i in items} if items else {k: k for k in data}
+        for key, rel in paths.items():
+            if key in data:
+                out = root / rel
+                out.parent.mkdir(parents=True, exist_ok=True)
+                out.write_text(data[key])
+        return root
+
+    def _projected(self, pod: JSON, root: Path, projected: JSON) -> Path:
+        root.mkdir(parents=True, exist_ok=True)
+        for source in projected.get("sources", []):
+            if "configMap" in source:
+                cm = source["configMap"]
+                data = self._configmap(self.namespace, cm["name"], {"optional": True})
+                self._write_files(root, data, cm.get("items"))
+            elif "secret" in source:
+                sec = source["secret"]
+                data = self._secret(self.namespace, sec["name"], {"optional": True})
+                self._write_files(root, data, sec.get("items"))
+            elif "downwardAPI" in source:
+                data = {
+                    i["path"]: self._field(pod, i["fieldRef"]["fieldPath"])
+                    for i in source["downwardAPI"].get("items", [])
+                    if "fieldRef" in i
+                }
+                self._write_files(root, data, None)
+            elif "serviceAccountToken" in source:
+                sat = source["serviceAccountToken"]
+                sa = pod["spec"].get("serviceAccountName", "default")
+                body: JSON = {
+                    "apiVersion": "authentication.k8s.io/v1",
+                    "kind": "TokenRequest",
+                    "spec": {
+                        "expirationSeconds": sat.get("expirationSeconds", 3607),
+                        "boundObjectRef": {
+                            "kind": "Pod",
+                            "apiVersion": "v1",
+                            "name": self.pod_name,
+                            "uid": self.uid,
+                        },
+                        **({"audiences": [sat["audience"]]} if sat.get("audience") else {}),
+                    },
+                }
+                try:
+                    tr = self.node.kube.create(
+                        f"/api/v1/namespaces/{self.namespace}/serviceaccounts/{sa}/token", body
+                    )
+                    (root / sat.get("path", "token")).write_text(tr["status"]["token"])
+                except KubeError as exc:
+                    log.warning("pod %s: no service account token: %s", self.pod_name, exc)
+        return root
+
+    def _translate(self, path: str) -> str:
+        for mount_path, local in self.mounts:
+            if path == mount_path or path.startswith(mount_path + "/"):
+                return local + path[len(mount_path) :]
+        return path
+
+    def _translate_value(self, value: str) -> str:
+        """Rewrite container paths in an env value; JSON values are walked string by string."""
+        if all(mp == local for mp, local in self.mounts):
+            return value
+        stripped = value.lstrip()
+        if stripped[:1] in ("{", "["):
+            try:
+                doc = json.loads(value)
+            except ValueError:
+                return self._translate(value)
+            return json.dumps(_map_strings(doc, self._translate), separators=(",", ":"))
+        return self._translate(value)
+
+    # -- probes
+    @staticmethod
+    def _probe_delay(spec: JSON, kind: str) -> float:
+        probe = spec.get(kind) or {}
+        return float(probe.get("initialDelaySeconds", 0))
+
+    def _probe(self, pod: JSON, c: ContainerRun, now: float) -> None:
+        rp = c.spec.get("readinessProbe")
+        if rp is None:
+            c.readiness.ok = True
+        elif now >= c.readiness.next_at:
+            c.readiness.next_at = now + float(rp.get("periodSeconds", 10))
+            ok, why = self._run_probe(c, rp)
+            st = c.readiness
+            if ok:
+                st.successes, st.failures = st.successes + 1, 0
+                if st.successes >= int(rp.get("successThreshold", 1)):
+                    st.ok = True
+            else:
+                st.successes, st.failures = 0, st.failures + 1
+                if st.failures >= int(rp.get("failureThreshold", 3)):
+                    if st.ok:
+                        self.node.event(pod, "Warning", "Unhealthy", f"Readiness probe: {why}")
+                    st.ok = False
+        lp = c.spec.get("livenessProbe")
+        if lp is not None and now >= c.liveness.next_at:
+            c.liveness.next_at = now + float(lp.get("periodSeconds", 10))
+            ok, why = self._run_probe(c, lp)
+            if ok:
+                c.liveness.failures = 0
+            else:
+                c.liveness.failures += 1
+                if c.liveness.failures >= int(lp.get("failureThreshold", 3)):
+                    self.node.event(pod, "Warning", "Unhealthy", f"Liveness probe: {why}")
+                    self._kill(c, grace=float(pod["spec"].get("terminationGracePeriodSeconds", 30)))
+
+    def _port(self, c: ContainerRun, port: int | str) -> int:
+        if isinstance(port, int) or str(port).isdigit():
+            return int(port)
+        for p in c.spec.get("ports", []):
+            if p.get("name") == port:
+                return int(p["containerPort"])
+        raise ConfigError(f"container {c.name} has no port named {port}")
+
+    def _run_probe(self, c: ContainerRun, probe: JSON) -> tuple[bool, str]:
+        timeout = float(probe.get("timeoutSeconds", 1))
+        try:
+            if "httpGet" in probe:
+                hg = probe["httpGet"]
+                scheme = hg.get("scheme", "HTTP").lower()
+                host = hg.get("host") or self.pod_ip
+                url = f"{scheme}://{host}:{self._port(c, hg['port'])}{hg.get('path', '/')}"
+                headers = {h["name"]: h["value"] for h in hg.get("httpHeaders", [])}
+                r = httpx.get(url, headers=headers, timeout=timeout, verify=False)
+                return (
+                    200 <= r.status_code < 400,
+                    f"HTTP probe failed with statuscode: {r.status_code}",
+                )
+            if "tcpSocket" in probe:
+                ts = probe["tcpSocket"]
+                host = ts.get("host") or self.pod_ip
+                with socket.create_connection((host, self._port(c, ts["port"])), timeout=timeout):
+                    return True, ""
+            if "exec" in probe:
+                argv, env, cwd = self._command(
+                    self.pod, {**c.spec, "command": probe["exec"]["command"], "args": []}
+                )
+                res = subprocess.run(
+                    argv, env=env, cwd=cwd, timeout=timeout, capture_output=True, check=False
+                )
+                return res.returncode == 0, res.stdout.decode(errors="replace")[-200:]
+            if "grpc" in probe:
+                return False, "grpc probes are not supported by the process node"
+        except (httpx.HTTPError, OSError, subprocess.TimeoutExpired, ConfigError) as exc:
+            return False, f"{type(exc).__name__}: {exc}"
+        return True, ""
+
+    # -- teardown
+    @staticmethod
+    def _grace(pod: JSON) -> float:
+        meta_grace = pod["metadata"].get("deletionGracePeriodSeconds")
+        if meta_grace is not None:
+            return float(meta_grace)
+        return float(pod["spec"].get("terminationGracePeriodSeconds", 30))
+
+    def _kill(self, c: ContainerRun, grace: float) -> None:
+        proc = c.proc
+        if proc is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=max(grace, 0.1))
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        # Anything left in the group (grandchildren) goes too.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        self._on_exit(self.pod, c)
+
+    def _kill_all(self, grace: float) -> None:
+        running = [c for c in self.containers if c.proc is not None]
+        for c in running:
+            if c.proc is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(c.proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        for c in running:
+            self._kill(c, grace=max(0.0, deadline - time.monotonic()))
+
+    def _finalize(self, pod: JSON) -> None:
+        """Graceful deletion: stop the processes, report it, delete the object with grace 0."""
+        if any(c.proc is not None for c in self.containers):
+            self.node.event(pod, "Normal", "Killing", "Stopping container(s)")
+        self._kill_all(grace=self._grace(pod))
+        with contextlib.suppress(KubeError):
+            self._write_status()
+        path = f"/api/v1/namespaces/{self.namespace}/pods/{self.pod_name}"
+        try:
+            self.node.kube.delete(
+                path, {"gracePeriodSeconds": 0, "preconditions": {"uid": self.uid}}
+            )
+        except KubeError as exc:
+            if exc.status != 409:  # 409: a newer pod with this name; ours is already gone
+                log.warning("pod %s: final delete failed: %s", self.pod_name, exc)
+        self.deleted = True
+        with contextlib.suppress(OSError):
+            shutil.rmtree(self.dir / "volumes")
+
+    # -- status
+    def _status(self) -> JSON:
+        pod = self.pod
+        policy = pod["spec"].get("restartPolicy", "Always")
+        statuses: list[JSON] = []
+        for c in self.containers:
+            st: JSON = {
+                "name": c.name,
+                "image": c.spec.get("image", ""),
+                "imageID": RUNTIME_VERSION,
+                "restartCount": c.restart_count,
+                "ready": bool(c.running and c.readiness.ok),
+                "started": c.running,
+            }
+            if c.running and c.proc is not None:
+                st["containerID"] = f"process://{c.proc.pid}"
+                st["state"] = {"running": {"startedAt": c.started_at}}
+            elif c.terminated is not None:
+                st["state"] = {"terminated": c.terminated}
+            else:
+                st["state"] = {"waiting": c.waiting or {"reason": "ContainerCreating"}}
+            if c.last_terminated is not None:
+                st["lastState"] = {"terminated": c.last_terminated}
+            statuses.append(st)
+        done = [c for c in self.containers if c.terminated is not None and c.proc is None]
+        phase = "Pending"
+        if self.containers and len(done) == len(self.containers):
+            codes = [int(c.terminated["exitCode"]) for c in done if c.terminated is not None]
+            restarting = policy == "Always" or (policy == "OnFailure" and any(codes))
+            if not restarting:
+                phase = "Succeeded" if not any(codes) else "Failed"
+            else:
+                phase = "Running" if any(c.started_at for c in self.containers) else "Pending"
+        elif any(c.running for c in self.containers) or any(c.started_at for c in self.containers):
+            phase = "Running"
+        ready = bool(self.containers) and all(s["ready"] for s in statuses)
+        ts = now_rfc3339()
+
+        def cond(ctype: str, ok: bool, reason: str = "") -> JSON:
+            out: JSON = {"type": ctype, "status": "True" if ok else "False"}
+            if reason and not ok:
+                out["reason"] = reason
+            return out
+
+        conditions = [
+            cond("PodReadyToStartContainers", self._config_error is None),
+            cond("Initialized", self._config_error is None, "ContainersNotInitialized"),
+            cond("ContainersReady", ready, "ContainersNotReady"),
+            cond("Ready", ready, "ContainersNotReady"),
+        ]
+        status: JSON = {
+            "phase": phase,
+            "hostIP": self.node.host_ip,
+            "hostIPs": [{"ip": self.node.host_ip}],
+            "podIP": self.pod_ip,
+            "podIPs": [{"ip": self.pod_ip}],
+            "startTime": self.start_time,
+            "conditions": conditions,
+            "containerStatuses": statuses,
+        }
+        if self._config_error:
+            status["message"] = self._config_error
+            status["reason"] = "CreateContainerConfigError"
+        # lastTransitionTime changes only when a condition's status changes.
+        prev = {c["type"]: c for c in (self._last_status or {}).get("conditions", [])}
+        for condition in conditions:
+            old = prev.get(condition["type"])
+            same = old is not None and old["status"] == condition["status"]
+            condition["lastTransitionTime"] = old["lastTransitionTime"] if same and old else ts
+        return status
+
+    def _write_status(self) -> None:
+        status = self._status()
+        if status == self._last_status:
+            return
+        path = f"/api/v1/namespaces/{self.namespace}/pods/{self.pod_name}/status"
+        try:
+            self.node.kube.patch(path, {"metadata": {"uid": self.uid}, "status": status})
+            self._last_status = status
+        except KubeError as exc:
+            if exc.status == 404:
+                self.gone()
+            else:
+                log.warning("pod %s: status update failed: %s", self.pod_name, exc)
+        except httpx.HTTPError as exc:
+            log.warning("pod %s: status update failed: %s", self.pod_name, exc)
+
+
+def _expand(value: str, env: dict[str, str]) -> str:
+    """Kubernetes $(VAR) expansion; $$(VAR) escapes; unknown references stay as written."""
+
+    def sub(m: re.Match[str]) -> str:
+        if m.group(0).startswith("$$"):
+            return m.group(0)[1:]
+        return env.get(m.group(1), m.group(0))
+
+    return re.sub(r"\$?\$\(([A-Za-z_][A-Za-z0-9_]*)\)", sub, value)
+
+
+def _map_strings(doc: Any, fn: Callable[[str], str]) -> Any:
+    if isinstance(doc, str):
+        return fn(doc)
+    if isinstance(doc, list):
+        return [_map_strings(x, fn) for x in doc]
+    if isinstance(doc, dict):
+        return {k: _map_strings(v, fn) for k, v in doc.items()}
+    return doc
+
+
+# ------------------------------------------------------------------------------------ node
+
+
+class ProcessNode:
+    """Register a Node and run the pods bound to it as processes. `start()` returns at once.
+
+    >>> with ProcessNode(kubeconfig, "local-0", state_dir) as node:
+    ...     ...  # pods scheduled to local-0 now run as processes
+    """
+
+    def __init__(
+        self,
+        kubeconfig: Path,
+        name: str,
+        state_dir: Path,
+        **options: Any,
+    ) -> None:
+        self.config = NodeConfig(name=name, state_dir=Path(state_dir), **options)
+        self.kubeconfig = Path(kubeconfig)
+        self.kube = Kube(self.kubeconfig)
+        self.host_ip = "127.0.0.1"
+        self.stopping = threading.Event()
+        self._runners: dict[str, PodRunner] = {}  # uid -> runner
+        self._ips: dict[str, str] = {}  # uid -> pod IP
+        self._lock = threading.Lock()
+        self._threads: list[threading.Thread] = []
+        self._boot_id = str(uuid.uuid4())
+        self._registered_at = now_rfc3339()  # conditions only transition at registration
+        self._ip_iter = self._ip_candidates()
+
+    # -- lifecycle
+    def __enter__(self) -> ProcessNode:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        self.config.state_dir.mkdir(parents=True, exist_ok=True)
+        self._register()
+        self._renew_lease()
+        for target, name in ((self._heartbeat_loop, "heartbeat"), (self._watch_loop, "watch")):
+            t = threading.Thread(target=target, name=f"node-{name}", daemon=True)
+            t.start()
+            self._threads.append(t)
+        log.info(
+            "process node %s registered (%d GPUs advertised)", self.config.name, self.config.gpus
+        )
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Kill every pod process (SIGTERM, then SIGKILL), stop heartbeats, drop the Node."""
+        self.stopping.set()
+        with self._lock:
+            runners = list(self._runners.values())
+        for r in runners:
+            r._wake.set()
+        deadline = time.monotonic() + timeout
+        for r in runners:
+            r.join(max(0.1, deadline - time.monotonic()))
+        for r in runners:  # a runner stuck in an API call: kill its processes ourselves
+            for c in r.containers:
+                if c.proc is not None and c.proc.poll() is None:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(c.proc.pid, signal.SIGKILL)
+                    c.proc.wait()
+        if self.config.delete_node_on_stop:
+            with contextlib.suppress(KubeError, httpx.HTTPError):
+                self.kube.delete(f"/api/v1/nodes/{self.config.name}")
+            with contextlib.suppress(KubeError, httpx.HTTPError):
+                self.kube.delete(
+                    f"/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/"
+                    f"{self.config.name}"
+                )
+        self.kube.close()
+
+    def wait(self) -> None:
+        while not self.stopping.wait(1.0):
+            pass
+
+    # -- introspection (tests, demo)
+    def pods(self) -> dict[str, PodRunner]:
+        """namespace/name -> runner of the pods this node currently runs."""
+        with self._lock:
+            return {f"{r.namespace}/{r.pod_name}": r for r in self._runners.values()}
+
+    def pids(self) -> dict[str, list[int]]:
+        return {k: r.pids() for k, r in self.pods().items()}
+
+    def event(self, pod: JSON, kind: str, reason: str, message: str) -> None:
+        """Post a core/v1 Event about a pod, as the kubelet would (best effort)."""
+        meta = pod["metadata"]
+        ts = now_rfc3339()
+        body: JSON = {
+            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+            "involvedObject": {
+                "kind": "Pod",
+                "apiVersion": "v1",
+                "namespace": meta["namespace"],
+                "name": meta["name"],
+                "uid": meta["uid"],
+            },
+            "type": kind,
+            "reason": reason,
+            "message": message[:1000],
+            "source": {"component": "weightlift-process-node", "host": self.config.name},
+            "firstTimestamp": ts,
+            "lastTimestamp": ts,
+            "count": 1,
+        }
+        try:
+            self.kube.create(f"/api/v1/namespaces/{meta['namespace']}/events", body)
+        except (KubeError, httpx.HTTPError) as exc:
+            log.debug("event not posted: %s", exc)
+
+    # -- node object
+    def _node_object(self) -> JSON:
+        cfg = self.config
+        try:
+            version = self.kube.get("/version").get("gitVersion", "v0.0.0")
+        except (KubeError, httpx.HTTPError):
+            version = "v0.0.0"
+        resources = {
+            "cpu": cfg.cpu,
+            "memory": cfg.memory,
+            "pods": str(cfg.max_pods),
+            "ephemeral-storage": "100Gi",
+            "nvidia.com/gpu": str(cfg.gpus),
+        }
+        labels = {
+            "kubernetes.io/hostname": cfg.name,
+            "kubernetes.io/os": "linux",
+            "kubernetes.io/arch": "amd64",
+            "type": "process",
+            LOCAL_NODE_LABEL: "true",
+            "nvidia.com/gpu.present": "true",
+            "nvidia.com/gpu.product": cfg.gpu_product,
+            "nvidia.com/gpu.count": str(cfg.gpus),
+            **cfg.labels,
+        }
+        return {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {
+                "name": cfg.name,
+                "labels": labels,
+                "annotations": {
+                    PROCESS_NODE_ANNOTATION: "true",
+                    "node.alpha.kubernetes.io/ttl": "0",
+                },
+            },
+            "spec": {},
+            "status": {
+                "capacity": resources,
+                "allocatable": resources,
+                "addresses": [
+                    {"type": "InternalIP", "address": self.host_ip},
+                    {"type": "Hostname", "address": cfg.name},
+                ],
+                "daemonEndpoints": {"kubeletEndpoint": {"Port": 0}},
+                "nodeInfo": {
+                    "machineID": hashlib.md5(cfg.name.encode()).hexdigest(),
+                    "systemUUID": str(uuid.uuid5(uuid.NAMESPACE_DNS, cfg.name)),
+                    "bootID": self._boot_id,
+                    "kernelVersion": os.uname().release,
+                    "osImage": "weightlift process node (local mode, no containers)",
+                    "containerRuntimeVersion": RUNTIME_VERSION,
+                    "kubeletVersion": version,
+                    "kubeProxyVersion": "",
+                    "operatingSystem": "linux",
+                    "architecture": "amd64",
+                },
+                "conditions": self._conditions(),
+            },
+        }
+
+    def _conditions(self) -> list[JSON]:
+        ts = now_rfc3339()
+        rows = [
+            ("MemoryPressure", "False", "KubeletHasSufficientMemory"),
+            ("DiskPressure", "False", "KubeletHasNoDiskPressure"),
+            ("PIDPressure", "False", "KubeletHasSufficientPID"),
+            ("Ready", "True", "KubeletReady"),
+        ]
+        return [
+            {
+                "type": t,
+                "status": s,
+                "reason": r,
+                "message": "weightlift process node is posting ready status"
+                if t == "Ready"
+                else "",
+                "lastHeartbeatTime": ts,
+                "lastTransitionTime": self._registered_at,
+            }
+            for t, s, r in rows
+        ]
+
+    def _register(self) -> None:
+        body = self._node_object()
+        path = f"/api/v1/nodes/{self.config.name}"
+        existing = self.kube.get_or_none(path)
+        if existing is None:
+            self.kube.create("/api/v1/nodes", body)
+        else:
+            annotations = existing["metadata"].get("annotations", {})
+            if PROCESS_NODE_ANNOTATION not in annotations:
+                raise RuntimeError(
+                    f"node {self.config.name} exists and is not a process node; pick another name"
+                )
+            self.kube.patch(path, {"metadata": body["metadata"], "spec": {"taints": None}})
+        self.kube.patch(f"{path}/status", {"status": body["status"]})
+        self.uid = self.kube.get(path)["metadata"]["uid"]
+
+    def _renew_lease(self) -> None:
+        ns_path = "/api/v1/namespaces/kube-node-lease"
+        path = f"/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/{self.config.name}"
+        spec = {
+            "holderIdentity": self.config.name,
+            "leaseDurationSeconds": LEASE_SECONDS,
+            "renewTime": now_micro(),
+        }
+        try:
+            self.kube.patch(path, {"spec": spec}, content_type=MERGE)
+            return
+        except KubeError as exc:
+            if exc.status != 404:
+                raise
+        if self.kube.get_or_none(ns_path) is None:
+            with contextlib.suppress(KubeError):
+                self.kube.create("/api/v1/namespaces", {"metadata": {"name": "kube-node-lease"}})
+        owner = {"apiVersion": "v1", "kind": "Node", "name": self.config.name, "uid": self.uid}
+        self.kube.create(
+            "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases",
+            {"metadata": {"name": self.config.name, "ownerReferences": [owner]}, "spec": spec},
+        )
+
+    def _heartbeat_loop(self) -> None:
+        path = f"/api/v1/nodes/{self.config.name}/status"
+        while not self.stopping.wait(self.config.heartbeat_seconds):
+            try:
+                self._renew_lease()
+                self.kube.patch(path, {"status": {"conditions": self._conditions()}})
+            except (KubeError, httpx.HTTPError) as exc:
+                if self.stopping.is_set():
+                    return
+                log.warning("heartbeat failed: %s", exc)
+
+    # -- pods
+    def _watch_loop(self) -> None:
+        params = {"fieldSelector": f"spec.nodeName={self.config.name}"}
+        while not self.stopping.is_set():
+            try:
+                listing = self.kube.get("/api/v1/pods", params)
+                rv = listing["metadata"]["resourceVersion"]
+                self._sync({p["metadata"]["uid"]: p for p in listing["items"]})
+                while not self.stopping.is_set():
+                    for event in self.kube.watch(
+                        "/api/v1/pods",
+                        {**params, "resourceVersion": rv, "allowWatchBookmarks": "true"},
+                        timeout_seconds=30,
+                    ):
+                        obj = event["object"]
+                        if event["type"] == "ERROR":
+                            raise KubeError(int(obj.get("code", 500)), str(obj), "watch")
+                        rv = obj["metadata"]["resourceVersion"]
+                        if event["type"] in ("ADDED", "MODIFIED"):
+                            self._on_pod(obj)
+                        elif event["type"] == "DELETED":
+                            self._on_deleted(obj)
+                        if self.stopping.is_set():
+                            return
+            except (KubeError, httpx.HTTPError, ValueError) as exc:
+                if self.stopping.is_set():
+                    return
+                log.debug("pod watch restarts: %s", exc)
+                self.stopping.wait(0.5)
+
+    def _sync(self, pods: dict[str, JSON]) -> None:
+        with self._lock:
+            known = set(self._runners)
+        for uid in known - set(pods):
+            self._on_deleted({"metadata": {"uid": uid}})
+        for pod in pods.values():
+            self._on_pod(pod)
+
+    def _on_pod(self, pod: JSON) -> None:
+        uid = pod["metadata"]["uid"]
+        with self._lock:
+            runner = self._runners.get(uid)
+            if runner is None:
+                if self.stopping.is_set():
+                    return
+                try:
+                    ip = self._allocate_ip(pod)
+                except RuntimeError as exc:
+                    log.error("pod %s: %s", _key(pod), exc)
+                    return
+                runner = PodRunner(self, pod, ip)
+                self._runners[uid] = runner
+                self._ips[uid] = ip
+                runner.start()
+                return
+        runner.update(pod)
+
+    def _on_deleted(self, pod: JSON) -> None:
+        uid = pod["metadata"]["uid"]
+        with self._lock:
+            runner = self._runners.get(uid)
+            if runner is not None and runner.finished.is_set():
+                del self._runners[uid]
+                self._ips.pop(uid, None)
+        if runner is not None:
+            runner.gone()
+
+    def _runner_done(self, runner: PodRunner) -> None:
+        with self._lock:
+            if self._runners.get(runner.uid) is runner and (
+                runner._gone.is_set() or runner.deleted
+            ):
+                del self._runners[runner.uid]
+                self._ips.pop(runner.uid, None)
+
+    def _ip_candidates(self) -> Iterator[str]:
+        lo, hi = self.config.ip_octets
+        start = int(hashlib.sha1(self.config.name.encode()).hexdigest(), 16) % (hi - lo)
+        while True:
+            for i in range(hi - lo):
+                x = lo + (start + i) % (hi - lo)
+                for y in range(2, 255):
+                    yield f"127.0.{x}.{y}"
+
+    def _allocate_ip(self, pod: JSON) -> str:
+        ports = sorted(
+            {int(p["containerPort"]) for c in pod["spec"]["containers"] for p in c.get("ports", [])}
+        )
+        used = set(self._ips.values())
+        for _ in range(20000):
+            ip = next(self._ip_iter)
+            if ip in used:
+                continue
+            if all(_bindable(ip, port) for port in ports):
+                return ip
+        raise RuntimeError("no free loopback address for the pod")
+
+
+def _bindable(ip: str, port: int) -> bool:
+    assert ipaddress.ip_address(ip).is_loopback
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((ip, port))
+        except OSError:
+            return False
+    return True
+
+
+# ------------------------------------------------------------------------------------- CLI
+
+
+@click.command("node")
+@click.option(
+    "--kubeconfig",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    required=True,
+    help="Kubeconfig of the cluster to join.",
+)
+@click.option("--name", default="local-0", show_default=True, help="Node name.")
+@click.option(
+    "--state-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path(".state/node"),
+    show_default=True,
+    help="Pod dirs, logs and emptyDir volumes live here.",
+)
+@click.option(
+    "--gpus", type=int, default=8, show_default=True, help="nvidia.com/gpu capacity to advertise."
+)
+@click.option("--gpu-product", default="NVIDIA-H100-80GB-HBM3", show_default=True)
+@click.option("--label", "labels", multiple=True, help="Extra node label KEY=VALUE.")
+@click.option("--env", "extra_env", multiple=True, help="Extra process env KEY=VALUE.")
+@click.option("--keep-node", is_flag=True, help="Do not delete the Node object on exit.")
+@click.option("-v", "--verbose", is_flag=True)
+def node_command(
+    kubeconfig: Path,
+    name: str,
+    state_dir: Path,
+    gpus: int,
+    gpu_product: str,
+    labels: tuple[str, ...],
+    extra_env: tuple[str, ...],
+    keep_node: bool,
+    verbose: bool,
+) -> None:
+    """Run pods bound to this node as local processes (local mode; no containers)."""
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    node = ProcessNode(
+        kubeconfig,
+        name,
+        state_dir,
+        gpus=gpus,
+        gpu_product=gpu_product,
+        labels=dict(kv.split("=", 1) for kv in labels),
+        extra_env=dict(kv.split("=", 1) for kv in extra_env),
+        delete_node_on_stop=not keep_node,
+    )
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: object) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    node.start()
+    click.echo(f"process node {name} ready; pods run under {state_dir}", err=True)
+    try:
+        while not stop.wait(1.0):
+            pass
+    finally:
+        node.stop()

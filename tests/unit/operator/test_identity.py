@@ -1,0 +1,90 @@
+"""Model identity: stable, sensitive to what determines the bytes per rank, blind to the rest."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+import pytest
+
+from weightlift.api.model import ModelDeploymentSpec
+from weightlift.operator.identity import IDENTITY_LENGTH, model_identity
+
+BASE: dict[str, Any] = {
+    "model": {"uri": "pvc://models/llama-3", "revision": "main", "format": "pt2", "dtype": "auto"},
+    "replicas": 2,
+    "parallelism": {"tensor": 2},
+}
+
+
+def spec(**changes: dict[str, Any] | int) -> ModelDeploymentSpec:
+    body: dict[str, Any] = {k: (dict(v) if isinstance(v, dict) else v) for k, v in BASE.items()}
+    for key, value in changes.items():
+        if isinstance(value, dict) and isinstance(body.get(key), dict):
+            body[key] = {**body[key], **value}
+        else:
+            body[key] = value
+    return ModelDeploymentSpec.model_validate(body)
+
+
+def test_identity_is_a_stable_hex_digest() -> None:
+    first = model_identity(spec())
+    assert first == model_identity(spec())
+    assert len(first) == IDENTITY_LENGTH == 16
+    assert int(first, 16) >= 0
+    assert first == model_identity(ModelDeploymentSpec.model_validate(BASE))
+
+
+def test_identity_value_is_pinned() -> None:
+    """The hash material is a contract between operator versions; changing it rolls fleets."""
+    material = {
+        "uri": "pvc://models/llama-3",
+        "revision": "main",
+        "format": "pt2",
+        "dtype": "auto",
+        "tensor": 2,
+    }
+    digest = hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
+    assert model_identity(spec()) == digest[:16]
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"model": {"uri": "pvc://models/llama-4"}},
+        {"model": {"uri": "hostpath:///models/llama-3"}},
+        {"model": {"revision": "v2"}},
+        {"model": {"format": "safetensors"}, "runtime": {"type": "External", "command": ["x"]}},
+        {"model": {"dtype": "bfloat16"}},
+        {"parallelism": {"tensor": 4}},
+    ],
+)
+def test_identity_changes_with_each_identity_field(changes: dict[str, Any]) -> None:
+    assert model_identity(spec(**changes)) != model_identity(spec())
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"replicas": 7},
+        {"probe": {"request": {"inputs": []}, "periodSeconds": 99}},
+        {"loading": {"strategy": "Direct", "initialSources": 3}},
+        {"template": {"image": "example.com/other:1"}},
+        {"rollout": {"maxSurge": 4}},
+        {"model": {"name": "served-name"}},
+        {"runtime": {"port": 9000}},
+        {"initHooks": {"library": "libinit.so"}},
+    ],
+)
+def test_identity_ignores_everything_else(changes: dict[str, Any]) -> None:
+    assert model_identity(spec(**changes)) == model_identity(spec())
+
+
+def test_trailing_slash_in_uri_is_the_same_model() -> None:
+    assert model_identity(spec(model={"uri": "pvc://models/llama-3/"})) == model_identity(spec())
+
+
+def test_identities_of_many_revisions_do_not_collide() -> None:
+    seen = {model_identity(spec(model={"revision": f"r{i}"})) for i in range(500)}
+    assert len(seen) == 500

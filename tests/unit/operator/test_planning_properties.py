@@ -1,0 +1,228 @@
+"""Property tests: plan() over random observed states, and random reconcile sequences."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.support.planning import (
+    NAME,
+    T0,
+    Cluster,
+    check_plan,
+    ident,
+    make_spec,
+    mkpod,
+    observe,
+    sibling,
+)
+from weightlift.api.model import ModelDeploymentSpec, ModelDeploymentStatus, Phase, Role
+from weightlift.api.times import rfc3339
+from weightlift.operator.planning import Observed, ObservedPod, Plan, plan, validate
+
+STATES = ["pending", "scheduled", "loading", "loaded", "probe-failed", "ready", "failed", "broken"]
+FAST = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SIM = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@st.composite
+def specs(draw: st.DrawFn) -> ModelDeploymentSpec:
+    return make_spec(
+        draw(st.integers(0, 6)),
+        revision=draw(st.sampled_from(["main", "v2"])),
+        tensor=draw(st.sampled_from([1, 1, 2])),
+        strategy=draw(st.sampled_from(["Auto", "PeerToPeer", "Preload", "Direct"])),
+        initial_sources=draw(st.integers(1, 3)),
+        wait=draw(st.sampled_from([0, 60, 300])),
+        max_surge=draw(st.integers(1, 3)),
+    )
+
+
+OTHER_IDENTITIES = [ident(make_spec(1, revision="main")), ident(make_spec(1, revision="v2"))]
+
+
+@st.composite
+def worlds(draw: st.DrawFn) -> tuple[ModelDeploymentSpec, Observed]:
+    spec = draw(specs())
+    identity = ident(spec)
+    identities = sorted({identity, *OTHER_IDENTITIES, identity[:6] + "0" * 10})
+    pods: dict[str, ObservedPod] = {}
+    for _ in range(draw(st.integers(0, 9))):
+        pod = mkpod(
+            draw(st.sampled_from(identities)),
+            draw(st.integers(0, 7)),
+            draw(st.sampled_from([Role.SOURCE, Role.TARGET])),
+            state=draw(st.sampled_from(STATES)),
+            terminating=draw(st.integers(0, 9)) == 0,
+        )
+        pods.setdefault(pod.name, pod)  # the API server keeps names unique
+    previous = draw(
+        st.one_of(
+            st.none(),
+            st.builds(
+                lambda s: ModelDeploymentStatus(waiting_since=rfc3339(T0 - timedelta(seconds=s))),
+                st.integers(0, 400),
+            ),
+            st.just(ModelDeploymentStatus(waiting_since="not a time")),
+        )
+    )
+    siblings = draw(
+        st.lists(
+            st.builds(
+                lambda i, n: sibling(i, pod=f"other-{n}", deployment="other"),
+                st.sampled_from(identities),
+                st.integers(0, 3),
+            ),
+            max_size=2,
+        )
+    )
+    observed = observe(
+        list(pods.values()),
+        previous=previous,
+        siblings=siblings,
+        deleting=draw(st.integers(0, 14)) == 0,
+        max_node_gpus=draw(st.sampled_from([None, 1, 8])),
+    )
+    return spec, observed
+
+
+def _after(observed: Observed, result: Plan) -> list[ObservedPod]:
+    return [p for p in observed.pods if not p.terminating and p.name not in result.delete]
+
+
+@FAST
+@given(worlds())
+def test_plan_invariants_hold_for_any_observed_state(
+    world: tuple[ModelDeploymentSpec, Observed],
+) -> None:
+    spec, observed = world
+    result = plan(spec, observed)
+    check_plan(observed, result, spec)
+    identity = ident(spec)
+    assert result.status.ready == f"{result.status.ready_replicas}/{spec.replicas}"
+    assert [c.type for c in result.status.conditions] in (
+        [],
+        ["Scheduled", "WeightsLoaded", "InferenceReady", "Ready"],
+    )
+    assert all(c.last_transition_time for c in result.status.conditions)
+    assert 0 <= int(result.status.loaded.rstrip("%")) <= 100
+    # Pure: the same input gives the same plan.
+    assert plan(spec, observed) == result
+
+    if observed.deleting:
+        return
+    if validate(spec, observed) is not None:
+        assert not result.create and not result.delete and not result.relabel
+        assert result.status.phase == Phase.FAILED
+        return
+
+    current = [p for p in observed.pods if not p.terminating and p.identity == identity]
+    after = _after(observed, result)
+    current_after = [p for p in after if p.identity == identity]
+
+    # Transient failures of the current identity are always replaced; permanent ones are kept
+    # unless scaled away.
+    for pod in current:
+        if pod.failed and not pod.permanent_failure:
+            assert pod.name in result.delete
+        if pod.permanent_failure and pod.name in result.delete:
+            assert result.delete[pod.name] == "scaled down"
+
+    # Ready replicas are retired only down to what is wanted.
+    ready_before = sum(p.inference_ready for p in observed.pods if not p.terminating)
+    ready_after = sum(p.inference_ready for p in after)
+    assert ready_after >= min(spec.replicas, ready_before)
+
+    # Never more replicas of the current identity than wanted, unless they already existed.
+    assert len(current_after) + len(result.create) <= max(spec.replicas, len(current))
+
+    # A loading target keeps at least one source, if it had one.
+    own_sources_before = [p for p in current if p.inference_ready and p.pod_ip]
+    loading_targets = [p for p in current_after if p.loading and p.role == Role.TARGET]
+    if own_sources_before and loading_targets:
+        assert any(p.inference_ready and p.pod_ip for p in current_after)
+
+    sources_exist = bool(result.status.sources) or any(
+        s.model_identity == identity and s.deployment != NAME for s in observed.sibling_sources
+    )
+    for desired in result.create:
+        if spec.loading.strategy in ("Preload", "Direct"):
+            assert desired.role == Role.SOURCE
+        elif sources_exist:
+            assert desired.role == Role.TARGET
+        else:
+            assert desired.role == Role.SOURCE
+
+    # Promotion: at most one, a Ready target of the current identity, only if no Source is left.
+    assert len(result.relabel) <= 1
+    for name, role in result.relabel.items():
+        pod = next(p for p in current if p.name == name)
+        assert role == Role.SOURCE and pod.role == Role.TARGET and pod.inference_ready
+        assert not any(p.role == Role.SOURCE and not p.failed for p in current_after)
+
+    if result.status.phase == Phase.READY:
+        assert sum(p.inference_ready for p in current_after) >= spec.replicas
+        assert not result.create
+    if result.status.waiting_since is not None:
+        assert spec.loading.strategy not in ("Preload", "Direct")
+        assert not sources_exist
+    assert result.requeue_after > 0
+
+
+@SIM
+@given(
+    spec=specs(),
+    new_replicas=st.integers(0, 6),
+    change_identity=st.booleans(),
+    change_at=st.integers(0, 12),
+    picks=st.lists(st.integers(0, 5), min_size=60, max_size=60),
+    failures=st.sets(st.integers(0, 59), max_size=3),
+)
+def test_random_sequences_keep_ready_replicas_and_converge(
+    spec: ModelDeploymentSpec,
+    new_replicas: int,
+    change_identity: bool,
+    change_at: int,
+    picks: list[int],
+    failures: set[int],
+) -> None:
+    cluster = Cluster(spec)
+    cluster.reconcile()
+    changes: dict[str, Any] = {"replicas": new_replicas}
+    if change_identity:
+        changes["model"] = {**spec.model.model_dump(by_alias=True), "revision": "v3"}
+    changed = ModelDeploymentSpec.model_validate({**spec.model_dump(by_alias=True), **changes})
+    for step, pick in enumerate(picks):
+        if step == change_at:
+            cluster.spec = changed
+        todo = cluster.movable()
+        live = sorted(p.name for p in cluster.live())
+        if step in failures and live:
+            # A transient failure (evicted, OOM): the reconcile must replace it.
+            victim = live[pick % len(live)]
+            cluster.update(victim, phase="Failed", failure="Evicted", pod_ready=False)
+        elif todo:
+            cluster.advance(todo[pick % len(todo)])
+        else:
+            cluster.now += timedelta(seconds=cluster.spec.loading.wait_for_source_seconds + 1)
+        ready_before = cluster.ready_count()
+        cluster.reconcile()
+        # A reconcile never takes away ready replicas that are still wanted.
+        assert cluster.ready_count() >= min(cluster.spec.replicas, ready_before)
+        assert len(cluster.live()) <= max(
+            cluster.spec.replicas + cluster.spec.rollout.max_surge, spec.replicas
+        )
+    final = cluster.settle()
+    assert final.status.phase == Phase.READY
+    assert cluster.ready_count() == changed.replicas == len(cluster.live())
+    assert {p.identity for p in cluster.live()} <= {ident(changed)}
+    sources = [p for p in cluster.live() if p.role == Role.SOURCE]
+    if changed.replicas and changed.loading.strategy not in ("Preload", "Direct"):
+        assert sources, "a Ready deployment has a Source-role replica"
+        expired = any(e.reason == "WaitForSourceExpired" for p in cluster.plans for e in p.events)
+        if not expired and not failures and changed.loading.wait_for_source_seconds:
+            # Without an expired wait only initialSources replicas ever load from storage.
+            assert len(sources) <= changed.loading.initial_sources

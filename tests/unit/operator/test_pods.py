@@ -1,0 +1,376 @@
+"""Worker pod rendering: resources, security, labels, ownership, the worker plan and model mounts.
+
+The manifests are also round-tripped through the kubernetes client's own V1Pod model so that a
+misspelled field name (which the client would silently drop) fails here, not at the API server.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from kubernetes import client
+from pydantic import ValidationError
+
+from weightlift.api.labels import DEPLOYMENT_LABEL, IDENTITY_LABEL, REPLICA_LABEL, ROLE_LABEL
+from weightlift.api.model import GROUP, KIND, VERSION, ModelDeploymentSpec, Role, SourceEndpoint
+from weightlift.api.worker import PLAN_ENV, WorkerPlan
+from weightlift.operator.identity import model_identity
+from weightlift.operator.planning import DesiredPod, pod_name
+from weightlift.operator.pods import GPU_RESOURCE, PVC_MOUNT_ROOT, model_mount, render_pod
+
+NAME = "llama"
+NAMESPACE = "ml"
+UID = "0b7e6a52-5d0c-4f8e-9d7c-3e2a1f000001"
+
+
+def make_spec(**overrides: Any) -> ModelDeploymentSpec:
+    wire: dict[str, Any] = {"model": {"uri": "hostpath:///models/llama"}, "replicas": 2}
+    wire.update(overrides)
+    return ModelDeploymentSpec.model_validate(wire)
+
+
+def source_endpoint(pod: str, ip: str) -> SourceEndpoint:
+    return SourceEndpoint(
+        pod=pod, deployment=NAME, address=f"{ip}:8000", model_identity="x", ranks=[0]
+    )
+
+
+def desired(
+    spec: ModelDeploymentSpec,
+    replica: int = 0,
+    role: Role = Role.SOURCE,
+    peers: list[SourceEndpoint] | None = None,
+) -> DesiredPod:
+    identity = model_identity(spec)
+    return DesiredPod(
+        name=pod_name(NAME, identity, replica),
+        replica=replica,
+        role=role,
+        identity=identity,
+        peers=peers or [],
+    )
+
+
+def render(spec: ModelDeploymentSpec, want: DesiredPod | None = None) -> dict[str, Any]:
+    return render_pod(NAME, NAMESPACE, UID, spec, want or desired(spec))
+
+
+def container(pod: dict[str, Any]) -> dict[str, Any]:
+    containers = pod["spec"]["containers"]
+    assert len(containers) == 1
+    worker: dict[str, Any] = containers[0]
+    return worker
+
+
+def env_of(pod: dict[str, Any]) -> dict[str, Any]:
+    return {e["name"]: e for e in container(pod)["env"]}
+
+
+def plan_of(pod: dict[str, Any]) -> WorkerPlan:
+    return WorkerPlan.from_env({PLAN_ENV: env_of(pod)[PLAN_ENV]["value"]})
+
+
+def volume(pod: dict[str, Any], name: str) -> dict[str, Any]:
+    matches = [v for v in pod["spec"]["volumes"] if v["name"] == name]
+    assert len(matches) == 1, f"volume {name} appears {len(matches)} times"
+    found: dict[str, Any] = matches[0]
+    return found
+
+
+def mounts(pod: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {m["mountPath"]: m for m in container(pod)["volumeMounts"]}
+
+
+# ------------------------------------------------------------------------------- resources
+
+
+@pytest.mark.parametrize("tensor", [1, 2, 8])
+def test_gpu_request_and_limit_equal_tensor_parallel_size(tensor: int) -> None:
+    pod = render(make_spec(parallelism={"tensor": tensor}))
+    resources = container(pod)["resources"]
+    assert resources["limits"][GPU_RESOURCE] == str(tensor)
+    assert resources["requests"][GPU_RESOURCE] == str(tensor)
+
+
+def test_user_resources_are_merged_and_cannot_override_the_gpu_count() -> None:
+    spec = make_spec(
+        parallelism={"tensor": 4},
+        template={
+            "resources": {
+                "requests": {"cpu": "4", "memory": "32Gi", GPU_RESOURCE: "1"},
+                "limits": {"memory": "64Gi", GPU_RESOURCE: "1"},
+            }
+        },
+    )
+    resources = container(render(spec))["resources"]
+    assert resources["requests"] == {"cpu": "4", "memory": "32Gi", GPU_RESOURCE: "4"}
+    assert resources["limits"] == {"memory": "64Gi", GPU_RESOURCE: "4"}
+
+
+def test_rdma_resource_is_requested_and_only_then_ipc_lock_is_added() -> None:
+    plain = container(render(make_spec()))
+    assert plain["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert not any(k.startswith("rdma/") for k in plain["resources"]["limits"])
+
+    rdma = container(render(make_spec(template={"rdmaResource": "rdma/ib"})))
+    assert rdma["resources"]["limits"]["rdma/ib"] == "1"
+    assert rdma["resources"]["requests"]["rdma/ib"] == "1"
+    assert rdma["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["IPC_LOCK"]}
+
+
+def test_node_selector_and_tolerations_are_copied() -> None:
+    spec = make_spec(
+        template={
+            "nodeSelector": {"gpu.example.com/class": "h100"},
+            "tolerations": [
+                {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+                {
+                    "key": "dedicated",
+                    "value": "ml",
+                    "effect": "NoExecute",
+                    "tolerationSeconds": 60,
+                },
+            ],
+        }
+    )
+    pod_spec = render(spec)["spec"]
+    assert pod_spec["nodeSelector"] == {"gpu.example.com/class": "h100"}
+    assert pod_spec["tolerations"] == [
+        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+        {
+            "key": "dedicated",
+            "operator": "Equal",
+            "value": "ml",
+            "effect": "NoExecute",
+            "tolerationSeconds": 60,
+        },
+    ]
+    # Mutating the pod must not write through into the spec.
+    pod_spec["nodeSelector"]["x"] = "y"
+    assert "x" not in spec.template.node_selector
+
+
+def test_dev_shm_is_a_memory_empty_dir_with_the_size_limit() -> None:
+    pod = render(make_spec(template={"shmSize": "16Gi"}))
+    dshm = volume(pod, "dshm")
+    assert dshm["emptyDir"] == {"medium": "Memory", "sizeLimit": "16Gi"}
+    assert mounts(pod)["/dev/shm"]["name"] == "dshm"
+
+
+# ------------------------------------------------------------------------- identity & owner
+
+
+def test_labels_name_deployment_identity_role_replica_and_manager() -> None:
+    spec = make_spec()
+    want = desired(spec, replica=3, role=Role.TARGET)
+    labels = render(spec, want)["metadata"]["labels"]
+    assert labels[DEPLOYMENT_LABEL] == NAME
+    assert labels[IDENTITY_LABEL] == model_identity(spec)
+    assert labels[ROLE_LABEL] == "Target"
+    assert labels[REPLICA_LABEL] == "3"
+    assert labels["app.kubernetes.io/managed-by"] == "weightlift"
+    # Label values must be valid: at most 63 characters, all strings.
+    assert all(isinstance(v, str) and len(v) <= 63 for v in labels.values())
+
+
+def test_pod_name_and_namespace_come_from_the_desired_pod() -> None:
+    spec = make_spec()
+    want = desired(spec, replica=1)
+    meta = render(spec, want)["metadata"]
+    assert meta["name"] == want.name
+    assert meta["namespace"] == NAMESPACE
+
+
+def test_owner_reference_makes_the_model_deployment_the_controller() -> None:
+    owners = render(make_spec())["metadata"]["ownerReferences"]
+    assert owners == [
+        {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": KIND,
+            "name": NAME,
+            "uid": UID,
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+    ]
+
+
+# ------------------------------------------------------------------------------ worker plan
+
+
+def test_worker_plan_env_parses_back_for_a_source() -> None:
+    spec = make_spec(parallelism={"tensor": 2}, model={"uri": "hostpath:///m", "name": "served"})
+    want = desired(spec, replica=0)
+    plan = plan_of(render(spec, want))
+    assert plan.role == Role.SOURCE
+    assert plan.deployment == NAME
+    assert plan.namespace == NAMESPACE
+    assert plan.pod_name == want.name
+    assert plan.replica == 0
+    assert plan.model_identity == want.identity
+    assert plan.model_dir == "/m"
+    assert plan.served_model_name == "served"
+    assert plan.tensor_parallel == 2
+    assert plan.ranks == [0, 1]
+    assert plan.peers == []
+
+
+def test_worker_plan_env_carries_the_peers_of_a_target_in_order() -> None:
+    spec = make_spec()
+    peers = [source_endpoint("llama-a-0", "10.0.0.5"), source_endpoint("other-b-0", "10.0.0.6")]
+    pod = render(spec, desired(spec, replica=2, role=Role.TARGET, peers=peers))
+    plan = plan_of(pod)
+    assert plan.role == Role.TARGET
+    assert plan.replica == 2
+    assert [(p.pod, p.address) for p in plan.peers] == [
+        ("llama-a-0", "10.0.0.5:8000"),
+        ("other-b-0", "10.0.0.6:8000"),
+    ]
+    assert pod["metadata"]["annotations"]["weightlift.dev/peers"] == "llama-a-0,other-b-0"
+
+
+def test_worker_plan_defaults_the_served_name_to_the_deployment() -> None:
+    assert plan_of(render(make_spec())).served_model_name == NAME
+
+
+def test_worker_plan_is_compact_json_and_user_env_is_appended() -> None:
+    spec = make_spec(template={"env": [{"name": "HF_HOME", "value": "/tmp/hf"}]})
+    env = env_of(render(spec))
+    raw = env[PLAN_ENV]["value"]
+    assert json.loads(raw)["deployment"] == NAME
+    assert json.dumps(json.loads(raw), separators=(",", ":")) == raw  # compact: env is small
+    assert env["HF_HOME"] == {"name": "HF_HOME", "value": "/tmp/hf"}
+    assert env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+    assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+
+
+def test_external_runtime_command_is_the_container_command_unchanged() -> None:
+    command = ["tritonserver", "--model-repository", "/models/my repo", "--log-verbose=1"]
+    spec = make_spec(runtime={"type": "External", "command": command, "port": 8001})
+    pod = render(spec)
+    assert container(pod)["command"] == command
+    assert container(render(make_spec()))["command"] == ["weightlift", "worker"]
+    assert container(pod)["ports"] == [{"name": "http", "containerPort": 8001, "protocol": "TCP"}]
+
+
+# --------------------------------------------------------------------------- probes, safety
+
+
+def test_readiness_probe_hits_the_kserve_ready_endpoint_on_the_http_port() -> None:
+    worker = container(render(make_spec()))
+    ready = worker["readinessProbe"]["httpGet"]
+    assert ready["path"] == "/v2/health/ready"
+    assert ready["port"] == "http"
+    assert worker["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
+    assert [p["name"] for p in worker["ports"]] == ["http"]
+
+
+def test_security_context_is_non_root_read_only_without_privilege() -> None:
+    pod = render(make_spec())
+    pod_security = pod["spec"]["securityContext"]
+    assert pod_security["runAsNonRoot"] is True
+    assert pod_security["runAsUser"] != 0
+    security = container(pod)["securityContext"]
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["readOnlyRootFilesystem"] is True
+    assert security["capabilities"]["drop"] == ["ALL"]
+    assert "privileged" not in security or security["privileged"] is False
+    # A read-only root needs a writable /tmp.
+    assert volume(pod, "tmp")["emptyDir"] == {}
+    assert mounts(pod)["/tmp"]["name"] == "tmp"
+
+
+def test_pods_are_never_restarted_in_place() -> None:
+    assert render(make_spec())["spec"]["restartPolicy"] == "Never"
+
+
+# ------------------------------------------------------------------------------ model mount
+
+
+def test_hostpath_is_mounted_read_only_at_the_same_path() -> None:
+    spec = make_spec(model={"uri": "hostpath:///data/models/llama"})
+    model_dir, volumes, volume_mounts = model_mount(spec)
+    assert model_dir == "/data/models/llama"
+    assert volumes == [
+        {"name": "model", "hostPath": {"path": "/data/models/llama", "type": "Directory"}}
+    ]
+    assert volume_mounts == [{"name": "model", "mountPath": "/data/models/llama", "readOnly": True}]
+    pod = render(spec)
+    assert mounts(pod)["/data/models/llama"]["readOnly"] is True
+    assert plan_of(pod).model_dir == "/data/models/llama"
+
+
+def test_pvc_mounts_the_claim_and_the_model_dir_includes_the_sub_path() -> None:
+    spec = make_spec(model={"uri": "pvc://weights/llama-3/8b"})
+    model_dir, volumes, volume_mounts = model_mount(spec)
+    root = f"{PVC_MOUNT_ROOT}/weights"
+    assert model_dir == f"{root}/llama-3/8b"
+    assert volumes == [
+        {"name": "model", "persistentVolumeClaim": {"claimName": "weights", "readOnly": True}}
+    ]
+    assert volume_mounts == [{"name": "model", "mountPath": root, "readOnly": True}]
+    assert plan_of(render(spec)).model_dir == f"{root}/llama-3/8b"
+
+
+def test_file_uri_is_a_path_in_the_image_without_a_volume() -> None:
+    spec = make_spec(model={"uri": "file:///opt/models/demo"})
+    assert model_mount(spec) == ("/opt/models/demo", [], [])
+    pod = render(spec)
+    assert {v["name"] for v in pod["spec"]["volumes"]} == {"dshm", "tmp"}
+    assert plan_of(pod).model_dir == "/opt/models/demo"
+
+
+# ----------------------------------------------------------------- the real Kubernetes schema
+
+
+def _roundtrip(manifest: dict[str, Any]) -> Any:
+    """What create_namespaced_pod sends: the client validates the dict into its V1Pod model
+    (extra fields forbidden) and serializes that model back to JSON."""
+    pod = client.V1Pod.model_validate(manifest)
+    return client.ApiClient().sanitize_for_serialization(pod)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {},
+        {"model": {"uri": "pvc://weights/llama"}, "template": {"rdmaResource": "rdma/ib"}},
+        {
+            "model": {"uri": "file:///opt/m"},
+            "runtime": {"type": "External", "command": ["vllm", "serve"]},
+            "template": {
+                "tolerations": [{"key": "gpu", "operator": "Exists"}],
+                "nodeSelector": {"a": "b"},
+                "env": [{"name": "X", "value": "1"}],
+            },
+        },
+    ],
+)
+def test_rendered_pod_survives_the_kubernetes_v1pod_model(overrides: dict[str, Any]) -> None:
+    """A lossless round trip means every field name, nesting and type in the manifest is one
+    the Pod schema has, and nothing is dropped or rewritten on the way to the API server."""
+    spec = make_spec(**overrides)
+    peers = [source_endpoint("llama-a-0", "10.0.0.5")]
+    manifest = render(spec, desired(spec, replica=1, role=Role.TARGET, peers=peers))
+    assert _roundtrip(manifest) == manifest
+
+
+def test_roundtrip_check_catches_a_misspelled_field() -> None:
+    manifest = render(make_spec())
+    manifest["spec"]["containers"][0]["readinesProbe"] = {"periodSeconds": 1}
+    with pytest.raises(ValidationError, match="readinesProbe"):
+        _roundtrip(manifest)
+
+
+def test_default_service_account_gets_no_api_token() -> None:
+    spec = render(make_spec())["spec"]
+    assert "serviceAccountName" not in spec
+    assert spec["automountServiceAccountToken"] is False
+
+
+def test_named_service_account_is_used_with_its_token() -> None:
+    spec = render(make_spec(template={"serviceAccountName": "weightlift-worker"}))["spec"]
+    assert spec["serviceAccountName"] == "weightlift-worker"
+    assert "automountServiceAccountToken" not in spec
