@@ -10,18 +10,17 @@ from __future__ import annotations
 
 import os
 import shutil
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.support.e2e import alive, pids_of, wait_gone
 from weightlift.local.demo import LocalStack, Observer, make_demo_model, model_deployment
 
 HERE = Path(__file__).resolve().parent
 MODEL_MB = 8.0
-READY_TIMEOUT = 240.0
 
 JSON = dict[str, Any]
 
@@ -76,48 +75,8 @@ def stack(e2e_dir: Path, hook_log: Path) -> Iterator[LocalStack]:
     with s:
         yield s
     # After teardown not one worker process may be left.
-    leftovers = [pid for pids in s.node.pids().values() for pid in pids if _alive(pid)]
+    leftovers = [pid for pids in s.node.pids().values() for pid in pids if alive(pid)]
     assert not leftovers, f"worker processes left behind: {leftovers}"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-def wait_gone(stack: LocalStack, name: str, pids: list[int], timeout: float = 90.0) -> None:
-    """No ModelDeployment, no pod and no worker process of `name` is left."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        stack.check_operator()
-        if (
-            stack.get_md(name) is None
-            and not stack.pods(name)
-            and not any(_alive(p) for p in pids)
-            and not any(k.split("/")[1].startswith(f"{name}-") for k in stack.node.pods())
-        ):
-            return
-        time.sleep(0.25)
-    raise AssertionError(
-        f"{name} not gone after {timeout}s: md={stack.get_md(name) is not None} "
-        f"pods={[p['metadata']['name'] for p in stack.pods(name)]} "
-        f"alive={[p for p in pids if _alive(p)]}"
-    )
-
-
-def pids_of(stack: LocalStack, name: str) -> list[int]:
-    return [
-        pid
-        for key, pids in stack.node.pids().items()
-        if key.split("/")[1].startswith(f"{name}-")
-        for pid in pids
-    ]
 
 
 @pytest.fixture

@@ -10,8 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from conftest import READY_TIMEOUT, _alive, pids_of, wait_gone
-
+from tests.support.e2e import READY_TIMEOUT, alive, pids_of, wait_gone
 from weightlift.local.demo import LocalStack, Observer, infer, md_path
 from weightlift.local.kubeclient import MERGE
 
@@ -98,7 +97,7 @@ def test_three_replicas_one_source_two_p2p_targets_then_scale_and_delete(
 
     # Delete: every pod and every worker process goes away.
     pids = pids_of(stack, "life")
-    assert len(pids) == 5 and all(_alive(p) for p in pids)
+    assert len(pids) == 5 and all(alive(p) for p in pids)
     stack.delete_md("life")
     wait_gone(stack, "life", pids)
 
@@ -155,7 +154,7 @@ def test_source_deleted_while_target_pulls(
     for r in rows.values():
         outputs = infer(_endpoint(obs, r["name"]), "flaky", probe["request"])["outputs"]
         _assert_expected(outputs, probe)
-    assert not any(_alive(p) for p in source_pids)
+    assert not any(alive(p) for p in source_pids)
 
 
 def test_wrong_probe_expectation_stays_not_ready(

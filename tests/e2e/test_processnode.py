@@ -11,8 +11,8 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import _alive
 
+from tests.support.e2e import alive
 from weightlift.local.demo import LocalStack
 from weightlift.local.processnode import LOCAL_NODE_LABEL
 
@@ -135,15 +135,15 @@ def test_pod_runs_as_process_with_own_ip_env_probe_and_graceful_delete(
         # The pod's env reached the process: fieldRefs resolved to its own name and IP.
         assert httpx.get(f"http://{ip}:8080/", timeout=5).text == f"{name} {ip}"
     pid = stack.node.pids()[f"{stack.namespace}/{names[0]}"][0]
-    assert _alive(pid)
+    assert alive(pid)
     stack.kube.delete(f"/api/v1/namespaces/{stack.namespace}/pods/{names[0]}")
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline and (
-        _alive(pid)
+        alive(pid)
         or stack.kube.get_or_none(f"/api/v1/namespaces/{stack.namespace}/pods/{names[0]}")
     ):
         time.sleep(0.2)
-    assert not _alive(pid), "process survived pod deletion"
+    assert not alive(pid), "process survived pod deletion"
     assert stack.kube.get_or_none(f"/api/v1/namespaces/{stack.namespace}/pods/{names[0]}") is None
     log = next((stack.state_dir / "node" / "pods").glob(f"default_{names[0]}_*/main.log"))
     assert "got SIGTERM" in log.read_text(), "SIGTERM first, not SIGKILL"

@@ -69,12 +69,13 @@ def test_every_installed_module_imports_from_the_wheel(installed: Path) -> None:
     # -I -S: no editable finder (.pth) and no repo on sys.path; the venv's site-packages are
     # added as plain paths so third-party dependencies (torch, kopf) still resolve.
     site = sysconfig.get_paths()["purelib"]
+    package_dir = str(installed / "weightlift")
     script = (
         "import importlib, sys\n"
         f"sys.path[:0] = [{str(installed)!r}]\n"
         f"sys.path.append({site!r})\n"
         "import weightlift\n"
-        f"assert list(weightlift.__path__) == [{str(installed / 'weightlift')!r}], weightlift.__path__\n"
+        f"assert list(weightlift.__path__) == [{package_dir!r}], weightlift.__path__\n"
         f"for name in {sorted(_source_modules())!r}:\n"
         "    importlib.import_module(name)\n"
         "print('imported', len(sys.modules))\n"

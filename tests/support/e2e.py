@@ -1,0 +1,51 @@
+"""Helpers for the e2e tests: worker processes and deployments that must be gone."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from weightlift.local.demo import LocalStack
+
+READY_TIMEOUT = 240.0
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def wait_gone(stack: LocalStack, name: str, pids: list[int], timeout: float = 90.0) -> None:
+    """No ModelDeployment, no pod and no worker process of `name` is left."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        stack.check_operator()
+        if (
+            stack.get_md(name) is None
+            and not stack.pods(name)
+            and not any(alive(p) for p in pids)
+            and not any(k.split("/")[1].startswith(f"{name}-") for k in stack.node.pods())
+        ):
+            return
+        time.sleep(0.25)
+    raise AssertionError(
+        f"{name} not gone after {timeout}s: md={stack.get_md(name) is not None} "
+        f"pods={[p['metadata']['name'] for p in stack.pods(name)]} "
+        f"alive={[p for p in pids if alive(p)]}"
+    )
+
+
+def pids_of(stack: LocalStack, name: str) -> list[int]:
+    return [
+        pid
+        for key, pids in stack.node.pids().items()
+        if key.split("/")[1].startswith(f"{name}-")
+        for pid in pids
+    ]
