@@ -13,9 +13,9 @@ from typing import Any
 import kopf
 
 from weightlift.api.labels import DEPLOYMENT_LABEL, MANAGED_BY
-from weightlift.api.model import GROUP, PLURAL, VERSION
+from weightlift.api.model import GROUP, KIND, PLURAL, VERSION
 from weightlift.operator import kube
-from weightlift.operator.reconcile import OperatorState, reconcile
+from weightlift.operator.reconcile import OperatorState, pod_essentials, reconcile
 
 log = logging.getLogger("weightlift.operator")
 
@@ -28,7 +28,10 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix=GROUP, key="last-handled-configuration"
     )
-    settings.posting.level = logging.INFO
+    # One event path: reconcile posts each transition's Event itself (kube.post_event). kopf's
+    # own posting would add its handler chatter, and with posting.loggers on (the default of
+    # older kopf) every log line of a handler as a second Event.
+    settings.posting.enabled = False
     settings.watching.server_timeout = 60
     settings.watching.client_timeout = 90
     settings.networking.request_timeout = 30
@@ -49,9 +52,21 @@ def published_sources(
     return {namespace: list(status.get("sources") or [])}
 
 
+@kopf.index("", "v1", "pods", labels=MANAGED_BY)
+def pods_by_owner(body: kopf.Body, **_: Any) -> dict[str, dict[str, Any]]:
+    """Worker pods by their ModelDeployment's uid, kept current by kopf's pod watch: a reconcile
+    pass reads its pods from memory instead of listing them."""
+    owners = body.metadata.get("ownerReferences", [])
+    uids = [o["uid"] for o in owners if o.get("kind") == KIND and o.get("uid")]
+    if not uids:
+        return {}
+    essentials = pod_essentials(body)
+    return {owner: essentials for owner in uids}
+
+
 @kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=10.0)
 async def reconcile_loop(
-    name: str,
+    body: kopf.Body,
     namespace: str | None,
     uid: str,
     stopped: kopf.DaemonStopped,
@@ -59,20 +74,28 @@ async def reconcile_loop(
     logger: logging.Logger | logging.LoggerAdapter[Any],
     **kwargs: Any,
 ) -> None:
+    """The reconcile loop of one ModelDeployment. `body` is kopf's live view, refreshed by the
+    watch; pods and sibling sources come from kopf's indexes: a pass reads nothing from the API
+    server, and the kubernetes client only writes."""
     assert namespace is not None  # ModelDeployments are namespaced
     # kopf injects each index by its indexer's name (not part of its DaemonFn protocol).
     published_sources: kopf.Index[str | None, list[Any]] = kwargs["published_sources"]
+    pods_index: kopf.Index[str, dict[str, Any]] = kwargs["pods_by_owner"]
     state = _state(memo)
     wake = state.wake_event(uid)
     while not stopped:
         wake.clear()
-        # The index is live: read it afresh on every pass.
+        # The indexes are live: read them afresh on every pass.
         published = [raw for batch in published_sources.get(namespace, []) for raw in batch]
+        pods = list(pods_index.get(uid, []))
         try:
-            delay = await reconcile(state, namespace, name, logger, published)
+            delay = await reconcile(state, body, pods, published, logger)
+            state.errors.pop(uid, None)
         except Exception as exc:  # never let one object take the operator down
-            logger.exception("reconcile of %s/%s failed", namespace, name)
-            await state.post_event_safe(namespace, name, "Warning", "ReconcileError", str(exc))
+            logger.exception("reconcile of %s/%s failed", namespace, body.metadata.name)
+            if state.errors.get(uid) != str(exc):  # one Event per new error, not per retry
+                state.errors[uid] = str(exc)
+                await state.post_event(dict(body), "Warning", "ReconcileError", str(exc))
             delay = 5.0
         await _sleep(wake, stopped, delay)
     state.forget(uid)

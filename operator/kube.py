@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import json
 import os
-from datetime import UTC, datetime
+from collections.abc import Mapping
 from typing import Any
 
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from weightlift.api.model import GROUP, PLURAL, VERSION
+from weightlift.api.times import now_rfc3339
 
 Obj = dict[str, Any]
 
@@ -31,19 +32,6 @@ def load_config() -> client.ApiClient:
 
 def _json(response: Any) -> Any:
     return json.loads(response.data)
-
-
-def get_deployment(api: client.CustomObjectsApi, namespace: str, name: str) -> Obj | None:
-    try:
-        return _json(
-            api.get_namespaced_custom_object(
-                GROUP, VERSION, namespace, PLURAL, name, _preload_content=False
-            )
-        )
-    except ApiException as exc:
-        if exc.status == 404:
-            return None
-        raise
 
 
 def patch_status(api: client.CustomObjectsApi, namespace: str, name: str, status: Obj) -> None:
@@ -122,10 +110,11 @@ def max_node_gpus(core: client.CoreV1Api, resource: str) -> int | None:
 
 
 def post_event(
-    core: client.CoreV1Api, involved: Obj, event_type: str, reason: str, message: str
+    core: client.CoreV1Api, involved: Mapping[str, Any], event_type: str, reason: str, message: str
 ) -> None:
     """Events via the core API (kopf.event needs a running kopf context; this does not)."""
     meta = involved["metadata"]
+    now = now_rfc3339()
     event: Obj = {
         "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
         "involvedObject": {
@@ -139,12 +128,8 @@ def post_event(
         "reason": reason,
         "message": message[:1024],
         "source": {"component": "weightlift-operator"},
-        "firstTimestamp": _now(),
-        "lastTimestamp": _now(),
+        "firstTimestamp": now,
+        "lastTimestamp": now,
         "count": 1,
     }
     core.create_namespaced_event(meta["namespace"], event, _preload_content=False)  # type: ignore[arg-type]
-
-
-def _now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

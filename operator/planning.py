@@ -97,9 +97,15 @@ class Observed:
     # Ready sources published by other ModelDeployments of the namespace (any identity).
     sibling_sources: list[SourceEndpoint] = field(default_factory=list)
     previous: ModelDeploymentStatus | None = None
-    deleting: bool = False
     # Most GPUs any schedulable node offers; None when unknown (no node list permission).
     max_node_gpus: int | None = None
+
+
+@dataclass(frozen=True)
+class SpecError:
+    """A spec the pydantic model rejected (observe parses, plan decides what it means)."""
+
+    message: str  # names the field: "spec.replicas: Input should be a valid integer"
 
 
 @dataclass(frozen=True)
@@ -179,18 +185,14 @@ def validate(spec: ModelDeploymentSpec, observed: Observed) -> str | None:
     return None
 
 
-def plan(spec: ModelDeploymentSpec, observed: Observed) -> Plan:
+def plan(spec: ModelDeploymentSpec | SpecError, observed: Observed) -> Plan:
     if observed.now.tzinfo is None:
         observed = replace(observed, now=_aware(observed.now))
+    if isinstance(spec, SpecError):
+        return _unparsable(spec, observed)
     identity = model_identity(spec)
     result = Plan()
     live = [p for p in observed.pods if not p.terminating]
-
-    if observed.deleting:
-        # Pods already terminating need no second delete call.
-        result.delete = {p.name: "ModelDeployment deleted" for p in live}
-        result.status = _status(spec, observed, identity, live, [], Phase.PENDING, "Deleting")
-        return result
 
     problem = validate(spec, observed)
     if problem is not None:
@@ -203,9 +205,7 @@ def plan(spec: ModelDeploymentSpec, observed: Observed) -> Plan:
         result.status.conditions = _conditions(
             spec, observed, current, result.status, "InvalidSpec"
         )
-        previous = observed.previous
-        if previous is None or previous.phase != Phase.FAILED or previous.message != problem:
-            result.events.append(Event("Warning", "InvalidSpec", problem))
+        result.events.extend(_invalid_spec_event(observed, problem))
         return result
 
     current = [p for p in live if p.identity == identity]
@@ -266,6 +266,52 @@ def plan(spec: ModelDeploymentSpec, observed: Observed) -> Plan:
         # Wake up when the wait runs out, but never spin: at least a short pause.
         result.requeue_after = max(0.5, min(result.requeue_after, _wait_left(spec, observed)))
     return result
+
+
+def _invalid_spec_event(observed: Observed, problem: str) -> list[Event]:
+    previous = observed.previous
+    if previous is not None and previous.phase == Phase.FAILED and previous.message == problem:
+        return []  # the same problem as last pass: it has had its Event
+    return [Event("Warning", "InvalidSpec", problem)]
+
+
+def _unparsable(error: SpecError, observed: Observed) -> Plan:
+    """Failed/InvalidSpec naming the field. Without a spec there is nothing to compute:
+    replicas, sources and progress stay as they were (the running pods keep serving until
+    the spec is fixed); no pod is created, deleted or relabelled."""
+    base = observed.previous or ModelDeploymentStatus()
+    before = next((c for c in base.conditions if c.type == ConditionType.READY), None)
+    same = (
+        before is not None
+        and before.status == "False"
+        and before.reason == "InvalidSpec"
+        and before.message == error.message
+        and before.last_transition_time
+    )
+    ready = Condition(
+        type=ConditionType.READY,
+        status="False",
+        reason="InvalidSpec",
+        message=error.message,
+        last_transition_time=before.last_transition_time
+        if same and before is not None
+        else rfc3339(observed.now),
+    )
+    kept = [c for c in base.conditions if c.type != ConditionType.READY]
+    status = base.model_copy(
+        update={
+            "phase": Phase.FAILED,
+            "message": error.message,
+            "observed_generation": observed.generation,
+            "conditions": [*kept, ready],
+        }
+    )
+    # Nothing moves until the spec changes, and a spec change wakes the loop.
+    return Plan(
+        status=status,
+        events=_invalid_spec_event(observed, error.message),
+        requeue_after=POLL_STEADY,
+    )
 
 
 def backoff_seconds(restarts: int) -> float:

@@ -6,12 +6,12 @@ import ipaddress
 import math
 import os
 import time
-from datetime import UTC, datetime
 from typing import Any
 
 import httpx
 
 from weightlift.api.model import InferenceProbe, ProbeResult
+from weightlift.api.times import now_rfc3339
 from weightlift.api.worker import WorkerReport
 
 PROBE_NETWORKS_ENV = "WEIGHTLIFT_PROBE_NETWORKS"
@@ -49,10 +49,6 @@ async def fetch_report(client: httpx.AsyncClient, address: str) -> WorkerReport 
         return WorkerReport.model_validate(response.json())
     except (httpx.HTTPError, ValueError):
         return None
-
-
-def _now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _shape_matches(declared: list[int], actual: list[int]) -> bool:
@@ -167,7 +163,7 @@ async def probe_inference(
             passed=True,
             message="inference output as expected",
             consecutive_failures=0,
-            last_probe_time=_now(),
+            last_probe_time=now_rfc3339(),
             latency_ms=latency,
         )
     failures = (previous.consecutive_failures if previous else 0) + 1
@@ -176,6 +172,6 @@ async def probe_inference(
         passed=still_passing,
         message=problem,
         consecutive_failures=failures,
-        last_probe_time=_now(),
+        last_probe_time=now_rfc3339(),
         latency_ms=latency,
     )

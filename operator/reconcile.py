@@ -6,6 +6,7 @@ import asyncio
 import dataclasses
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -15,19 +16,25 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
-from weightlift.api.labels import DEPLOYMENT_LABEL, IDENTITY_LABEL, REPLICA_LABEL, ROLE_LABEL
+from weightlift.api.labels import IDENTITY_LABEL, REPLICA_LABEL, ROLE_LABEL
 from weightlift.api.model import (
-    Condition,
     ModelDeploymentSpec,
     ModelDeploymentStatus,
-    Phase,
     ProbeResult,
     SourceEndpoint,
 )
-from weightlift.api.times import parse_rfc3339, rfc3339
+from weightlift.api.times import parse_rfc3339
 from weightlift.api.worker import WorkerReport
 from weightlift.operator import kube
-from weightlift.operator.planning import Event, Observed, ObservedPod, Plan, host_port, plan
+from weightlift.operator.planning import (
+    Event,
+    Observed,
+    ObservedPod,
+    Plan,
+    SpecError,
+    host_port,
+    plan,
+)
 from weightlift.operator.pods import GPU_RESOURCE, render_pod, role_of
 from weightlift.operator.probes import fetch_report, may_contact, probe_inference
 
@@ -44,6 +51,11 @@ class OperatorState:
     wakes: dict[str, asyncio.Event] = field(default_factory=dict)
     probes: dict[str, tuple[float, ProbeResult]] = field(default_factory=dict)  # pod uid ->
     failures_seen: dict[str, datetime] = field(default_factory=dict)  # pod uid -> first seen
+    # ModelDeployment uid -> the status this operator last wrote. The status is ours, and the
+    # live body lags behind our own writes until the watch brings them back: planning against
+    # the lagging copy would post the same phase Event twice.
+    statuses: dict[str, dict[str, Any]] = field(default_factory=dict)
+    errors: dict[str, str] = field(default_factory=dict)  # uid -> last failed pass's error
     node_gpus: tuple[float, int | None] = (0.0, None)
 
     @classmethod
@@ -64,19 +76,27 @@ class OperatorState:
 
     def forget(self, uid: str) -> None:
         self.wakes.pop(uid, None)
+        self.statuses.pop(uid, None)
+        self.errors.pop(uid, None)
+
+    def status_of(self, uid: str, body: Mapping[str, Any]) -> dict[str, Any] | None:
+        """The ModelDeployment's status as last written: ours if we wrote one, else the body's."""
+        written = self.statuses.get(uid)
+        return written if written is not None else body.get("status")
 
     def forget_pod(self, uid: str) -> None:
         """A deleted pod's probe and failure memory goes with it."""
         self.probes.pop(uid, None)
         self.failures_seen.pop(uid, None)
 
-    async def post_event_safe(
-        self, namespace: str, name: str, kind: str, reason: str, message: str
+    async def post_event(
+        self, involved: Mapping[str, Any], kind: str, reason: str, message: str
     ) -> None:
-        involved = {"metadata": {"name": name, "namespace": namespace}}
+        """The operator's one path to Events; best effort (the status carries the same truth)."""
         try:
             await asyncio.to_thread(kube.post_event, self.core, involved, kind, reason, message)
-        except Exception:  # an event is best effort; the status carries the same truth
+        except Exception:
+            name = involved.get("metadata", {}).get("name")
             logging.getLogger(__name__).warning("could not post event %s on %s", reason, name)
 
     async def max_node_gpus(self) -> int | None:
@@ -198,11 +218,11 @@ def _sibling_sources(published: list[Any], name: str) -> list[SourceEndpoint]:
     return sources
 
 
-def _previous_status(body: dict[str, Any]) -> ModelDeploymentStatus | None:
-    if not body.get("status"):
+def _previous_status(raw: dict[str, Any] | None) -> ModelDeploymentStatus | None:
+    if not raw:
         return None  # first pass: the first phase gets its Event too
     try:
-        return ModelDeploymentStatus.model_validate(body["status"])
+        return ModelDeploymentStatus.model_validate(raw)
     except ValidationError:
         return None
 
@@ -217,92 +237,78 @@ def _status_patch(status: ModelDeploymentStatus) -> dict[str, Any]:
     return patch
 
 
-def invalid_spec_status(
-    body: dict[str, Any], error: ValidationError, previous: ModelDeploymentStatus | None
-) -> ModelDeploymentStatus:
-    """Failed/InvalidSpec naming the field; replicas, sources and progress stay as they were
-    (the running pods keep serving until the spec is fixed)."""
-    first = error.errors()[0]
-    where = "spec." + ".".join(str(p) for p in first["loc"])
-    message = f"{where}: {first['msg']}"
-    ready = Condition(
-        type="Ready",
-        status="False",
-        reason="InvalidSpec",
-        message=message,
-        last_transition_time=rfc3339(datetime.now(UTC)),
-    )
-    base = previous or ModelDeploymentStatus()
-    kept = [c for c in base.conditions if c.type != "Ready"]
-    return base.model_copy(
-        update={
-            "phase": Phase.FAILED,
-            "message": message,
-            "observed_generation": body["metadata"].get("generation"),
-            "conditions": [*kept, ready],
-        }
-    )
+def parse_spec(raw: Any) -> ModelDeploymentSpec | SpecError:
+    """The spec, or what is wrong with it (first error, named by its path under spec)."""
+    try:
+        return ModelDeploymentSpec.model_validate(raw or {})
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(["spec", *(str(p) for p in first["loc"])])
+        return SpecError(f"{where}: {first['msg']}")
+
+
+def pod_essentials(pod: Mapping[str, Any]) -> dict[str, Any]:
+    """The parts of a Pod that observe_pod reads: what the pod index keeps in memory (a whole
+    Pod is ~10x bigger, and an operator holds thousands)."""
+    meta, spec, status = pod.get("metadata", {}), pod.get("spec", {}), pod.get("status", {})
+    terminated = [
+        {"state": {"terminated": (cs.get("state") or {})["terminated"]}}
+        for cs in status.get("containerStatuses") or []
+        if (cs.get("state") or {}).get("terminated")
+    ]
+    return {
+        "metadata": {
+            key: meta[key]
+            for key in ("name", "namespace", "uid", "labels", "deletionTimestamp")
+            if key in meta
+        },
+        "spec": {"nodeName": spec.get("nodeName")},
+        "status": {
+            "phase": status.get("phase", "Pending"),
+            "podIP": status.get("podIP"),
+            "conditions": list(status.get("conditions") or []),
+            "containerStatuses": terminated,
+        },
+    }
 
 
 async def reconcile(
     state: OperatorState,
-    namespace: str,
-    name: str,
-    logger: logging.Logger | logging.LoggerAdapter[Any],
+    live_body: Mapping[str, Any],
+    pods: list[dict[str, Any]],
     published_sources: list[Any],
+    logger: logging.Logger | logging.LoggerAdapter[Any],
 ) -> float:
-    """One pass; returns seconds until the next one. `published_sources` are the raw
-    status.sources entries of the namespace's ModelDeployments (the kopf index)."""
-    body = await asyncio.to_thread(kube.get_deployment, state.custom, namespace, name)
-    if body is None or body["metadata"].get("deletionTimestamp"):
-        return 5.0
-    try:
-        spec = ModelDeploymentSpec.model_validate(body.get("spec") or {})
-    except ValidationError as exc:
-        previous = _previous_status(body)
-        status = invalid_spec_status(body, exc, previous)
-        unchanged = (
-            previous is not None
-            and previous.phase == status.phase
-            and previous.message == status.message
+    """One pass; returns seconds until the next one. Reads nothing from the API server:
+    `live_body` is kopf's live view of the ModelDeployment, `pods` its pods from kopf's pod
+    index, `published_sources` the status.sources of the namespace's ModelDeployments."""
+    body = dict(live_body)  # one consistent snapshot: kopf swaps the live body on each event
+    meta = body["metadata"]
+    if meta.get("deletionTimestamp"):
+        return 5.0  # the finalizer handler owns deletion
+    name, namespace, uid = meta["name"], meta["namespace"], meta["uid"]
+    spec = parse_spec(body.get("spec"))
+    observed_pods: list[ObservedPod] = []
+    max_gpus = None
+    if not isinstance(spec, SpecError):
+        model = spec.model.name or name
+        observed_pods, max_gpus = await asyncio.gather(
+            asyncio.gather(*(observe_pod(state, p, spec, model) for p in pods)),
+            state.max_node_gpus(),
         )
-        if unchanged and previous is not None:
-            status.conditions = previous.conditions  # keep lastTransitionTime
-        patch = _status_patch(status)
-        if {k: v for k, v in patch.items() if v is not None} != body.get("status"):
-            await asyncio.to_thread(kube.patch_status, state.custom, namespace, name, patch)
-        logger.warning("invalid spec: %s", status.message)
-        if not unchanged:  # the issue's contract: log, post an Event, go on with the others
-            try:
-                await asyncio.to_thread(
-                    kube.post_event, state.core, body, "Warning", "InvalidSpec", status.message
-                )
-            except Exception:  # best effort: the status says the same
-                logger.warning("could not post event InvalidSpec")
-        return 30.0
-    model = spec.model.name or name
-    pods, max_gpus = await asyncio.gather(
-        asyncio.to_thread(kube.list_pods, state.core, namespace, f"{DEPLOYMENT_LABEL}={name}"),
-        state.max_node_gpus(),
-    )
-    uid = body["metadata"]["uid"]
-    owned = [
-        p
-        for p in pods
-        if any(o.get("uid") == uid for o in p["metadata"].get("ownerReferences", []))
-    ]
-    observed_pods = await asyncio.gather(*(observe_pod(state, p, spec, model) for p in owned))
     observed = Observed(
         name=name,
         namespace=namespace,
-        generation=body["metadata"].get("generation", 0),
+        generation=meta.get("generation", 0),
         now=datetime.now(UTC),
         pods=list(observed_pods),
         sibling_sources=_sibling_sources(published_sources, name),
-        previous=_previous_status(body),
+        previous=_previous_status(state.status_of(uid, body)),
         max_node_gpus=max_gpus,
     )
     result = plan(spec, observed)
+    if isinstance(spec, SpecError):
+        logger.warning("invalid spec: %s", spec.message)
     await apply(state, body, spec, result, logger)
     return result.requeue_after
 
@@ -322,7 +328,7 @@ def _surface_rejection(result: Plan, message: str, previous: dict[str, Any]) -> 
 async def apply(
     state: OperatorState,
     body: dict[str, Any],
-    spec: ModelDeploymentSpec,
+    spec: ModelDeploymentSpec | SpecError,
     result: Plan,
     logger: logging.Logger | logging.LoggerAdapter[Any],
 ) -> None:
@@ -337,22 +343,20 @@ async def apply(
         )
     rejected: list[str] = []
     for desired in result.create:
+        assert not isinstance(spec, SpecError)  # plan creates nothing from an unparsable spec
         manifest = render_pod(name, namespace, uid, spec, desired)
         try:
             if await asyncio.to_thread(kube.create_pod, state.core, namespace, manifest):
                 logger.info("created %s pod %s", desired.role, desired.name)
         except ApiException as exc:
             rejected.append(f"creating pod {desired.name} was rejected: {kube.api_error(exc)}")
+    previous = state.status_of(uid, body) or {}
     if rejected:
-        _surface_rejection(result, rejected[0], body.get("status") or {})
-    previous = body.get("status") or {}
+        _surface_rejection(result, rejected[0], previous)
     patch = _status_patch(result.status)
-    if {k: v for k, v in patch.items() if v is not None} != previous:
+    written = {k: v for k, v in patch.items() if v is not None}
+    if written != previous:
         await asyncio.to_thread(kube.patch_status, state.custom, namespace, name, patch)
+        state.statuses[uid] = written
     for event in result.events:
-        try:
-            await asyncio.to_thread(
-                kube.post_event, state.core, body, event.type, event.reason, event.message
-            )
-        except Exception:  # best effort: the status says the same
-            logger.warning("could not post event %s", event.reason)
+        await state.post_event(body, event.type, event.reason, event.message)

@@ -126,7 +126,6 @@ def observe(
     now: datetime = T0,
     previous: ModelDeploymentStatus | None = None,
     siblings: list[SourceEndpoint] | None = None,
-    deleting: bool = False,
     max_node_gpus: int | None = 8,
     generation: int = 3,
 ) -> Observed:
@@ -138,7 +137,6 @@ def observe(
         pods=list(pods or []),
         sibling_sources=list(siblings or []),
         previous=previous,
-        deleting=deleting,
         max_node_gpus=max_node_gpus,
     )
 
@@ -171,10 +169,6 @@ def check_plan(observed: Observed, result: Plan, spec: ModelDeploymentSpec) -> N
         else:
             assert desired.peers, "a target needs at least one peer candidate"
             assert all(p.model_identity == identity for p in desired.peers)
-    if observed.deleting:
-        assert not result.create and not result.relabel
-        assert set(result.delete) >= {p.name for p in observed.pods if not p.terminating}
-        return
     live_after = [p for p in observed.pods if not p.terminating and p.name not in result.delete]
     if result.create:
         total = len(live_after) + len(result.create)
@@ -205,19 +199,18 @@ class Cluster:
     siblings: list[SourceEndpoint] = dataclasses.field(default_factory=list)
     plans: list[Plan] = dataclasses.field(default_factory=list)
 
-    def observed(self, deleting: bool = False) -> Observed:
+    def observed(self) -> Observed:
         return observe(
             sorted(self.pods.values(), key=lambda p: p.name),
             now=self.now,
             previous=self.previous,
             siblings=self.siblings,
-            deleting=deleting,
         )
 
-    def reconcile(self, deleting: bool = False) -> Plan:
+    def reconcile(self) -> Plan:
         # Pods deleted by the previous plan finished terminating.
         self.pods = {n: p for n, p in self.pods.items() if not p.terminating}
-        observed = self.observed(deleting)
+        observed = self.observed()
         result = plan(self.spec, observed)
         check_plan(observed, result, self.spec)
         for name in result.delete:

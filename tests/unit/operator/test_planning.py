@@ -1,5 +1,5 @@
 """Planning, one reconcile at a time: roles, waiting, promotion, scaling, rollover, failures,
-deletion, sibling sources, invalid specs, status and conditions."""
+sibling sources, invalid and unparsable specs, status and conditions."""
 
 from __future__ import annotations
 
@@ -33,6 +33,7 @@ from weightlift.operator.planning import (
     POLL_WHILE_LOADING,
     Observed,
     Plan,
+    SpecError,
     plan,
     pod_name,
     validate,
@@ -518,28 +519,6 @@ def test_failed_replica_status_uses_the_container_reason_without_a_report() -> N
     assert entry.phase == "Failed" and entry.message == "OOMKilled"
 
 
-# --------------------------------------------------------------------------------- deletion
-
-
-def test_deletion_deletes_every_live_pod_of_every_identity() -> None:
-    pods = [
-        mkpod(SPEC, 0, Role.SOURCE),
-        mkpod(SPEC, 1, Role.TARGET, state="broken"),
-        mkpod(NEW, 0, Role.SOURCE, state="loading"),
-        mkpod(SPEC, 2, Role.TARGET, state="terminating"),
-    ]
-    result = run(SPEC, observe(pods, deleting=True))
-    assert set(result.delete) == {p.name for p in pods[:3]}
-    assert result.create == [] and result.relabel == {}
-    assert result.status.message == "Deleting"
-
-
-def test_deletion_of_an_invalid_spec_still_deletes() -> None:
-    bad = make_spec(1, uri="s3://bucket/model")
-    result = run(bad, observe([mkpod(bad, 0, Role.SOURCE)], deleting=True))
-    assert len(result.delete) == 1
-
-
 # ------------------------------------------------------------------------------ bad input
 
 
@@ -599,6 +578,43 @@ def test_invalid_spec_keeps_publishing_ready_sources() -> None:
     spec = make_spec(2, uri="s3://bucket/x")
     result = run(spec, observe([mkpod(spec, 0, Role.SOURCE)]))
     assert [s.pod for s in result.status.sources] == [pod_name(NAME, ident(spec), 0)]
+
+
+def test_an_unparsable_spec_fails_and_keeps_what_the_status_said() -> None:
+    """observe hands plan() the parse error: plan decides the status, touches no pod, keeps the
+    replicas and sources the last good pass saw (they keep serving), warns once."""
+    pods = [mkpod(SPEC, 0, Role.SOURCE), mkpod(SPEC, 1, Role.TARGET)]
+    good = run(SPEC, observe(pods))
+    error = SpecError("spec.replicas: Input should be a valid integer")
+    later = T0 + timedelta(seconds=5)
+    result = plan(error, observe(pods, previous=good.status, now=later, generation=4))
+    assert result.create == [] and result.delete == {} and result.relabel == {}
+    status = result.status
+    assert (status.phase, status.message) == (Phase.FAILED, error.message)
+    assert status.observed_generation == 4
+    assert status.sources == good.status.sources and status.sources
+    assert status.replica_statuses == good.status.replica_statuses
+    ready = condition(result, "Ready")
+    assert (ready.status, ready.reason, ready.message) == ("False", "InvalidSpec", error.message)
+    assert ready.last_transition_time == rfc3339(later)
+    assert condition(result, "Scheduled") == condition(good, "Scheduled")
+    assert [(e.type, e.reason, e.message) for e in result.events] == [
+        ("Warning", "InvalidSpec", error.message)
+    ]
+    # The same problem on the next pass: no second Event, the transition time stays.
+    again = plan(error, observe(pods, previous=status, now=later + timedelta(seconds=30)))
+    assert again.events == []
+    assert condition(again, "Ready").last_transition_time == ready.last_transition_time
+    # A different problem is a new transition.
+    other = plan(SpecError("spec.model: Field required"), observe(pods, previous=status))
+    assert reasons(other) == ["InvalidSpec"]
+
+
+def test_an_unparsable_spec_on_the_first_pass_still_gets_a_status() -> None:
+    result = plan(SpecError("spec.model: Field required"), observe())
+    assert result.status.phase == Phase.FAILED
+    assert [c.type for c in result.status.conditions] == ["Ready"]
+    assert reasons(result) == ["InvalidSpec"]
 
 
 @pytest.mark.parametrize(

@@ -166,14 +166,6 @@ def test_source_failure_promotes_a_ready_target_and_replaces_the_source() -> Non
     assert sum(p.role == Role.SOURCE for p in cluster.live()) == 1
 
 
-def test_deletion_removes_every_pod_and_creates_none() -> None:
-    cluster = Cluster(make_spec(3))
-    cluster.settle()
-    cluster.reconcile(deleting=True)
-    assert cluster.live() == []
-    assert cluster.reconcile(deleting=True).create == []
-
-
 def test_scale_to_zero_and_back() -> None:
     cluster = Cluster(make_spec(3))
     cluster.settle()
