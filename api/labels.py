@@ -7,6 +7,9 @@ IDENTITY_LABEL = "weightlift.dev/identity"
 ROLE_LABEL = "weightlift.dev/role"
 REPLICA_LABEL = "weightlift.dev/replica"
 PEERS_ANNOTATION = "weightlift.dev/peers"
+# On a ModelDeployment while its status.sources publishes Ready sources: the model identity they
+# hold. Lets a reconcile find published sources of one identity with a label-selected LIST.
+SOURCES_OF_LABEL = "weightlift.dev/sources-of"
 
 MANAGED_BY = {"app.kubernetes.io/managed-by": "weightlift"}
 WORKER_LABELS = {"app.kubernetes.io/name": "weightlift-worker", **MANAGED_BY}

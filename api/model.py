@@ -257,6 +257,15 @@ class RuntimeSpec(ApiModel):
         return self
 
 
+def pulls_from_peers(loading: LoadingSpec, runtime: RuntimeSpec) -> bool:
+    """Whether a Target replica may pull its weights from a peer: the strategy allows it (Auto,
+    PeerToPeer) and the worker loads the weights (an External runtime loads its own). The
+    operator asks this to decide whether waiting for a source helps; the worker asks it before
+    it tries a peer. One rule, so the two never disagree."""
+    strategies = (LoadStrategy.AUTO, LoadStrategy.PEER_TO_PEER)
+    return LoadStrategy(loading.strategy) in strategies and runtime.type != RuntimeType.EXTERNAL
+
+
 class ExpectedTensor(ApiModel):
     name: str = Field(min_length=1, description="Output tensor name.")
     shape: list[int] | None = Field(None, description="Expected shape; omitted means any.")

@@ -115,7 +115,7 @@ async def _sleep(wake: asyncio.Event, stopped: kopf.DaemonStopped, delay: float)
             waiter.cancel()
 
 
-@kopf.on.update(GROUP, VERSION, PLURAL)
+@kopf.on.update(GROUP, VERSION, PLURAL, field="spec")
 async def spec_changed(uid: str, memo: kopf.Memo, **_: Any) -> None:
     _state(memo).wake(uid)
 

@@ -40,6 +40,32 @@ def patch_status(api: client.CustomObjectsApi, namespace: str, name: str, status
     )
 
 
+def list_deployments(api: client.CustomObjectsApi, namespace: str, selector: str) -> list[Obj]:
+    body = _json(
+        api.list_namespaced_custom_object(
+            GROUP, VERSION, namespace, PLURAL, label_selector=selector, _preload_content=False
+        )
+    )
+    items: list[Obj] = body.get("items", [])
+    return items
+
+
+def patch_deployment_labels(
+    api: client.CustomObjectsApi, namespace: str, name: str, labels: dict[str, str | None]
+) -> None:
+    """Merge-patch labels; a None value removes the label."""
+    api.patch_namespaced_custom_object(
+        GROUP,
+        VERSION,
+        namespace,
+        PLURAL,
+        name,
+        {"metadata": {"labels": labels}},
+        _content_type="application/merge-patch+json",
+        _preload_content=False,
+    )
+
+
 def list_pods(core: client.CoreV1Api, namespace: str, selector: str) -> list[Obj]:
     body = _json(
         core.list_namespaced_pod(namespace, label_selector=selector, _preload_content=False)

@@ -13,15 +13,14 @@ from weightlift.api.labels import DEPLOYMENT_LABEL, MAX_NAME_LENGTH
 from weightlift.api.model import (
     Condition,
     ConditionType,
-    LoadStrategy,
     ModelDeploymentSpec,
     ModelDeploymentStatus,
     Phase,
     ProbeResult,
     ReplicaStatus,
     Role,
-    RuntimeType,
     SourceEndpoint,
+    pulls_from_peers,
 )
 from weightlift.api.storage import ModelUri
 from weightlift.api.times import parse_rfc3339, rfc3339
@@ -443,10 +442,9 @@ def _scale_up(
         for i in range(10**6)
         if i not in taken and pod_name(observed.name, identity, i) not in taken_names
     )
-    strategy = LoadStrategy(spec.loading.strategy)
-    # An External runtime loads its own weights: no peer-to-peer for it.
-    external = spec.runtime.type == RuntimeType.EXTERNAL
-    storage_only = external or strategy in (LoadStrategy.PRELOAD, LoadStrategy.DIRECT)
+    # The operator decides role and peers only; the worker picks its loader. Whether a Target
+    # can pull at all is the contract's one rule, which the worker follows too.
+    storage_only = not pulls_from_peers(spec.loading, spec.runtime)
     # Source-role replicas on their way to Ready (scheduling, loading, or loaded and waiting
     # for the inference probe) still count against initialSources.
     source_pods = {s.pod for s in sources}

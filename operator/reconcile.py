@@ -16,12 +16,14 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
-from weightlift.api.labels import IDENTITY_LABEL, REPLICA_LABEL, ROLE_LABEL
+from weightlift.api.labels import IDENTITY_LABEL, REPLICA_LABEL, ROLE_LABEL, SOURCES_OF_LABEL
 from weightlift.api.model import (
     ModelDeploymentSpec,
     ModelDeploymentStatus,
     ProbeResult,
+    Role,
     SourceEndpoint,
+    pulls_from_peers,
 )
 from weightlift.api.times import parse_rfc3339
 from weightlift.api.worker import WorkerReport
@@ -307,10 +309,36 @@ async def reconcile(
         max_node_gpus=max_gpus,
     )
     result = plan(spec, observed)
+    if not isinstance(spec, SpecError) and _starts_storage_load(spec, result):
+        # kopf's index trails the API server by a batch window or more: a sibling may already
+        # publish a Ready source of this identity that the index has not seen. A storage load
+        # is slow and a pull is fast, so ask the API server (a label-selected LIST of the few
+        # ModelDeployments that publish this identity) before deciding on one.
+        fresh = await asyncio.to_thread(
+            kube.list_deployments,
+            state.custom,
+            namespace,
+            f"{SOURCES_OF_LABEL}={result.status.model_identity}",
+        )
+        published = [raw for md in fresh for raw in (md.get("status") or {}).get("sources") or []]
+        siblings = _sibling_sources(published, name)
+        known = {(s.deployment, s.pod) for s in observed.sibling_sources}
+        if any((s.deployment, s.pod) not in known for s in siblings):
+            observed = dataclasses.replace(
+                observed, sibling_sources=[*observed.sibling_sources, *siblings]
+            )
+            result = plan(spec, observed)
     if isinstance(spec, SpecError):
         logger.warning("invalid spec: %s", spec.message)
     await apply(state, body, spec, result, logger)
     return result.requeue_after
+
+
+def _starts_storage_load(spec: ModelDeploymentSpec, result: Plan) -> bool:
+    """The plan creates a replica that loads from storage although it could pull from a peer."""
+    return pulls_from_peers(spec.loading, spec.runtime) and any(
+        d.role == Role.SOURCE for d in result.create
+    )
 
 
 def _surface_rejection(result: Plan, message: str, previous: dict[str, Any]) -> None:
@@ -353,10 +381,26 @@ async def apply(
     previous = state.status_of(uid, body) or {}
     if rejected:
         _surface_rejection(result, rejected[0], previous)
+    # The label that finds this deployment's sources goes on before the sources are published
+    # and comes off after they are withdrawn: a label-selected read never misses a source.
+    labelled = (meta.get("labels") or {}).get(SOURCES_OF_LABEL)
+    publishing = result.status.model_identity if result.status.sources else None
+    if publishing and publishing != labelled:
+        await asyncio.to_thread(
+            kube.patch_deployment_labels,
+            state.custom,
+            namespace,
+            name,
+            {SOURCES_OF_LABEL: publishing},
+        )
     patch = _status_patch(result.status)
     written = {k: v for k, v in patch.items() if v is not None}
     if written != previous:
         await asyncio.to_thread(kube.patch_status, state.custom, namespace, name, patch)
         state.statuses[uid] = written
+    if labelled and not publishing:
+        await asyncio.to_thread(
+            kube.patch_deployment_labels, state.custom, namespace, name, {SOURCES_OF_LABEL: None}
+        )
     for event in result.events:
         await state.post_event(body, event.type, event.reason, event.message)

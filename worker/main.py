@@ -32,7 +32,7 @@ import click
 import torch
 from aiohttp import web
 
-from weightlift.api.model import LoadStrategy, Role
+from weightlift.api.model import Role, pulls_from_peers
 from weightlift.api.worker import HookReport, WorkerPhase, WorkerPlan
 from weightlift.worker.hooks import HookError, InitHookSession, run_init_hooks
 from weightlift.worker.loaders.base import Loader, LoadError, LoadProgress
@@ -125,8 +125,8 @@ class Worker:
 
     def _wants_p2p(self) -> bool:
         plan = self.plan
-        p2p_strategy = plan.strategy in (LoadStrategy.AUTO, LoadStrategy.PEER_TO_PEER)
-        return plan.role == Role.TARGET and p2p_strategy and bool(plan.peers)
+        peers_allowed = pulls_from_peers(plan.loading, plan.runtime)
+        return plan.role == Role.TARGET and peers_allowed and bool(plan.peers)
 
     def _prewarm_p2p(self) -> None:
         """The first NIXL agent of a process costs ~0.5 s of library loading: pay it while the

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import time
+import urllib.parse
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -26,10 +28,19 @@ from kopf.testing import KopfRunner
 from kubernetes import client
 from kubernetes.config import kube_config
 
-from weightlift.api.labels import DEPLOYMENT_LABEL, REPLICA_LABEL, ROLE_LABEL
-from weightlift.api.model import GROUP, KIND, PLURAL, VERSION
+from weightlift.api.labels import (
+    DEPLOYMENT_LABEL,
+    IDENTITY_LABEL,
+    REPLICA_LABEL,
+    ROLE_LABEL,
+    SOURCES_OF_LABEL,
+)
+from weightlift.api.model import GROUP, KIND, PLURAL, VERSION, ProbeResult
 from weightlift.api.worker import PLAN_ENV, WorkerPlan
 from weightlift.operator import handlers, kube
+from weightlift.operator.identity import model_identity
+from weightlift.operator.planning import SpecError
+from weightlift.operator.reconcile import OperatorState, parse_spec
 from weightlift.operator.reconcile import reconcile as real_reconcile
 
 NS = "wl-test"
@@ -111,6 +122,7 @@ class Cluster:
         are not counted: they are the watch that keeps the live body and the indexes current."""
         return [
             f"{_verb(request)} {request.url.path}"
+            + (f"?{request.url.query_string}" if _verb(request) == "LIST" else "")
             for request in list(self.emulator)[since:]
             if "OpenAPI-Generator" in request.headers.get("User-Agent", "")
         ]
@@ -144,7 +156,7 @@ class Cluster:
 
 
 async def eventually(
-    check: Callable[[], Any], timeout: float = 10.0, what: str = "condition"
+    check: Callable[[], Any], timeout: float = 30.0, what: str = "condition"
 ) -> Any:
     """Poll until check() returns something truthy; fail with the last value otherwise."""
     deadline = time.monotonic() + timeout
@@ -501,9 +513,12 @@ async def test_steady_state_passes_make_no_api_reads(
         await slow_timer.after("llama", seen)
     steady = cluster.operator_requests(since=mark)
     assert steady == [], f"steady-state passes made requests: {steady}"
-    # The passes that did change something only wrote (and listed nodes once, for the GPU check).
+    # The passes that changed something wrote; they read twice: the nodes once (for the GPU
+    # check) and, before the storage load, the sources published for this identity.
     reads = [r for r in first_passes if r.split()[0] in ("GET", "LIST", "WATCH")]
-    assert reads == ["LIST /api/v1/nodes"], reads
+    identity = cluster.md("llama")["status"]["modelIdentity"]  # type: ignore[index]
+    selector = urllib.parse.quote(f"{SOURCES_OF_LABEL}={identity}")
+    assert sorted(reads) == ["LIST /api/v1/nodes?", f"LIST {MD_PATH}?labelSelector={selector}"]
 
 
 # ------------------------------------------------------ the kube wrappers against the emulator
@@ -542,13 +557,14 @@ async def test_kube_wrappers_round_trip_pods_and_labels(
     assert cluster.pods() == []
 
 
-async def test_a_sibling_deployments_source_feeds_new_replicas(
-    cluster: Cluster, operator: Operator
-) -> None:
-    """Sources another ModelDeployment publishes reach the planner through kopf's index."""
+async def _publish_feeder_source(cluster: Cluster, passes: Passes | None) -> dict[str, Any]:
+    """A sibling ModelDeployment "feeder" that publishes one Ready source, written the way the
+    operator publishes one (the sources-of label, then status.sources). With an operator
+    running, its own first pass over the feeder comes first (it would overwrite the status)."""
     await cluster.create_md("feeder", {**SPEC, "replicas": 0})
-    await eventually(lambda: (cluster.md("feeder") or {}).get("status"), what="feeder status")
-    identity = cluster.md("feeder")["status"]["modelIdentity"]  # type: ignore[index]
+    if passes is not None:
+        await passes.after("feeder", 0)
+    identity = _identity_of(SPEC)
     source = {
         "pod": "feeder-pod-0",
         "deployment": "feeder",
@@ -556,7 +572,26 @@ async def test_a_sibling_deployments_source_feeds_new_replicas(
         "modelIdentity": identity,
         "ranks": [0, 1],
     }
+    await cluster.patch_md("feeder", {"metadata": {"labels": {SOURCES_OF_LABEL: identity}}})
     await cluster.patch_md("feeder", {"status": {"sources": [source]}})
+    return source
+
+
+def _assert_fed_by_feeder(pods: list[dict[str, Any]]) -> None:
+    for pod in pods:
+        assert pod["metadata"]["labels"][ROLE_LABEL] == "Target"
+        env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
+        plan = WorkerPlan.model_validate_json(env[PLAN_ENV])
+        assert [(p.pod, p.address) for p in plan.peers] == [("feeder-pod-0", "127.0.9.9:8000")]
+
+
+async def test_a_sibling_deployments_source_feeds_new_replicas(
+    cluster: Cluster, slow_timer: Passes, operator: Operator
+) -> None:
+    """A ModelDeployment created right after a sibling published a Ready source of its identity
+    pulls from it: no replica loads from storage, whether kopf's index has seen the source yet
+    (the index feeds the planner) or not (the reconcile reads the published sources first)."""
+    await _publish_feeder_source(cluster, slow_timer)
 
     await cluster.create_md("eater", {**SPEC, "replicas": 2})
     pods = await eventually(
@@ -566,8 +601,67 @@ async def test_a_sibling_deployments_source_feeds_new_replicas(
         ),
         what="both of eater's pods at once (no waiting for a source of its own)",
     )
-    for pod in pods:
-        assert pod["metadata"]["labels"][ROLE_LABEL] == "Target"
-        env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
-        plan = WorkerPlan.model_validate_json(env[PLAN_ENV])
-        assert [(p.pod, p.address) for p in plan.peers] == [("feeder-pod-0", "127.0.9.9:8000")]
+    _assert_fed_by_feeder(pods)
+
+
+async def test_a_storage_load_waits_for_a_source_the_index_has_not_seen(
+    cluster: Cluster,
+) -> None:
+    """The index lags (here: it has nothing at all). Before it starts a storage load, a pass
+    reads the sources published for its identity, and pulls from them instead."""
+    await _publish_feeder_source(cluster, None)
+    eater = await cluster.create_md("eater", {**SPEC, "replicas": 2})
+    state = await asyncio.to_thread(OperatorState.from_environment)
+    try:
+        await real_reconcile(state, eater, [], [], logging.getLogger("test"))
+    finally:
+        await state.http.aclose()
+    _assert_fed_by_feeder(cluster.pods(**{DEPLOYMENT_LABEL: "eater"}))
+    assert len(cluster.pods(**{DEPLOYMENT_LABEL: "eater"})) == 2
+    lists = [r for r in cluster.operator_requests() if r.startswith(f"LIST {MD_PATH}")]
+    assert len(lists) == 1, lists
+
+
+async def test_the_sources_of_label_follows_the_published_sources(
+    cluster: Cluster,
+) -> None:
+    """The label goes on with the first published source and comes off when none is left."""
+    md = await cluster.create_md("solo", {**SPEC, "replicas": 1})
+    state = await asyncio.to_thread(OperatorState.from_environment)
+    log = logging.getLogger("test")
+    pod = {
+        "metadata": {
+            "name": "solo-pod-0",
+            "uid": "pod-uid-0",
+            "labels": {REPLICA_LABEL: "0", ROLE_LABEL: "Source"},
+        },
+        "spec": {"nodeName": "gpu-node-1"},
+        "status": {"phase": "Running", "podIP": "127.0.0.1"},
+    }
+    try:
+        # A replica that passed its probe (probe results are kept per pod uid between passes).
+        ready_pod = {
+            **pod,
+            "status": {**pod["status"], "conditions": [{"type": "Ready", "status": "True"}]},
+        }
+        pod["metadata"]["labels"][IDENTITY_LABEL] = _identity_of(md["spec"])
+        passed = ProbeResult(passed=True, message="ok", last_probe_time="2026-01-01T00:00:00Z")
+        state.probes["pod-uid-0"] = (time.monotonic(), passed)
+        await real_reconcile(state, cluster.md("solo") or md, [ready_pod], [], log)
+        labelled = cluster.md("solo") or {}
+        identity = labelled["status"]["modelIdentity"]
+        assert [s["pod"] for s in labelled["status"]["sources"]] == ["solo-pod-0"]
+        assert labelled["metadata"]["labels"][SOURCES_OF_LABEL] == identity
+        # The replica is gone: the sources are withdrawn, then the label.
+        await real_reconcile(state, labelled, [], [], log)
+        after = cluster.md("solo") or {}
+        assert not (after.get("status") or {}).get("sources")
+        assert SOURCES_OF_LABEL not in (after["metadata"].get("labels") or {})
+    finally:
+        await state.http.aclose()
+
+
+def _identity_of(raw_spec: dict[str, Any]) -> str:
+    spec = parse_spec(raw_spec)
+    assert not isinstance(spec, SpecError)
+    return model_identity(spec)
