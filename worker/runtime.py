@@ -21,6 +21,7 @@ in the worker image, so ExportedProgram is the default and only format served to
 from __future__ import annotations
 
 import json
+import logging
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +32,9 @@ import torch
 from torch.func import functional_call
 
 from weightlift.worker.loaders.base import LoadError
+from weightlift.worker.loaders.tensors import TENSOR_ALIGNMENT, realign
+
+log = logging.getLogger(__name__)
 
 PROGRAM_FILE = "model.pt2"
 CONFIG_FILE = "model.json"
@@ -249,6 +253,17 @@ class Pt2Runtime:
                 tensors = {
                     k: (v.to(cast) if v.is_floating_point() else v) for k, v in tensors.items()
                 }
+            # Our loaders hand out aligned tensors; anything else is realigned here so the
+            # kernels take the same code path whatever loaded the weights (bit-identical outputs).
+            tensors, moved = realign(tensors)
+            if moved:
+                log.warning(
+                    "rank %d: %d bytes of weights were not %d-byte aligned; copied to aligned "
+                    "memory before binding",
+                    r,
+                    moved,
+                    TENSOR_ALIGNMENT,
+                )
             out[r] = tensors
         bound: list[list[tuple[torch.device, dict[str, torch.Tensor]]]] = []
         if self.config.layout == "whole":

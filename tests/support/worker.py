@@ -6,6 +6,7 @@ import asyncio
 import json
 import shutil
 import socket
+import struct
 import threading
 import time
 from collections.abc import Iterator
@@ -22,6 +23,17 @@ from weightlift.worker.main import Worker
 def copy_model(src: Path, dst: Path) -> Path:
     shutil.copytree(src, dst)
     return dst
+
+
+def pad_header(path: Path, residue: int) -> None:
+    """Pad a safetensors file's JSON header with spaces (the format allows it) so its data
+    section starts at `residue` mod 64: real files start wherever their 8-byte padded header
+    ends, and 64-byte-aligned ones are what zero-copy mapping needs."""
+    raw = path.read_bytes()
+    (n,) = struct.unpack("<Q", raw[:8])
+    header = raw[8 : 8 + n].rstrip(b" ")
+    pad = (residue - 8 - len(header)) % 64
+    path.write_bytes(struct.pack("<Q", len(header) + pad) + header + b" " * pad + raw[8 + n :])
 
 
 def free_port() -> int:

@@ -9,6 +9,7 @@ from safetensors import safe_open
 
 from weightlift.worker.loaders.base import LoadError, LoadProgress
 from weightlift.worker.loaders.files import ShardIndex, shard_index
+from weightlift.worker.loaders.tensors import realign
 
 if TYPE_CHECKING:
     from weightlift.api.worker import WorkerPlan
@@ -41,5 +42,7 @@ class DirectLoader:
                 raise
             except Exception as exc:  # safetensors raises its own error types
                 raise LoadError(f"{h.path}: {exc}") from exc
+        # safetensors hands out CPU tensors at the file's offsets: align them like every loader.
+        out, _ = realign(out)
         progress.finish()
         return out

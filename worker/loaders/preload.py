@@ -64,7 +64,7 @@ import torch
 
 from weightlift.worker.loaders.base import LoadError, LoadProgress
 from weightlift.worker.loaders.files import ShardIndex, shard_index
-from weightlift.worker.loaders.tensors import view_tensor
+from weightlift.worker.loaders.tensors import realign, view_tensor
 
 if TYPE_CHECKING:
     from weightlift.api.worker import WorkerPlan
@@ -320,7 +320,9 @@ def _load_mapped(
         region.close()
         raise
     data_offsets = [offsets[i] + h.data_start - first[i] for i, h in enumerate(files)]
-    out = _views(index, host, data_offsets)
+    # A mapping keeps the file's offsets; tensors at offsets that are not TENSOR_ALIGNMENT
+    # aligned are copied into aligned memory (same outputs as every other load path).
+    out, _ = realign(_views(index, host, data_offsets))
     progress.finish()
     return out
 
@@ -438,7 +440,7 @@ def _load_staged(
             raise
     if stream is not None:
         stream.synchronize()
-    out = _views(index, dev_buf, bases)
+    out, _ = realign(_views(index, dev_buf, bases))
     progress.finish()
     return out
 

@@ -53,3 +53,47 @@ def bit_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 def all_bit_equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
     return a.keys() == b.keys() and all(bit_equal(a[k], b[k]) for k in a)
+
+
+# Every tensor a loader hands the runtime starts at a multiple of this many bytes (torch's own
+# CPU allocator alignment; CUDA's is larger). Why it matters: BLAS kernels pick their code path
+# by the operands' alignment, and the paths round differently. Measured here (torch 2.x with
+# MKL, AVX2): F.linear of a [1, 512] input with the same fp32 weight bytes at 16-byte-aligned
+# vs 8-byte-aligned addresses differs by up to 1.5e-6. Tensors mapped straight from a
+# safetensors file sit at the file's offsets (headers are padded to 8 bytes only), while fresh
+# buffers (P2P targets, CUDA) are aligned: the same weights gave different outputs per load path.
+TENSOR_ALIGNMENT = 64
+
+
+def is_aligned(t: torch.Tensor) -> bool:
+    return t.numel() == 0 or t.data_ptr() % TENSOR_ALIGNMENT == 0
+
+
+def realign(tensors: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], int]:
+    """`tensors` with every misaligned one copied into one fresh, aligned buffer per device
+    (aligned ones are returned as they are). Returns the tensors and the bytes copied."""
+    moved = [k for k, t in tensors.items() if not is_aligned(t)]
+    if not moved:
+        return tensors, 0
+    out = dict(tensors)
+    copied = 0
+    by_device: dict[torch.device, list[str]] = {}
+    for k in moved:
+        by_device.setdefault(tensors[k].device, []).append(k)
+    for device, names in by_device.items():
+        offsets: list[int] = []
+        total = 0
+        for k in names:
+            offsets.append(total)
+            t = tensors[k]
+            total += -(-t.numel() * t.element_size() // TENSOR_ALIGNMENT) * TENSOR_ALIGNMENT
+        buf = torch.empty(total, dtype=torch.uint8, device=device)
+        assert buf.data_ptr() % TENSOR_ALIGNMENT == 0, "torch's allocator is aligned"
+        for k, off in zip(names, offsets, strict=True):
+            t = tensors[k]
+            n = t.numel() * t.element_size()
+            dst = buf[off : off + n].view(t.dtype).view(t.shape)
+            dst.copy_(t)
+            out[k] = dst
+            copied += n
+    return out, copied

@@ -15,27 +15,32 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from tests.support.worker import pad_header
 from weightlift.worker.loaders import preload
 from weightlift.worker.loaders.base import LoadError, LoadProgress
 from weightlift.worker.loaders.files import index_files, rank_files
 from weightlift.worker.loaders.preload import PreloadLoader
-from weightlift.worker.loaders.tensors import all_bit_equal
+from weightlift.worker.loaders.tensors import TENSOR_ALIGNMENT, all_bit_equal
 
 CPU = torch.device("cpu")
 linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux /proc interfaces")
 
 
-def _files(tmp_path: Path, n: int = 3) -> list[Path]:
+def _files(tmp_path: Path, n: int = 3, residue: int = 0) -> list[Path]:
+    """n files; every tensor's bytes start at `residue` mod 64 in its file (0: all aligned,
+    so the mapped path serves them in place)."""
     g = torch.Generator().manual_seed(7)
     for i in range(n):
+        path = tmp_path / f"model-{i + 1:05d}-of-{n:05d}.safetensors"
         save_file(
             {
-                f"f{i}.a": torch.randn(300, 257, generator=g),
-                f"f{i}.b": torch.randint(0, 100, (1001,), dtype=torch.int16, generator=g),
-                f"f{i}.c": torch.randn(3, generator=g).to(torch.bfloat16),
+                f"f{i}.a": torch.randn(300, 256, generator=g),
+                f"f{i}.b": torch.randint(0, 100, (1024,), dtype=torch.int16, generator=g),
+                f"f{i}.c": torch.randn(32, generator=g).to(torch.bfloat16),
             },
-            str(tmp_path / f"model-{i + 1:05d}-of-{n:05d}.safetensors"),
+            str(path),
         )
+        pad_header(path, residue)
     return rank_files(tmp_path, 0, 1)
 
 
@@ -102,6 +107,22 @@ def test_mapped_tensors_private_writable_and_unmapped_after_use(tmp_path: Path) 
     assert _mapped(files[0])
     assert view.sum().item() == _reference(files)["f1.b"][10:20].sum().item()
     del view
+    gc.collect()
+    assert not any(_mapped(f) for f in files)
+
+
+@linux
+@pytest.mark.parametrize("staged", [False, True])
+def test_misaligned_files_give_aligned_tensors(tmp_path: Path, staged: bool) -> None:
+    """Files whose data sits off a 64-byte boundary (most real ones: headers are padded to 8
+    bytes) are served from aligned memory: the kernels then take the same path as for a P2P
+    target's fresh buffers (tests/unit/worker/test_identical_outputs.py). The mapping is not
+    kept once its bytes were copied."""
+    files = _files(tmp_path, 2, residue=8)
+    got = PreloadLoader(staged=staged).load_index(index_files(files), CPU, LoadProgress())
+    assert all(t.data_ptr() % TENSOR_ALIGNMENT == 0 for t in got.values())
+    assert all_bit_equal(got, _reference(files))
+    assert len({t.untyped_storage().data_ptr() for t in got.values()}) == 1
     gc.collect()
     assert not any(_mapped(f) for f in files)
 

@@ -1,0 +1,116 @@
+"""Identical weights give bit-identical outputs whatever loaded them: preload (mapped and
+staged), direct, and P2P from a source that loaded by preload.
+
+The model's files are rewritten so their data section starts 8 bytes past a 64-byte boundary,
+as most safetensors files do (headers are padded to 8 bytes only): a mapped load then sees
+misaligned tensors, a P2P target fresh aligned buffers. Before the loaders aligned every tensor,
+batch-1 outputs of the mapped source and the P2P target differed in the last bits (MKL's gemv
+picks its code path by the weights' alignment).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from tests.support.p2p import ThreadSource, needs_nixl
+from tests.support.worker import pad_header
+from weightlift.api.model import Role
+from weightlift.local.models import DemoModel, make_demo
+from weightlift.local.sharded import make_plan
+from weightlift.worker.loaders.base import LoadProgress
+from weightlift.worker.loaders.direct import DirectLoader
+from weightlift.worker.loaders.files import shard_index
+from weightlift.worker.loaders.p2p import PeerToPeerLoader
+from weightlift.worker.loaders.preload import PreloadLoader
+from weightlift.worker.loaders.tensors import TENSOR_ALIGNMENT, is_aligned
+from weightlift.worker.runtime import Pt2Runtime
+
+CPU = torch.device("cpu")
+Shards = dict[int, dict[str, torch.Tensor]]
+
+
+@pytest.fixture(scope="module", params=[1, 2], ids=["tp1", "tp2"])
+def model(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> DemoModel:
+    tp = int(request.param)
+    demo = make_demo(tmp_path_factory.mktemp(f"ident-tp{tp}"), size_mb=3, tp=tp, hook=False)
+    for f in demo.files:
+        pad_header(f, 8)
+    return demo
+
+
+def storage_loads(demo: DemoModel) -> dict[str, Callable[[int], dict[str, torch.Tensor]]]:
+    def index(rank: int):  # type: ignore[no-untyped-def]
+        return shard_index(demo.out, rank, demo.tp)
+
+    return {
+        "preload": lambda r: PreloadLoader().load_index(index(r), CPU, LoadProgress()),
+        "preload-staged": lambda r: PreloadLoader(staged=True).load_index(
+            index(r), CPU, LoadProgress()
+        ),
+        "direct": lambda r: DirectLoader().load_index(index(r), CPU, LoadProgress()),
+    }
+
+
+def outputs(demo: DemoModel, shards: Shards, inputs: list[np.ndarray]) -> list[bytes]:
+    runtime = Pt2Runtime.open(demo.out)
+    runtime.bind(shards)
+    return [runtime.infer({"INPUT0": x})["OUTPUT0"].tobytes() for x in inputs]
+
+
+def test_files_really_are_misaligned(model: DemoModel) -> None:
+    """The precondition that makes the comparison below mean something."""
+    for r in range(model.tp):
+        offsets = {
+            info.begin % TENSOR_ALIGNMENT
+            for _, info in shard_index(model.out, r, model.tp).tensors.values()
+        }
+        assert offsets != {0}, offsets
+
+
+@needs_nixl
+@pytest.mark.timeout(180)
+def test_every_load_path_gives_bit_identical_outputs(model: DemoModel, tmp_path: Path) -> None:
+    gen = torch.Generator().manual_seed(7)
+    d_model = json.loads((model.out / "model.json").read_text())["inputs"][0]["shape"][1]
+    inputs = [torch.randn(b, d_model, generator=gen).numpy() for b in (1, 1, 2, 3, 8, 33)]
+
+    shards: dict[str, Shards] = {
+        name: {r: load(r) for r in range(model.tp)} for name, load in storage_loads(model).items()
+    }
+    # The source loaded by preload and publishes what it serves; a target pulls it over NIXL.
+    src_plan = make_plan(model.out, pod="ident-src", tensor_parallel=model.tp)
+    source = ThreadSource(src_plan, shards["preload"])
+    try:
+        tgt_plan = make_plan(
+            model.out,
+            pod="ident-tgt",
+            tensor_parallel=model.tp,
+            role=Role.TARGET,
+            peers=[source.candidate],
+        )
+        loader = PeerToPeerLoader()
+        shards["p2p"] = {r: loader.load(tgt_plan, r, CPU, LoadProgress()) for r in range(model.tp)}
+        assert loader.last_result is not None
+    finally:
+        source.close()
+
+    for name, by_rank in shards.items():
+        for r, tensors in by_rank.items():
+            bad = [k for k, t in tensors.items() if not is_aligned(t)]
+            assert not bad, f"{name} rank {r}: misaligned tensors {bad[:3]}"
+
+    results = {name: outputs(model, s, inputs) for name, s in shards.items()}
+    want = results["p2p"]
+    for name, got in results.items():
+        for i, (a, b) in enumerate(zip(got, want, strict=True)):
+            ta = torch.frombuffer(bytearray(a), dtype=torch.uint8)
+            tb = torch.frombuffer(bytearray(b), dtype=torch.uint8)
+            assert torch.equal(ta, tb), (
+                f"{name} vs p2p differ for input {i} (batch {inputs[i].shape[0]})"
+            )
