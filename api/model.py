@@ -6,12 +6,22 @@ has one. Names are camelCase on the wire (aliases) and snake_case in Python.
 
 from __future__ import annotations
 
+import json
 from enum import StrEnum
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
 from pydantic.alias_generators import to_camel
 
+from weightlift.api import limits
 from weightlift.api.storage import URI_PATTERN
 
 GROUP = "weightlift.dev"
@@ -37,6 +47,35 @@ class ApiModel(BaseModel):
 # ----------------------------------------------------------------------------------- spec
 
 
+def _cel(rule: str, message: str, field_path: str | None = None) -> dict[str, Any]:
+    """A CEL rule the API server checks at admission (x-kubernetes-validations)."""
+    out = {"rule": rule, "message": message}
+    if field_path:
+        out["fieldPath"] = field_path
+    return out
+
+
+def _rules(*rules: dict[str, Any]) -> ConfigDict:
+    return ConfigDict(json_schema_extra={"x-kubernetes-validations": list(rules)})
+
+
+LabelKey = Annotated[
+    str, StringConstraints(pattern=limits.QUALIFIED_NAME, max_length=limits.QUALIFIED_NAME_MAX)
+]
+LabelValue = Annotated[
+    str, StringConstraints(pattern=limits.LABEL_VALUE, max_length=limits.LABEL_VALUE_MAX)
+]
+Quantity = Annotated[
+    str, StringConstraints(pattern=limits.QUANTITY, max_length=limits.QUANTITY_MAX)
+]
+Arg = Annotated[str, StringConstraints(pattern=limits.NO_NUL, max_length=limits.ARG_MAX_LENGTH)]
+
+# A '..' path segment: refused in model URIs and init library paths, so that a path admitted
+# below a directory stays below it (the operator's planning.validate checks the same).
+_DOTDOT_SEGMENT = r"(^|/)\.\.(/|$)"
+_URI_DOTDOT_SEGMENT = r"://(.*/)?\.\.(/|$)"
+
+
 class ModelFormat(StrEnum):
     SAFETENSORS = "safetensors"
     PT2 = "pt2"
@@ -60,6 +99,14 @@ class Role(StrEnum):
 
 
 class ModelSource(ApiModel):
+    model_config = _rules(
+        _cel(
+            f"!self.uri.matches(r'{_URI_DOTDOT_SEGMENT}')",
+            "spec.model.uri: '.' and '..' path segments are not allowed; write the normalised path",
+            ".uri",
+        )
+    )
+
     uri: str = Field(
         pattern=URI_PATTERN,
         max_length=2048,
@@ -79,6 +126,7 @@ class ModelSource(ApiModel):
         "main",
         min_length=1,
         max_length=128,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_./+-]*$",
         description="Model revision (git sha, tag or version); part of the model identity.",
     )
     dtype: Literal["auto", "float32", "float16", "bfloat16"] = Field(
@@ -102,30 +150,59 @@ class Parallelism(ApiModel):
 
 
 class Toleration(ApiModel):
-    key: str | None = Field(None, description="Taint key the toleration applies to.")
+    key: LabelKey | None = Field(None, description="Taint key the toleration applies to.")
     operator: Literal["Exists", "Equal"] = Field("Equal", description="Exists or Equal.")
-    value: str | None = Field(None, description="Taint value to match with Equal.")
+    value: LabelValue | None = Field(None, description="Taint value to match with Equal.")
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
         None, description="Taint effect to match; empty matches all effects."
     )
     toleration_seconds: int | None = Field(
-        None, ge=0, description="How long a NoExecute taint is tolerated."
+        None, ge=0, le=2**40, description="How long a NoExecute taint is tolerated."
     )
+
+
+_RESERVED_ENV_RULE = " && ".join(
+    f"!self.name.startsWith('{prefix}')" for prefix in limits.RESERVED_ENV_PREFIXES
+)
+_RESERVED_ENV_MESSAGE = (
+    f"spec.template.env: names starting with {', '.join(limits.RESERVED_ENV_PREFIXES)} are "
+    "reserved for the worker (its plan, bind address and the dynamic loader)"
+)
 
 
 class EnvVar(ApiModel):
+    model_config = _rules(_cel(_RESERVED_ENV_RULE, _RESERVED_ENV_MESSAGE, ".name"))
+
     name: str = Field(
-        min_length=1, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", description="Variable name."
+        min_length=1,
+        max_length=limits.ENV_NAME_MAX,
+        pattern=limits.ENV_NAME,
+        description="Variable name; WEIGHTLIFT_* and LD_* are reserved for the worker.",
     )
-    value: str = Field("", description="Variable value (use a Secret-backed runtime for secrets).")
+    value: str = Field(
+        "",
+        max_length=limits.ENV_VALUE_MAX,
+        pattern=limits.NO_NUL,
+        description="Variable value (use a Secret-backed runtime for secrets).",
+    )
+
+    @field_validator("name")
+    @classmethod
+    def _not_reserved(cls, name: str) -> str:
+        if name.startswith(limits.RESERVED_ENV_PREFIXES):
+            raise ValueError(_RESERVED_ENV_MESSAGE)
+        return name
 
 
 class Resources(ApiModel):
-    requests: dict[str, str] = Field(
-        default_factory=dict, description="Extra resource requests (cpu, memory, ...)."
-    )
-    limits: dict[str, str] = Field(
+    requests: dict[LabelKey, Quantity] = Field(
         default_factory=dict,
+        max_length=limits.RESOURCE_ITEMS,
+        description="Extra resource requests (cpu, memory, ...).",
+    )
+    limits: dict[LabelKey, Quantity] = Field(
+        default_factory=dict,
+        max_length=limits.RESOURCE_ITEMS,
         description="Extra resource limits; nvidia.com/gpu is set from parallelism.tensor.",
     )
 
@@ -134,6 +211,8 @@ class PodTemplate(ApiModel):
     image: str = Field(
         "ghcr.io/weightlift/worker:0.1.0",
         min_length=1,
+        max_length=limits.IMAGE_MAX,
+        pattern=limits.IMAGE,
         description="Worker image; it must contain the weightlift worker.",
     )
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(
@@ -142,26 +221,35 @@ class PodTemplate(ApiModel):
     resources: Resources = Field(
         default_factory=Resources, description="Resources beyond the GPUs."
     )
-    node_selector: dict[str, str] = Field(
-        default_factory=dict, description="Node labels a worker pod must match."
+    node_selector: dict[LabelKey, LabelValue] = Field(
+        default_factory=dict,
+        max_length=limits.NODE_SELECTOR_ITEMS,
+        description="Node labels a worker pod must match.",
     )
     tolerations: list[Toleration] = Field(
-        default_factory=list, description="Tolerations for tainted GPU nodes."
+        default_factory=list,
+        max_length=limits.TOLERATION_ITEMS,
+        description="Tolerations for tainted GPU nodes.",
     )
-    env: list[EnvVar] = Field(default_factory=list, description="Extra worker environment.")
+    env: list[EnvVar] = Field(
+        default_factory=list, max_length=limits.ENV_ITEMS, description="Extra worker environment."
+    )
     rdma_resource: str | None = Field(
         None,
+        max_length=limits.QUALIFIED_NAME_MAX,
         pattern=r"^[a-z0-9.-]+/[a-z0-9_.-]+$",
         description="Extended resource for RDMA NICs (e.g. rdma/ib); one is requested per pod.",
     )
     shm_size: str = Field(
         "8Gi",
+        max_length=32,
         pattern=r"^[0-9]+(Ki|Mi|Gi|Ti)?$",
         description="Size limit of the /dev/shm memory volume.",
     )
     service_account_name: str | None = Field(
         None,
-        max_length=253,
+        max_length=limits.DNS_SUBDOMAIN_MAX,
+        pattern=limits.DNS_SUBDOMAIN,
         description=(
             "ServiceAccount of worker pods. Unset: the namespace's default account with no API "
             "token mounted (workers need no API access). The chart's weightlift-worker account "
@@ -221,10 +309,26 @@ class LoadingSpec(ApiModel):
     )
 
 
+_LIBRARY_MESSAGE = (
+    "spec.initHooks.library: a path relative to the model dir without '..' segments; an "
+    "absolute path needs spec.initHooks.allowOutsideModelDir"
+)
+
+
 class InitHooks(ApiModel):
+    model_config = _rules(
+        _cel(
+            "(has(self.allowOutsideModelDir) && self.allowOutsideModelDir) || "
+            f"(!self.library.startsWith('/') && !self.library.matches(r'{_DOTDOT_SEGMENT}'))",
+            _LIBRARY_MESSAGE,
+            ".library",
+        )
+    )
+
     library: str = Field(
         min_length=1,
         max_length=1024,
+        pattern=limits.NO_NUL,
         description=(
             "Shared library dlopen'd before the model loads; triton_pytorch_model_init(model_dir, "
             "device_index) is called per device. Relative paths resolve inside the model dir."
@@ -245,8 +349,9 @@ class RuntimeSpec(ApiModel):
         description="Builtin: the worker serves model.pt2 over KServe v2. External: run command.",
     )
     port: int = Field(8000, ge=1024, le=65535, description="HTTP port of the KServe v2 endpoint.")
-    command: list[str] = Field(
+    command: list[Arg] = Field(
         default_factory=list,
+        max_length=limits.COMMAND_ITEMS,
         description="External runtime command (e.g. tritonserver ...); required for External.",
     )
 
@@ -267,30 +372,115 @@ def pulls_from_peers(loading: LoadingSpec, runtime: RuntimeSpec) -> bool:
 
 
 class ExpectedTensor(ApiModel):
-    name: str = Field(min_length=1, description="Output tensor name.")
-    shape: list[int] | None = Field(None, description="Expected shape; omitted means any.")
-    data: list[float] = Field(
-        default_factory=list, description="Expected values, flattened row-major."
+    name: str = Field(
+        min_length=1,
+        max_length=limits.NAME_MAX,
+        pattern=limits.NO_NUL,
+        description="Output tensor name.",
     )
+    shape: list[Annotated[int, Field(ge=-1, le=2**31)]] | None = Field(
+        None, max_length=limits.SHAPE_DIMS, description="Expected shape; omitted means any."
+    )
+    data: list[float] = Field(
+        default_factory=list,
+        max_length=limits.EXPECTED_VALUES,
+        description="Expected values, flattened row-major.",
+    )
+
+
+_TENSOR_NAME: dict[str, Any] = {
+    "type": "string",
+    "minLength": 1,
+    "maxLength": limits.NAME_MAX,
+    "description": "Tensor name.",
+}
+# The CRD schema of probe.request: a KServe v2 inference request typed all the way down, so
+# that its size and depth are bounded at admission (a free-form request once nested deep enough
+# to drive a JSON decoder into RecursionError). Tensor data are numbers: the API server's CEL
+# cannot check values of mixed type, and text probes use probe.completion instead.
+KSERVE_REQUEST_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "description": "KServe v2 inference request body POSTed to /v2/models/{model}/infer.",
+    "properties": {
+        "id": {"type": "string", "maxLength": limits.NAME_MAX, "description": "Request id."},
+        "inputs": {
+            "type": "array",
+            "description": "Input tensors.",
+            "maxItems": limits.REQUEST_ITEMS,
+            "items": {
+                "type": "object",
+                "description": "One input tensor.",
+                "required": ["name", "datatype", "shape", "data"],
+                "properties": {
+                    "name": _TENSOR_NAME,
+                    "datatype": {
+                        "type": "string",
+                        "maxLength": 16,
+                        "pattern": "^[A-Z0-9]+$",
+                        "description": "KServe v2 datatype (FP32, INT64, ...).",
+                    },
+                    "shape": {
+                        "type": "array",
+                        "description": "Tensor shape.",
+                        "maxItems": limits.SHAPE_DIMS,
+                        "items": {"type": "integer", "minimum": 0, "maximum": 2**31},
+                    },
+                    "data": {
+                        "type": "array",
+                        "description": "Tensor contents as numbers, flattened row-major.",
+                        "maxItems": limits.REQUEST_VALUES,
+                        "items": {"type": "number"},
+                    },
+                },
+            },
+        },
+        "outputs": {
+            "type": "array",
+            "description": "Requested outputs.",
+            "maxItems": limits.REQUEST_ITEMS,
+            "items": {
+                "type": "object",
+                "description": "One requested output.",
+                "required": ["name"],
+                "properties": {"name": _TENSOR_NAME},
+            },
+        },
+    },
+}
 
 
 class InferenceProbe(ApiModel):
-    request: dict[str, Any] = Field(
+    request: Annotated[dict[str, Any], WithJsonSchema(KSERVE_REQUEST_SCHEMA)] = Field(
         description="KServe v2 inference request body POSTed to /v2/models/{model}/infer.",
-        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
     )
     expected_outputs: list[ExpectedTensor] = Field(
         default_factory=list,
+        max_length=limits.EXPECTED_OUTPUTS,
         description="Expected outputs; empty checks names, shapes and datatypes only.",
     )
     tolerance: float = Field(
-        1e-4, ge=0, description="Absolute tolerance when comparing output values."
+        1e-4, ge=0, le=1e30, description="Absolute tolerance when comparing output values."
     )
     period_seconds: int = Field(10, ge=1, le=3600, description="Seconds between probes.")
     timeout_seconds: int = Field(5, ge=1, le=600, description="Timeout of one probe request.")
     failure_threshold: int = Field(
         3, ge=1, le=100, description="Consecutive failures before a replica is not Ready."
     )
+
+    @field_validator("request")
+    @classmethod
+    def _bounded_request(cls, request: dict[str, Any]) -> dict[str, Any]:
+        depth = limits.json_depth(request, limits.REQUEST_MAX_DEPTH)
+        if depth > limits.REQUEST_MAX_DEPTH:
+            raise ValueError(
+                f"spec.probe.request: nested deeper than {limits.REQUEST_MAX_DEPTH} levels"
+            )
+        size = len(json.dumps(request))
+        if size > limits.REQUEST_MAX_BYTES:
+            raise ValueError(
+                f"spec.probe.request: {size} bytes of JSON; at most {limits.REQUEST_MAX_BYTES}"
+            )
+        return request
 
 
 class Rollout(ApiModel):

@@ -14,6 +14,7 @@ from typing import Any
 import click
 import yaml
 
+from weightlift.api import limits
 from weightlift.api.labels import MAX_NAME_LENGTH
 from weightlift.api.model import (
     GROUP,
@@ -27,6 +28,11 @@ from weightlift.api.model import (
 )
 
 _DROP_KEYS = {"title", "$defs", "discriminator"}
+# How a map-key rule's message names the pattern it enforces.
+_KEY_KINDS = {
+    limits.QUALIFIED_NAME: "qualified names ([DNS-subdomain prefix/]name, the name at most 63 "
+    "alphanumerics, '-', '_' or '.'; e.g. nvidia.com/gpu or kubernetes.io/hostname)",
+}
 
 # Rules the API server enforces at admission (CEL), each naming the field it guards.
 _SPEC_VALIDATIONS = [
@@ -67,8 +73,36 @@ def _resolve(node: Any, defs: dict[str, Any]) -> Any:
     return _structural(out)
 
 
+def _map_keys(node: dict[str, Any]) -> None:
+    """dict[Key, Value] with constrained keys: JSON Schema's patternProperties/propertyNames are
+    not structural, so the value schema becomes additionalProperties and the key constraints a
+    CEL rule over the map's keys."""
+    keys: dict[str, Any] = dict(node.pop("propertyNames", None) or {})
+    patterns = node.pop("patternProperties", None)
+    if patterns:
+        if len(patterns) != 1:
+            raise ValueError(f"cannot express several key patterns structurally: {patterns}")
+        ((pattern, value),) = patterns.items()
+        node["additionalProperties"] = value
+        keys["pattern"] = pattern
+    checks, wants = [], []
+    if "maxLength" in keys:
+        checks.append(f"size(k) <= {keys['maxLength']}")
+        wants.append(f"at most {keys['maxLength']} characters")
+    if "pattern" in keys:
+        checks.append(f"k.matches(r'{keys['pattern']}')")
+        wants.append(_KEY_KINDS.get(keys["pattern"], f"matching {keys['pattern']}"))
+    if checks:
+        rule = {
+            "rule": f"self.all(k, {' && '.join(checks)})",
+            "message": "keys must be " + " and ".join(wants),
+        }
+        node.setdefault("x-kubernetes-validations", []).append(rule)
+
+
 def _structural(node: dict[str, Any]) -> dict[str, Any]:
     """Rewrite the JSON-Schema-isms the API server rejects."""
+    _map_keys(node)
     for combinator in ("anyOf", "oneOf"):
         options = node.get(combinator)
         if options is None:
@@ -86,8 +120,8 @@ def _structural(node: dict[str, Any]) -> dict[str, Any]:
         node["enum"] = [node.pop("const")]
     if node.get("default", ...) is None:
         node.pop("default")
-    if node.get("x-kubernetes-preserve-unknown-fields"):
-        node.pop("additionalProperties", None)
+    if node.get("x-kubernetes-preserve-unknown-fields") and "additionalProperties" in node:
+        node.pop("additionalProperties")  # a free-form dict[str, Any]
         node.setdefault("type", "object")
     if node.get("type") == "object" and "additionalProperties" in node and "properties" in node:
         node.pop("additionalProperties")  # extra="forbid": the API server prunes unknown fields
@@ -126,6 +160,35 @@ def missing_descriptions(schema: dict[str, Any], path: str = "spec") -> list[str
         if sub.get("type") == "array" and isinstance(sub.get("items"), dict):
             missing += missing_descriptions(sub["items"], here + "[]")
     return missing
+
+
+def unbounded(schema: dict[str, Any], path: str = "spec") -> list[str]:
+    """Field paths of strings without maxLength (or enum), lists without maxItems and maps
+    without maxProperties: what admission would let grow until etcd or a kubelet gives up.
+    Free-form JSON (preserve-unknown-fields) counts as bounded only with maxProperties."""
+    found: list[str] = []
+    kind = schema.get("type")
+    if kind is None and schema.get("x-kubernetes-preserve-unknown-fields"):
+        # Any JSON value: bounded only by a CEL rule of the list or map holding it.
+        return [] if schema.get("x-bounded-by-parent") else [path]
+    if kind == "string" and "maxLength" not in schema and "enum" not in schema:
+        found.append(path)
+    checked = bool(schema.get("x-kubernetes-validations"))
+    if kind == "array":
+        if "maxItems" not in schema:
+            found.append(path)
+        found += unbounded(_mark(schema.get("items") or {}, checked), path + "[]")
+    if kind == "object" and "properties" not in schema and "maxProperties" not in schema:
+        found.append(path)
+    for name, sub in schema.get("properties", {}).items():
+        found += unbounded(sub, f"{path}.{name}")
+    if isinstance(schema.get("additionalProperties"), dict):
+        found += unbounded(_mark(schema["additionalProperties"], checked), path + "{}")
+    return found
+
+
+def _mark(schema: dict[str, Any], checked: bool) -> dict[str, Any]:
+    return {**schema, "x-bounded-by-parent": True} if checked else schema
 
 
 def build_crd() -> dict[str, Any]:

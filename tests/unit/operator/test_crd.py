@@ -12,7 +12,13 @@ import yaml
 from pydantic import ValidationError
 
 from weightlift.api.model import ModelDeploymentSpec, ModelDeploymentStatus
-from weightlift.operator.crd import build_crd, missing_descriptions, openapi_schema, render_crd
+from weightlift.operator.crd import (
+    build_crd,
+    missing_descriptions,
+    openapi_schema,
+    render_crd,
+    unbounded,
+)
 
 ROOT = Path(__file__).resolve().parents[3]
 COMMITTED = [
@@ -116,6 +122,8 @@ def test_every_node_is_typed() -> None:
     for path, node in walk(ROOT_SCHEMA):
         if node.get("x-kubernetes-int-or-string"):
             continue
+        if node == {"x-kubernetes-preserve-unknown-fields": True}:
+            continue  # any JSON value, checked by its parent's CEL rule
         assert "type" in node, f"{path or '<root>'} has no type"
         if "properties" in node or "additionalProperties" in node:
             assert node["type"] == "object", path
@@ -124,16 +132,75 @@ def test_every_node_is_typed() -> None:
         assert not ("properties" in node and "additionalProperties" in node), path
 
 
-def test_maps_are_typed_maps() -> None:
+def test_maps_are_typed_maps_with_checked_keys() -> None:
     selector = field("template.nodeSelector")
     assert selector["type"] == "object"
-    assert selector["additionalProperties"] == {"type": "string"}
+    assert selector["additionalProperties"]["type"] == "string"
+    assert selector["additionalProperties"]["maxLength"] == 63
+    assert "patternProperties" not in selector and "propertyNames" not in selector
+    [rule] = selector["x-kubernetes-validations"]
+    assert rule["rule"].startswith("self.all(k, size(k) <= 317 && k.matches(")
 
 
-def test_probe_request_keeps_arbitrary_fields() -> None:
+def test_probe_request_is_a_typed_kserve_request() -> None:
     request = field("probe.request")
     assert request["type"] == "object"
-    assert request["x-kubernetes-preserve-unknown-fields"] is True
+    assert "x-kubernetes-preserve-unknown-fields" not in request
+    assert set(request["properties"]) == {"id", "inputs", "outputs"}
+    data = request["properties"]["inputs"]["items"]["properties"]["data"]
+    assert data["items"] == {"type": "number"}
+
+
+def test_every_spec_string_list_and_map_is_bounded() -> None:
+    """Admission bounds everything: a field added without maxLength/maxItems fails here."""
+    assert unbounded(SPEC) == []
+
+
+def test_unbounded_finds_gaps() -> None:
+    schema = {
+        "type": "object",
+        "properties": {
+            "s": {"type": "string"},
+            "e": {"type": "string", "enum": ["a"]},
+            "l": {"type": "array", "maxItems": 2, "items": {"type": "string"}},
+            "m": {"type": "object", "additionalProperties": {"type": "string", "maxLength": 1}},
+            "j": {
+                "type": "array",
+                "maxItems": 1,
+                "items": {"x-kubernetes-preserve-unknown-fields": True},
+            },
+        },
+    }
+    assert unbounded(schema) == ["spec.s", "spec.l[]", "spec.m", "spec.j[]"]
+
+
+def largest_json(schema: dict[str, Any]) -> int:
+    """Bytes of the largest JSON value the schema admits (unescaped characters)."""
+    kind = schema.get("type")
+    if kind == "string":
+        return schema.get("maxLength") or max(len(v) for v in schema["enum"]) + 2
+    if kind in ("number", "integer"):
+        return 24
+    if kind == "boolean":
+        return 5
+    if kind == "array":
+        return 2 + schema["maxItems"] * (largest_json(schema["items"]) + 1)
+    if kind is None:  # a scalar checked by its parent's CEL rule
+        return 24 + 64
+    size = 2
+    for name, sub in schema.get("properties", {}).items():
+        size += len(name) + 4 + largest_json(sub)
+    if "additionalProperties" in schema:
+        value = largest_json(schema["additionalProperties"])
+        size += schema["maxProperties"] * (317 + 4 + value)
+    return size
+
+
+def test_largest_admissible_spec_fits_a_configmap() -> None:
+    """The worker plan (a subset of the spec) travels in a ConfigMap: at most 1 MiB."""
+    size = largest_json(SPEC)
+    print(f"largest admissible spec: {size} bytes")
+    assert size < 1024 * 1024
 
 
 def _valid(value: Any, schema: dict[str, Any], path: str) -> None:

@@ -1,0 +1,235 @@
+"""Hostile ModelDeployments (issue 13) against the real API server: each is refused at
+admission, and the refusal names the field."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from tests.integration.test_crd_live import dry_run, md
+from tests.support.cluster import Kubectl
+from weightlift.api import limits
+
+
+def _deep(depth: int) -> Any:
+    value: Any = 1.0
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+def _infer(data: list[Any]) -> dict[str, Any]:
+    return {"inputs": [{"name": "x", "datatype": "FP32", "shape": [len(data)], "data": data}]}
+
+
+def _template(**fields: Any) -> dict[str, Any]:
+    return {"template": fields}
+
+
+MANY = 10_000
+
+# (id, spec fields, text the API server's answer must contain: the field path)
+HOSTILE: list[tuple[str, dict[str, Any], str]] = [
+    ("uri-dotdot-root", {"model": {"uri": "hostpath:///../../etc"}}, "spec.model.uri"),
+    ("uri-dotdot-inside", {"model": {"uri": "hostpath:///tmp/../etc"}}, "spec.model.uri"),
+    ("pvc-dotdot", {"model": {"uri": "pvc://claim/../../etc"}}, "spec.model.uri"),
+    (
+        "library-dot-dotdot",
+        {"initHooks": {"library": "hooks/./../hooks/libinit.so"}},
+        "spec.initHooks.library",
+    ),
+    ("library-traversal", {"initHooks": {"library": "../../libevil.so"}}, "spec.initHooks.library"),
+    (
+        "library-absolute",
+        {"initHooks": {"library": "/lib/x86_64-linux-gnu/libc.so.6"}},
+        "spec.initHooks.library",
+    ),
+    (
+        "env-plan",
+        _template(env=[{"name": "WEIGHTLIFT_PLAN", "value": "{}"}]),
+        "spec.template.env[0].name",
+    ),
+    (
+        "env-bind-host",
+        _template(env=[{"name": "OK", "value": "1"}, {"name": "WEIGHTLIFT_BIND_HOST"}]),
+        "spec.template.env[1].name",
+    ),
+    (
+        "env-ld-preload",
+        _template(env=[{"name": "LD_PRELOAD", "value": "/tmp/evil.so"}]),
+        "spec.template.env[0].name",
+    ),
+    (
+        "env-nul",
+        _template(env=[{"name": "A", "value": "x\u0000y"}]),
+        "spec.template.env[0].value",
+    ),
+    (
+        "env-many",
+        _template(env=[{"name": f"V{i}", "value": "x"} for i in range(MANY)]),
+        "spec.template.env",
+    ),
+    (
+        "env-huge-value",
+        _template(env=[{"name": "A", "value": "x" * (limits.ENV_VALUE_MAX + 1)}]),
+        "spec.template.env[0].value",
+    ),
+    (
+        "tolerations-many",
+        _template(tolerations=[{"key": f"k{i}", "operator": "Exists"} for i in range(MANY)]),
+        "spec.template.tolerations",
+    ),
+    (
+        "toleration-bad-key",
+        _template(tolerations=[{"key": "bad key!", "operator": "Exists"}]),
+        "spec.template.tolerations[0].key",
+    ),
+    (
+        "command-many",
+        {"runtime": {"type": "External", "command": ["x"] * MANY}},
+        "spec.runtime.command",
+    ),
+    ("image-huge", _template(image="a" * 1_000_000), "spec.template.image"),
+    ("image-shell", _template(image="busybox; rm -rf /"), "spec.template.image"),
+    ("image-subst", _template(image="worker:$(id)"), "spec.template.image"),
+    (
+        "service-account",
+        _template(serviceAccountName="Bad Name!!"),
+        "spec.template.serviceAccountName",
+    ),
+    ("node-selector-key", _template(nodeSelector={"bad key!": "x"}), "spec.template.nodeSelector"),
+    (
+        "node-selector-value",
+        _template(nodeSelector={"gpu": "not a label value"}),
+        "spec.template.nodeSelector.gpu",
+    ),
+    (
+        "node-selector-many",
+        _template(nodeSelector={f"k{i}": "v" for i in range(MANY)}),
+        "spec.template.nodeSelector",
+    ),
+    (
+        "cpu-lots",
+        _template(resources={"requests": {"cpu": "lots"}}),
+        "spec.template.resources.requests.cpu",
+    ),
+    (
+        "resource-bad-name",
+        _template(resources={"limits": {"not a resource": "1"}}),
+        "spec.template.resources.limits",
+    ),
+    (
+        "expected-outputs-many",
+        {"probe": {"request": _infer([1.0]), "expectedOutputs": [{"name": "y"}] * MANY}},
+        "spec.probe.expectedOutputs",
+    ),
+    (
+        "expected-values-many",
+        {
+            "probe": {
+                "request": _infer([1.0]),
+                "expectedOutputs": [{"name": "y", "data": [0.0] * MANY}],
+            }
+        },
+        "spec.probe.expectedOutputs[0].data",
+    ),
+    (
+        "request-nested",
+        {"probe": {"request": _infer([_deep(50)])}},
+        "spec.probe.request.inputs[0].data",
+    ),
+    (
+        "request-nested-object",
+        {"probe": {"request": _infer([{"a": {"b": 1}}])}},
+        "spec.probe.request.inputs[0].data",
+    ),
+    (
+        "request-many-values",
+        {"probe": {"request": _infer([0.0] * (limits.REQUEST_VALUES + 1))}},
+        "spec.probe.request.inputs[0].data",
+    ),
+    (
+        "request-string-data",
+        {"probe": {"request": _infer(["x"])}},
+        "spec.probe.request.inputs[0].data[0]",
+    ),
+    (
+        "request-unknown-field",
+        {"probe": {"request": {**_infer([1.0]), "payload": _deep(50)}}},
+        "spec.probe.request.payload",
+    ),
+]
+
+
+@pytest.mark.parametrize(("name", "spec", "field"), HOSTILE, ids=[h[0] for h in HOSTILE])
+def test_hostile_spec_refused_naming_the_field(
+    crd: str, kubectl: Kubectl, namespace: str, name: str, spec: dict[str, Any], field: str
+) -> None:
+    code, out = dry_run(kubectl, namespace, md(name, **spec))
+    assert code != 0, f"the API server admitted {name}"
+    assert field in out, out[:2000]
+
+
+def test_request_deeper_than_python_decodes_is_refused(
+    crd: str, kubectl: Kubectl, namespace: str
+) -> None:
+    """5000 levels: more than json.loads in the operator or worker could decode (RecursionError),
+    written by hand since json.dumps cannot produce it either."""
+    depth = 5000
+    text = json.dumps(md("deep", probe={"request": _infer(["DEEP"])}))
+    text = text.replace('"DEEP"', "[" * depth + "1" + "]" * depth)
+    proc = kubectl("apply", "-n", namespace, "--dry-run=server", "-f", "-", input=text, check=False)
+    assert proc.returncode != 0, "the API server admitted a 5000-level request"
+    assert "spec.probe.request.inputs[0].data" in proc.stderr, proc.stderr[:2000]
+
+
+ADMITTED: list[tuple[str, dict[str, Any]]] = [
+    ("library-relative", {"initHooks": {"library": "hooks/libinit.so"}}),
+    ("library-dot", {"initHooks": {"library": "./hooks/lib..init.so"}}),
+    ("uri-dot", {"model": {"uri": "pvc://models/./tiny..v2"}}),
+    (
+        "library-absolute-allowed",
+        {"initHooks": {"library": "/opt/hooks/libinit.so", "allowOutsideModelDir": True}},
+    ),
+    ("env-plain", _template(env=[{"name": "HF_HOME", "value": "/tmp/hf"}])),
+    ("image-digest", _template(image="registry.example.com:5000/team/worker@sha256:" + "a" * 64)),
+    ("image-tag", _template(image="localhost/weightlift-worker:dev-1.2")),
+    (
+        "scheduling",
+        _template(
+            nodeSelector={"kubernetes.io/hostname": "gpu-1", "gpu": ""},
+            tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+            resources={"requests": {"cpu": "500m", "memory": "8Gi"}, "limits": {"memory": "1e9"}},
+            serviceAccountName="weightlift-worker",
+        ),
+    ),
+    (
+        "probe",
+        {
+            "probe": {
+                "request": {
+                    "id": "p",
+                    "inputs": [
+                        {"name": "x", "datatype": "FP32", "shape": [1, 2], "data": [1.5, -2]},
+                        {"name": "t", "datatype": "INT64", "shape": [1], "data": [7]},
+                    ],
+                    "outputs": [{"name": "y"}],
+                },
+                "expectedOutputs": [{"name": "y", "shape": [1, 2], "data": [0.5, 1.0]}],
+            }
+        },
+    ),
+]
+
+
+@pytest.mark.parametrize(("name", "spec"), ADMITTED, ids=[a[0] for a in ADMITTED])
+def test_legitimate_spec_admitted_unchanged(
+    crd: str, kubectl: Kubectl, namespace: str, name: str, spec: dict[str, Any]
+) -> None:
+    obj = md(name, **spec)
+    proc = kubectl("create", "-n", namespace, "-f", "-", "-o", "json", input=json.dumps(obj))
+    stored = json.loads(proc.stdout)["spec"]
+    for key, value in spec.items():
+        assert stored[key] | value == stored[key], f"{key}: stored {stored[key]!r}"
