@@ -15,6 +15,7 @@ import kopf
 from weightlift.api.labels import DEPLOYMENT_LABEL, MANAGED_BY
 from weightlift.api.model import GROUP, KIND, PLURAL, VERSION
 from weightlift.operator import kube
+from weightlift.operator.diffbase import DigestDiffBaseStorage
 from weightlift.operator.reconcile import OperatorState, pod_essentials, reconcile
 
 log = logging.getLogger("weightlift.operator")
@@ -25,7 +26,8 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     settings.persistence.finalizer = f"{GROUP}/finalizer"
     # Keep kopf's bookkeeping in annotations: status belongs to the ModelDeployment's users.
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+    # A digest, not the spec: a large spec must not overflow the annotations (diffbase.py).
+    settings.persistence.diffbase_storage = DigestDiffBaseStorage(
         prefix=GROUP, key="last-handled-configuration"
     )
     # One event path: reconcile posts each transition's Event itself (kube.post_event). kopf's
