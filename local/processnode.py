@@ -144,6 +144,17 @@ class ConfigError(Exception):
     """The pod asks for something the process node cannot provide (CreateContainerConfigError)."""
 
 
+def _refuse_nul(container: str, argv: list[str], env: dict[str, str]) -> None:
+    """execve cannot pass a NUL byte (Popen raises ValueError): say which value has one, as a
+    container config error, instead of crashing the pod's runner."""
+    for name, value in env.items():
+        if "\0" in name or "\0" in value:
+            raise ConfigError(f"container {container}: env {name!r} contains a NUL byte")
+    for i, arg in enumerate(argv):
+        if "\0" in arg:
+            raise ConfigError(f"container {container}: argument {i} contains a NUL byte")
+
+
 class PodRunner(threading.Thread):
     """Owns one pod (by uid): starts its containers, probes them, writes status, tears down."""
 
@@ -404,6 +415,7 @@ class PodRunner(threading.Thread):
     def _command(self, pod: JSON, spec: JSON) -> tuple[list[str], dict[str, str], str]:
         env = self._env(pod, spec)
         argv = [_expand(a, env) for a in [*spec.get("command", []), *spec.get("args", [])]]
+        _refuse_nul(spec["name"], argv, env)
         if not argv:
             raise ConfigError(
                 f"container {spec['name']} has no command: the process node cannot run an "

@@ -177,3 +177,24 @@ def test_restart_policy_always_restarts_with_count(
     cs = pod["status"]["containerStatuses"][0]
     assert cs["lastState"]["terminated"]["exitCode"] == 1
     assert pod["status"]["phase"] == "Running"
+
+
+def test_nul_byte_in_env_is_a_config_error_not_a_crash(
+    stack: LocalStack, pods: Callable[[JSON], str]
+) -> None:
+    """execve cannot take a NUL byte: the pod waits in CreateContainerConfigError naming the
+    variable, and the node keeps running pods (its runner did not die)."""
+    bad = f"nul-{uuid.uuid4().hex[:6]}"
+    pods(_pod(bad, [sys.executable, "-c", "pass"], env=[{"name": "EVIL", "value": "a\u0000b"}]))
+
+    def config_error(pod: JSON) -> bool:
+        state = ((pod.get("status", {}).get("containerStatuses") or [{}])[0]).get("state", {})
+        return state.get("waiting", {}).get("reason") == "CreateContainerConfigError"
+
+    pod = _wait(stack, bad, config_error)
+    message = pod["status"]["containerStatuses"][0]["state"]["waiting"]["message"]
+    assert "'EVIL'" in message and "NUL" in message
+    good = f"after-nul-{uuid.uuid4().hex[:6]}"
+    pods(_pod(good, [sys.executable, "-c", "import time; time.sleep(30)"]))
+    _wait(stack, good, lambda p: p.get("status", {}).get("phase") == "Running")
+    assert config_error(_wait(stack, bad, lambda p: True)), "the NUL pod left its error state"
