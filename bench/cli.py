@@ -9,6 +9,7 @@ import click
 BENCHMARKS = {
     "load": "weightlift.bench.load:load_command",
     "p2p": "weightlift.bench.p2p:p2p_command",
+    "operator": "weightlift.bench.operator:operator_command",
 }
 
 
@@ -26,4 +27,4 @@ class _LazyBench(click.Group):
 
 @click.group(cls=_LazyBench)
 def bench_group() -> None:
-    """Benchmarks (tables, JSON and PNG): load, p2p."""
+    """Benchmarks (tables, JSON and PNG): load, p2p, operator."""

@@ -65,6 +65,8 @@ SERVICE_CIDR = "10.96.0.0/16"
 # traffic to made-up private addresses from this machine, and 127.244/16 stays clear of the
 # process node's 127.0.x.y worker addresses.
 POD_CIDR = "127.244.0.0/16"
+# kwokctl's value for "no client rate limit" (its --disable-qps-limits).
+UNLIMITED_QPS = 5000
 
 
 class ControlPlaneError(RuntimeError):
@@ -330,11 +332,20 @@ class ControlPlane:
         cache: Path | None = None,
         timeout: float = 120.0,
         bind_to_parent: bool = False,
+        unlimited_client_qps: bool = False,
+        apiserver_args: Sequence[str] = (),
     ) -> None:
         """``bind_to_parent``: components get SIGTERM when the process that started them dies
         (Linux PR_SET_PDEATHSIG), so a killed test run leaves nothing behind. Off for
-        `weightlift cluster up`, whose components must outlive the command."""
+        `weightlift cluster up`, whose components must outlive the command.
+
+        ``unlimited_client_qps``: lift the scheduler's and controller-manager's client rate
+        limits (50 QPS by default: 4000 pod bindings would take 80 s), as kwokctl's
+        ``--disable-qps-limits`` does for scale tests. ``apiserver_args``: extra kube-apiserver
+        flags (the operator benchmark's audit log)."""
         self.bind_to_parent = bind_to_parent
+        self.unlimited_client_qps = unlimited_client_qps
+        self.apiserver_args = tuple(apiserver_args)
         self.state_dir = Path(state_dir).resolve()
         self.nodes = nodes if nodes is not None else GpuNodeSpec()
         self.cache = cache
@@ -444,6 +455,7 @@ class ControlPlane:
                     "--enable-priority-and-fairness=false",
                     "--profiling=false",
                     "--v=1",
+                    *self.apiserver_args,
                 ],
             )
             self._wait_http("kube-apiserver", f"{server}/readyz", token=token)
@@ -467,6 +479,7 @@ class ControlPlane:
                     "--controllers=*,-nodeipam,-service-lb-controller,-cloud-node-lifecycle",
                     "--concurrent-gc-syncs=5",
                     "--v=1",
+                    *self._client_qps_args(),
                 ],
             )
             self._start(
@@ -481,6 +494,7 @@ class ControlPlane:
                     f"--cert-dir={self.state_dir / 'run' / 'kube-scheduler'}",
                     "--leader-elect=false",
                     "--v=1",
+                    *self._client_qps_args(),
                 ],
             )
             self._start(
@@ -550,6 +564,11 @@ class ControlPlane:
         }
 
     # -- internals
+    def _client_qps_args(self) -> list[str]:
+        if not self.unlimited_client_qps:
+            return []
+        return [f"--kube-api-qps={UNLIMITED_QPS}", f"--kube-api-burst={2 * UNLIMITED_QPS}"]
+
     def _start(self, name: str, argv: Sequence[str]) -> None:
         log = open(self.logs / f"{name}.log", "ab")  # noqa: SIM115 (owned by the child)
         try:

@@ -52,6 +52,32 @@ def md_path(namespace: str, name: str | None = None) -> str:
 # ------------------------------------------------------------------------------ the stack
 
 
+def apply_crd(kube: Kube, timeout: float = 30.0) -> None:
+    """Create (or replace) the ModelDeployment CRD as `weightlift crd` renders it; wait until
+    it is Established."""
+    from weightlift.operator.crd import build_crd
+
+    crd = build_crd()
+    path = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+    name = crd["metadata"]["name"]
+    try:
+        kube.create(path, crd)
+    except KubeError as exc:
+        if exc.status != 409:
+            raise
+        current = kube.get(f"{path}/{name}")
+        crd["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
+        kube.replace(f"{path}/{name}", crd)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        obj = kube.get(f"{path}/{name}")
+        conds = (obj.get("status") or {}).get("conditions") or []
+        if any(c["type"] == "Established" and c["status"] == "True" for c in conds):
+            return
+        time.sleep(0.1)
+    raise RuntimeError(f"CRD {name} not Established after {timeout:.0f}s")
+
+
 @dataclass
 class LocalStack:
     """Control plane + process node + operator, up in `__enter__`, all gone after `__exit__`.
@@ -105,7 +131,7 @@ class LocalStack:
         self.kubeconfig = Path(info.kubeconfig)
         self.kube = Kube(self.kubeconfig)
         progress("applying the ModelDeployment CRD")
-        self._apply_crd()
+        apply_crd(self.kube)
         progress(f"starting process node {self.node_name}")
         self.node = ProcessNode(
             self.kubeconfig,
@@ -118,29 +144,6 @@ class LocalStack:
         self._node_started = True
         progress("starting operator")
         self._start_operator()
-
-    def _apply_crd(self) -> None:
-        from weightlift.operator.crd import build_crd
-
-        crd = build_crd()
-        path = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
-        name = crd["metadata"]["name"]
-        try:
-            self.kube.create(path, crd)
-        except KubeError as exc:
-            if exc.status != 409:
-                raise
-            current = self.kube.get(f"{path}/{name}")
-            crd["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
-            self.kube.replace(f"{path}/{name}", crd)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            obj = self.kube.get(f"{path}/{name}")
-            conds = (obj.get("status") or {}).get("conditions") or []
-            if any(c["type"] == "Established" and c["status"] == "True" for c in conds):
-                return
-            time.sleep(0.1)
-        raise RuntimeError(f"CRD {name} not Established after 30s")
 
     def _start_operator(self) -> None:
         log_path = self.state_dir / "operator.log"

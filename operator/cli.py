@@ -19,7 +19,7 @@ HELP = {
     "demo": "Run the whole lifecycle locally: control plane, operator, workers, READY.",
     "worker": "Run the model worker (init hooks, load, serve KServe v2).",
     "model": "Make demo models.",
-    "bench": "Benchmarks: load, p2p.",
+    "bench": "Benchmarks: load, p2p, operator.",
 }
 
 

@@ -1,0 +1,333 @@
+"""`weightlift bench operator`: N ModelDeployments x R replicas against the real operator.
+
+A real control plane (etcd, kube-apiserver, scheduler, controller-manager) with kwok GPU nodes;
+kwok makes the bound pods Running/Ready with loopback pod IPs, where one simulated-workers
+process (simworkers.py) answers the worker's status and KServe v2 inference, so the operator's
+real probes run. The operator is `weightlift operator` as a subprocess under its own
+ServiceAccount; the API server's audit log counts its requests.
+
+Reported: seconds from the first create to every ModelDeployment Ready (with milestones:
+pods created, pods Ready in kwok, deployments Ready), the operator's API requests (during the
+ramp, and per second in the steady state after), its CPU seconds and peak RSS, and the
+simulated workers' request rates. `--profile py-spy|cprofile` adds the operator's hottest
+functions. Other processes on the machine share its cores: the machine's load is printed too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shlex
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import click
+
+from weightlift.api.model import GROUP, PLURAL, VERSION
+from weightlift.bench import apiaudit, simworkers
+from weightlift.bench.operator_profile import top_functions
+from weightlift.bench.operator_stack import NAMESPACE, PROFILERS, BenchStack, ProcessMeter
+from weightlift.bench.watch import AsyncKube
+
+TARGET_SECONDS = 60.0
+TARGET_RSS_MB = 200.0
+
+
+@dataclass
+class Timeline:
+    """When (unix seconds) each object first reached a milestone, as the bench's watches saw."""
+
+    md_created: dict[str, float] = field(default_factory=dict)
+    md_ready: dict[str, float] = field(default_factory=dict)
+    pod_seen: dict[str, float] = field(default_factory=dict)
+    pod_ready: dict[str, float] = field(default_factory=dict)
+
+    def on_md(self, event: dict[str, Any]) -> None:
+        obj = event["object"]
+        if (obj.get("status") or {}).get("phase") == "Ready":
+            self.md_ready.setdefault(obj["metadata"]["name"], time.time())
+
+    def on_pod(self, event: dict[str, Any]) -> None:
+        obj, now = event["object"], time.time()
+        name = obj["metadata"]["name"]
+        self.pod_seen.setdefault(name, now)
+        conditions = (obj.get("status") or {}).get("conditions") or []
+        if any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions):
+            self.pod_ready.setdefault(name, now)
+
+
+def manifest(index: int, replicas: int, tensor: int, port: int, period: int) -> dict[str, Any]:
+    """One ModelDeployment; each has its own model (identity), so each loads a source first
+    and its other replicas pull from it: the two-step path every new model takes."""
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "ModelDeployment",
+        "metadata": {"name": f"bench-{index:05d}", "namespace": NAMESPACE},
+        "spec": {
+            "model": {"uri": f"file:///models/bench-{index:05d}", "name": "sim"},
+            "replicas": replicas,
+            "parallelism": {"tensor": tensor},
+            "runtime": {"port": port},
+            "probe": {
+                "request": simworkers.probe_request(),
+                "expectedOutputs": simworkers.expected_outputs(),
+                "periodSeconds": period,
+            },
+        },
+    }
+
+
+def quantiles(times: dict[str, float], start: float, total: int) -> dict[str, float | None]:
+    """Seconds after `start` at which 50%, 90% and 100% of `total` objects got there."""
+    ordered = sorted(t - start for t in times.values())
+    out: dict[str, float | None] = {}
+    for label, frac in (("p50", 0.5), ("p90", 0.9), ("all", 1.0)):
+        need = max(1, round(frac * total))
+        out[label] = round(ordered[need - 1], 2) if len(ordered) >= need else None
+    return out
+
+
+class MachineLoad:
+    """Busy share of all CPUs between two reads of /proc/stat (everyone on the machine)."""
+
+    def __init__(self) -> None:
+        self.last = self._read()
+
+    @staticmethod
+    def _read() -> tuple[int, int]:
+        values = [int(v) for v in Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
+        idle = values[3] + values[4]
+        return sum(values) - idle, sum(values)
+
+    def busy(self) -> float:
+        busy, total = self._read()
+        share = (busy - self.last[0]) / max(1, total - self.last[1])
+        self.last = (busy, total)
+        return round(share * (os.cpu_count() or 1), 2)  # in cores
+
+
+async def run_bench(
+    stack: BenchStack,
+    deployments: int,
+    replicas: int,
+    tensor: int,
+    period: int,
+    steady_seconds: float,
+    timeout: float,
+    say: Callable[[str], None],
+) -> dict[str, Any]:
+    timeline = Timeline()
+    meter = ProcessMeter(stack.operator_pid)
+    sim_meter = ProcessMeter(stack.sim_pid)
+    md_path = f"/apis/{GROUP}/{VERSION}/namespaces/{NAMESPACE}/{PLURAL}"
+    pod_path = f"/api/v1/namespaces/{NAMESPACE}/pods"
+    async with AsyncKube(stack.info.kubeconfig) as kube:
+        stop = asyncio.Event()
+        watches = [
+            asyncio.create_task(kube.follow(md_path, {}, timeline.on_md, stop)),
+            asyncio.create_task(kube.follow(pod_path, {}, timeline.on_pod, stop)),
+        ]
+        await asyncio.sleep(0.5)  # both watches open before the first create
+        load = MachineLoad()
+        cpu0 = meter.cpu_seconds()
+        start = time.time()
+        manifests = [manifest(i, replicas, tensor, stack.worker_port, period) for i in range(deployments)]
+        await kube.create_all(md_path, manifests, timeline.md_created, concurrency=8)
+        say(f"{deployments} ModelDeployments created in {time.time() - start:.1f}s")
+        deadline = start + timeout
+        while len(timeline.md_ready) < deployments and time.time() < deadline:
+            if not stack.operator_alive():
+                raise click.ClickException("the operator exited; see its log")
+            await asyncio.sleep(0.5)
+        ready_at = time.time()
+        all_ready = len(timeline.md_ready) == deployments
+        ramp_cpu = meter.cpu_seconds() - cpu0
+        ramp_load = load.busy()
+        say(
+            f"{len(timeline.md_ready)}/{deployments} Ready after {ready_at - start:.1f}s; "
+            f"steady state for {steady_seconds:.0f}s"
+        )
+        sim0, cpu1, sim_cpu1, steady_start = (
+            stack.sim_stats(),
+            meter.cpu_seconds(),
+            sim_meter.cpu_seconds(),
+            time.time(),
+        )
+        await asyncio.sleep(steady_seconds)
+        steady_end = time.time()
+        sim1 = stack.sim_stats()
+        steady_cpu = meter.cpu_seconds() - cpu1
+        sim_cpu = sim_meter.cpu_seconds() - sim_cpu1
+        steady_load = load.busy()
+        peak_rss, rss = meter.peak_rss_mb(), meter.rss_mb()
+        stop.set()
+        for task in watches:
+            task.cancel()
+        await asyncio.gather(*watches, return_exceptions=True)
+
+    requests = apiaudit.completed(stack.audit_log)
+    ramp = apiaudit.in_window(requests, start, ready_at)
+    steady = apiaudit.in_window(requests, steady_start, steady_end)
+    steady_span = steady_end - steady_start
+
+    def rates(counts: dict[str, int]) -> dict[str, float]:
+        return {k: round(v / steady_span, 2) for k, v in sorted(counts.items())}
+
+    sim_requests = {
+        k: round((sim1["requests"].get(k, 0) - sim0["requests"].get(k, 0)) / steady_span, 1)
+        for k in sim1["requests"]
+    }
+    total_pods = deployments * replicas
+    return {
+        "deployments": deployments,
+        "replicas": replicas,
+        "tensor_parallel": tensor,
+        "probe_period_seconds": period,
+        "kwok_nodes": len(stack.info.nodes),
+        "all_ready": all_ready,
+        "ready_deployments": len(timeline.md_ready),
+        "seconds_to_all_ready": round(ready_at - start, 2) if all_ready else None,
+        "milestones_seconds": {
+            "deployments_created": quantiles(timeline.md_created, start, deployments),
+            "pods_created": quantiles(timeline.pod_seen, start, total_pods),
+            "pods_ready_in_kwok": quantiles(timeline.pod_ready, start, total_pods),
+            "deployments_ready": quantiles(timeline.md_ready, start, deployments),
+        },
+        "operator": {
+            "ramp_cpu_seconds": round(ramp_cpu, 2),
+            "ramp_cpu_cores": round(ramp_cpu / max(0.01, ready_at - start), 2),
+            "steady_cpu_cores": round(steady_cpu / steady_span, 3),
+            "peak_rss_mb": round(peak_rss, 1),
+            "rss_mb_end": round(rss, 1),
+        },
+        "api_requests": {
+            "ramp_total": len(ramp),
+            "ramp_by_kind": dict(sorted(apiaudit.by_kind(ramp).items())),
+            "steady_per_second": round(len(steady) / steady_span, 2),
+            "steady_per_second_by_kind": rates(apiaudit.by_kind(steady)),
+            "errors": dict(apiaudit.by_kind([r for r in requests if r.code >= 400])),
+        },
+        "simulated_workers": {
+            "steady_requests_per_second": sim_requests,
+            "steady_cpu_cores": round(sim_cpu / steady_span, 3),
+            "pod_addresses": sim1["pod_addresses"],
+        },
+        "machine_busy_cores": {"ramp": ramp_load, "steady": steady_load, "of": os.cpu_count()},
+        "loadavg_1m_at_end": round(os.getloadavg()[0], 2),
+    }
+
+
+def render(result: dict[str, Any], command: str) -> str:
+    r, op, api = result, result["operator"], result["api_requests"]
+    lines = [
+        f"$ {command}",
+        f"{r['deployments']} ModelDeployments x {r['replicas']} replicas "
+        f"({r['deployments'] * r['replicas']} pods, tp {r['tensor_parallel']}) on "
+        f"{r['kwok_nodes']} kwok nodes; probes every {r['probe_period_seconds']}s",
+        "",
+        f"{'seconds after the first create':<34}{'50%':>8}{'90%':>8}{'100%':>8}",
+    ]
+    for label, q in r["milestones_seconds"].items():
+        cells = "".join(f"{'-' if v is None else v:>8}" for v in q.values())
+        lines.append(f"{label.replace('_', ' '):<34}{cells}")
+    ready = r["seconds_to_all_ready"]
+    verdict = "not all Ready" if ready is None else f"{ready:.1f}s (target < {TARGET_SECONDS:.0f}s)"
+    lines += [
+        "",
+        f"apply -> all Ready            {verdict}; {r['ready_deployments']}/{r['deployments']} Ready",
+        f"operator CPU, ramp            {op['ramp_cpu_seconds']} s ({op['ramp_cpu_cores']} cores)",
+        f"operator CPU, steady          {op['steady_cpu_cores']} cores",
+        f"operator peak RSS             {op['peak_rss_mb']} MB (target < {TARGET_RSS_MB:.0f} MB)",
+        f"API requests, ramp            {api['ramp_total']}; errors in the run: {api['errors']}",
+        f"API requests/s, steady        {api['steady_per_second']}",
+    ]
+    for kind, rate in api["steady_per_second_by_kind"].items():
+        lines.append(f"  {kind:<36}{rate}/s")
+    lines.append("API requests in the ramp by kind:")
+    for kind, count in api["ramp_by_kind"].items():
+        lines.append(f"  {kind:<36}{count}")
+    sim = r["simulated_workers"]
+    lines += [
+        f"simulated workers, steady     {sim['steady_requests_per_second']} req/s, "
+        f"{sim['steady_cpu_cores']} cores, {sim['pod_addresses']} pod addresses seen",
+        f"machine busy cores            ramp {r['machine_busy_cores']['ramp']}, steady "
+        f"{r['machine_busy_cores']['steady']} of {r['machine_busy_cores']['of']} "
+        "(everything on the machine: other work makes these numbers noisy)",
+    ]
+    if "profile_top" in r:
+        lines += ["", "operator profile (self time, top functions):"]
+        lines += [f"  {share:5.1f}%  {name}" for name, share in r["profile_top"]]
+    return "\n".join(lines)
+
+
+@click.command("operator")
+@click.option("--deployments", "-n", type=click.IntRange(1, 10000), default=100, show_default=True)
+@click.option("--replicas", "-r", type=click.IntRange(1, 64), default=4, show_default=True)
+@click.option("--tensor-parallel", type=click.IntRange(1, 8), default=1, show_default=True)
+@click.option("--gpus-per-node", type=click.IntRange(1, 256), default=32, show_default=True)
+@click.option("--probe-period", type=click.IntRange(1, 3600), default=10, show_default=True)
+@click.option("--steady-seconds", type=float, default=30.0, show_default=True)
+@click.option("--timeout", type=float, default=600.0, show_default=True, help="Ramp limit.")
+@click.option("--profile", type=click.Choice(PROFILERS), default="none", show_default=True)
+@click.option(
+    "--state-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path(".state/bench-operator"),
+    show_default=True,
+)
+@click.option("--json-out", type=click.Path(dir_okay=False, path_type=Path), default=None)
+def operator_command(
+    deployments: int,
+    replicas: int,
+    tensor_parallel: int,
+    gpus_per_node: int,
+    probe_period: int,
+    steady_seconds: float,
+    timeout: float,
+    profile: str,
+    state_dir: Path,
+    json_out: Path | None,
+) -> None:
+    """Time N ModelDeployments x R replicas to Ready against the real operator."""
+    if tensor_parallel > gpus_per_node:
+        raise click.BadParameter("larger than --gpus-per-node", param_hint="--tensor-parallel")
+    command = shlex.join(["weightlift", *sys.argv[1:]])
+    state_dir = state_dir.resolve()
+    stack = BenchStack(
+        state_dir,
+        pods=deployments * replicas,
+        gpus_per_pod=tensor_parallel,
+        gpus_per_node=gpus_per_node,
+        profiler=profile,
+    )
+    with stack:
+        click.echo(f"control plane up ({len(stack.info.nodes)} kwok nodes); starting the operator")
+        stack.start_operator()
+        result = asyncio.run(
+            run_bench(
+                stack,
+                deployments,
+                replicas,
+                tensor_parallel,
+                probe_period,
+                steady_seconds,
+                timeout,
+                click.echo,
+            )
+        )
+        stack.stop_operator()
+    if profile != "none":
+        result["profile_top"] = top_functions(stack.profile_path, profile)
+        result["profile_file"] = str(stack.profile_path)
+    result["command"] = command
+    out = json_out or state_dir / "result.json"
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    click.echo(render(result, command))
+    click.echo(f"\nJSON: {out}; operator log: {state_dir / 'operator.log'}")
+    if not result["all_ready"]:
+        raise SystemExit(1)

@@ -1,0 +1,280 @@
+"""What `weightlift bench operator` runs: a real control plane with kwok GPU nodes, the
+simulated workers (simworkers.py) and the real operator as a subprocess under its own
+ServiceAccount, whose API requests the kube-apiserver's audit log records.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import httpx
+import yaml
+
+from weightlift.api.model import GROUP, PLURAL, VERSION
+from weightlift.bench import apiaudit
+from weightlift.local.cluster import POD_CIDR, ClusterInfo, ControlPlane, GpuNodeSpec
+from weightlift.local.demo import apply_crd
+from weightlift.local.kubeclient import Kube, KubeError
+
+NAMESPACE = "wl-bench"
+OPERATOR_SA = "weightlift-operator"
+OPERATOR_USER = f"system:serviceaccount:{NAMESPACE}:{OPERATOR_SA}"
+PROFILERS = ("none", "py-spy", "cprofile")
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("0.0.0.0", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+class ProcessMeter:
+    """CPU seconds and peak RSS of one process, read from /proc (Linux)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.ticks = os.sysconf("SC_CLK_TCK")
+
+    def cpu_seconds(self) -> float:
+        stat = Path(f"/proc/{self.pid}/stat").read_text()
+        fields = stat.rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / self.ticks  # utime + stime
+
+    def _status_kb(self, key: str) -> int:
+        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
+            if line.startswith(key + ":"):
+                return int(line.split()[1])
+        raise KeyError(key)
+
+    def peak_rss_mb(self) -> float:
+        return self._status_kb("VmHWM") / 1024
+
+    def rss_mb(self) -> float:
+        return self._status_kb("VmRSS") / 1024
+
+
+def _python_descendant(pid: int, timeout: float = 30.0) -> int:
+    """The operator's python process under a profiler wrapper (py-spy runs it as a child)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            children = (task / "children").read_text().split()
+            if children:
+                return int(children[0])
+        time.sleep(0.1)
+    raise RuntimeError(f"profiler {pid} started no operator process within {timeout}s")
+
+
+def _stop(proc: subprocess.Popen[bytes], sig: int, grace: float) -> None:
+    if proc.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, sig)
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+@dataclass
+class BenchStack:
+    """Up in `__enter__` (cluster, CRD, namespace, operator identity, simulated workers);
+    the operator starts with `start_operator`; everything stops in `__exit__`."""
+
+    state_dir: Path
+    pods: int  # worker pods the run will need (deployments x replicas)
+    gpus_per_pod: int
+    gpus_per_node: int
+    profiler: str = "none"
+
+    worker_port: int = field(init=False, default=0)
+    info: ClusterInfo = field(init=False)
+    kube: Kube = field(init=False)
+    operator_pid: int = field(init=False, default=0)
+    _cluster: ControlPlane | None = field(init=False, default=None)
+    _sim: subprocess.Popen[bytes] | None = field(init=False, default=None)
+    _operator: subprocess.Popen[bytes] | None = field(init=False, default=None)
+
+    @property
+    def audit_log(self) -> Path:
+        return self.state_dir / "audit.log"
+
+    @property
+    def profile_path(self) -> Path:
+        suffix = {"py-spy": "pyspy.txt", "cprofile": "prof"}.get(self.profiler, "none")
+        return self.state_dir / f"operator.{suffix}"
+
+    def __enter__(self) -> BenchStack:
+        try:
+            self.up()
+        except BaseException:
+            self.down()
+            raise
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.down()
+
+    def up(self) -> None:
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.audit_log.unlink(missing_ok=True)
+        policy = self.state_dir / "audit-policy.yaml"
+        policy.write_text(apiaudit.policy(OPERATOR_USER))
+        # No node holds more than 110 pods (the kubelet default kwok nodes advertise).
+        per_node = max(1, min(self.gpus_per_node // self.gpus_per_pod, 100))
+        nodes = GpuNodeSpec(count=math.ceil(self.pods / per_node), gpus_per_node=self.gpus_per_node)
+        self._cluster = ControlPlane(
+            self.state_dir / "cluster",
+            nodes=nodes,
+            bind_to_parent=True,
+            unlimited_client_qps=True,
+            apiserver_args=apiaudit.apiserver_args(policy, self.audit_log),
+        )
+        self.info = self._cluster.up()
+        self.kube = Kube(self.info.kubeconfig)
+        apply_crd(self.kube)
+        self._operator_identity()
+        self._wait_served(f"/apis/{GROUP}/{VERSION}/namespaces/{NAMESPACE}/{PLURAL}")
+        self._start_sim()
+
+    def _operator_identity(self) -> None:
+        """Namespace, the operator's ServiceAccount (cluster-admin) and a kubeconfig with its
+        token: the audit policy records exactly this user."""
+        self.kube.create("/api/v1/namespaces", {"metadata": {"name": NAMESPACE}})
+        sa_path = f"/api/v1/namespaces/{NAMESPACE}/serviceaccounts"
+        self.kube.create(sa_path, {"metadata": {"name": OPERATOR_SA}})
+        binding = {
+            "metadata": {"name": "weightlift-bench-operator"},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": "cluster-admin",
+            },
+            "subjects": [{"kind": "ServiceAccount", "name": OPERATOR_SA, "namespace": NAMESPACE}],
+        }
+        self.kube.create("/apis/rbac.authorization.k8s.io/v1/clusterrolebindings", binding)
+        request = {"spec": {"expirationSeconds": 6 * 3600}}
+        token = self.kube.create(f"{sa_path}/{OPERATOR_SA}/token", request)["status"]["token"]
+        doc = yaml.safe_load(self.info.kubeconfig.read_text())
+        doc["users"] = [{"name": "operator", "user": {"token": token}}]
+        doc["contexts"][0]["context"].update(user="operator", namespace=NAMESPACE)
+        path = self.state_dir / "operator.kubeconfig"
+        path.write_text(yaml.safe_dump(doc))
+        path.chmod(0o600)
+        self.operator_kubeconfig = path
+        # Worker pods are admitted only once the namespace's default ServiceAccount exists.
+        deadline = time.monotonic() + 60
+        while self.kube.get_or_none(f"{sa_path}/default") is None:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"no default ServiceAccount in {NAMESPACE} after 60s")
+            time.sleep(0.2)
+
+    def _wait_served(self, path: str, timeout: float = 60.0) -> None:
+        """Until the API server lists `path` (a new CRD's storage takes a moment to start)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                self.kube.get(path)
+                return
+            except KubeError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+
+    def _start_sim(self) -> None:
+        self.worker_port = free_port()
+        ready = self.state_dir / "sim.ready"
+        ready.unlink(missing_ok=True)
+        argv = [sys.executable, "-m", "weightlift.bench.simworkers"]
+        argv += ["--port", str(self.worker_port), "--cidr", POD_CIDR, "--ready-file", str(ready)]
+        self._sim = self._spawn(argv, self.state_dir / "sim.log", dict(os.environ))
+        deadline = time.monotonic() + 30
+        while not ready.exists():
+            if self._sim.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"simulated workers did not start; see {self.state_dir}/sim.log")
+            time.sleep(0.05)
+
+    @property
+    def sim_pid(self) -> int:
+        assert self._sim is not None
+        return self._sim.pid
+
+    def sim_stats(self) -> dict[str, Any]:
+        url = f"http://127.0.0.1:{self.worker_port}/sim/stats"
+        stats: dict[str, Any] = httpx.get(url, timeout=10, trust_env=False).json()
+        return stats
+
+    def _spawn(self, argv: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
+        with log.open("ab") as out:
+            return subprocess.Popen(
+                argv,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+
+    def start_operator(self, timeout: float = 120.0) -> None:
+        """`weightlift operator -n NAMESPACE`; returns once its watches are open."""
+        liveness = free_port()
+        argv = [sys.executable, "-m", "weightlift.operator.cli", "operator", "-n", NAMESPACE]
+        argv += ["--liveness-port", str(liveness), "--probe-networks", POD_CIDR]
+        if self.profiler == "cprofile":
+            argv = [sys.executable, "-m", "cProfile", "-o", str(self.profile_path), *argv[1:]]
+        elif self.profiler == "py-spy":
+            spy = str(Path(sys.executable).parent / "py-spy")
+            record = [spy, "record", "--format", "raw", "--rate", "50", "--nonblocking"]
+            argv = [*record, "--output", str(self.profile_path), "--", *argv]
+        env = {**os.environ, "KUBECONFIG": str(self.operator_kubeconfig), "PYTHONUNBUFFERED": "1"}
+        self._operator = self._spawn(argv, self.state_dir / "operator.log", env)
+        pid = self._operator.pid
+        self.operator_pid = _python_descendant(pid) if self.profiler == "py-spy" else pid
+        deadline = time.monotonic() + timeout
+        wanted = {"modeldeployments", "pods"}
+        while not apiaudit.watching(self.audit_log, wanted):
+            if self._operator.poll() is not None:
+                raise RuntimeError(f"operator exited; see {self.state_dir}/operator.log")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"operator opened no watch on {wanted} within {timeout}s")
+            time.sleep(0.2)
+
+    def operator_alive(self) -> bool:
+        return self._operator is not None and self._operator.poll() is None
+
+    def stop_operator(self) -> None:
+        if self._operator is not None:
+            # SIGINT: kopf stops gracefully; cProfile and py-spy then write their files.
+            _stop(self._operator, signal.SIGINT, grace=60.0)
+            self._operator = None
+
+    def down(self) -> None:
+        self.stop_operator()
+        if self._sim is not None:
+            _stop(self._sim, signal.SIGTERM, grace=10.0)
+            self._sim = None
+        if self._cluster is not None:
+            self._cluster.down()
+            self._cluster = None
+        with contextlib.suppress(AttributeError):
+            self.kube.close()
+
