@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import math
 import os
 import time
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import httpx
@@ -16,6 +18,59 @@ from weightlift.api.worker import WorkerReport
 
 PROBE_NETWORKS_ENV = "WEIGHTLIFT_PROBE_NETWORKS"
 STATUS_TIMEOUT = 2.0
+# Requests to workers in flight at once. httpcore's pool matches every queued request against
+# every connection on each change (quadratic): 400 pods probed at once kept the operator busy in
+# the pool and starved everything else; a bounded queue in front of it keeps that cheap.
+MAX_WORKER_REQUESTS = 64
+
+
+class _Slot(httpx.AsyncByteStream):
+    """A response body that gives its request slot back once closed (read or failed)."""
+
+    def __init__(self, stream: httpx.AsyncByteStream, release: Callable[[], None]) -> None:
+        self._stream = stream
+        self._release: Callable[[], None] | None = release
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        async for chunk in self._stream:
+            yield chunk
+
+    async def aclose(self) -> None:
+        try:
+            await self._stream.aclose()
+        finally:
+            release, self._release = self._release, None
+            if release is not None:
+                release()
+
+
+class BoundedTransport(httpx.AsyncBaseTransport):
+    """httpx's transport with at most `limit` requests in flight; the others wait in a FIFO
+    outside the pool (the wait does not count against a request's timeout)."""
+
+    def __init__(self, limit: int = MAX_WORKER_REQUESTS) -> None:
+        pool = httpx.Limits(max_connections=limit, max_keepalive_connections=limit)
+        self._inner = httpx.AsyncHTTPTransport(limits=pool)
+        self._slots = asyncio.Semaphore(limit)
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        await self._slots.acquire()
+        try:
+            response = await self._inner.handle_async_request(request)
+        except BaseException:
+            self._slots.release()
+            raise
+        assert isinstance(response.stream, httpx.AsyncByteStream)
+        response.stream = _Slot(response.stream, self._slots.release)
+        return response
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+def worker_client() -> httpx.AsyncClient:
+    """The operator's one client for every worker (status reports and inference probes)."""
+    return httpx.AsyncClient(transport=BoundedTransport(), trust_env=False)
 
 
 def allowed_networks() -> list[ipaddress.IPv4Network | ipaddress.IPv6Network] | None:

@@ -38,7 +38,12 @@ from weightlift.operator.planning import (
     plan,
 )
 from weightlift.operator.pods import GPU_RESOURCE, render_pod, role_of
-from weightlift.operator.probes import fetch_report, may_contact, probe_inference
+from weightlift.operator.probes import (
+    fetch_report,
+    may_contact,
+    probe_inference,
+    worker_client,
+)
 
 NODE_CACHE_SECONDS = 60.0
 
@@ -66,7 +71,7 @@ class OperatorState:
         return cls(
             core=client.CoreV1Api(api),
             custom=client.CustomObjectsApi(api),
-            http=httpx.AsyncClient(trust_env=False),
+            http=worker_client(),
         )
 
     def wake_event(self, uid: str) -> asyncio.Event:

@@ -15,10 +15,12 @@ from aiohttp import web
 from weightlift.api.model import InferenceProbe, ProbeResult
 from weightlift.operator.probes import (
     PROBE_NETWORKS_ENV,
+    BoundedTransport,
     fetch_report,
     may_contact,
     probe_inference,
     request_from_metadata,
+    worker_client,
 )
 
 MODEL = "adder"
@@ -53,6 +55,8 @@ class Worker:
     status_code: int = 200
     infer_requests: list[Any] = field(default_factory=list)
     address: str = ""
+    in_flight: int = 0
+    most_in_flight: int = 0
 
 
 WORKER = web.AppKey("worker", Worker)
@@ -68,8 +72,13 @@ async def _metadata(request: web.Request) -> web.Response:
 async def _infer(request: web.Request) -> web.Response:
     worker: Worker = request.app[WORKER]
     worker.infer_requests.append(await request.json())
-    if worker.delay:
-        await asyncio.sleep(worker.delay)
+    worker.in_flight += 1
+    worker.most_in_flight = max(worker.most_in_flight, worker.in_flight)
+    try:
+        if worker.delay:
+            await asyncio.sleep(worker.delay)
+    finally:
+        worker.in_flight -= 1
     if request.match_info["model"] != MODEL:
         return web.json_response({"error": "unknown model"}, status=404)
     if worker.infer_status != 200:
@@ -109,7 +118,8 @@ async def worker() -> AsyncIterator[Worker]:
 
 @pytest.fixture
 async def http() -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(trust_env=False) as client:
+    """The client the operator uses (bounded transport in front of httpx's pool)."""
+    async with worker_client() as client:
         yield client
 
 
@@ -441,3 +451,22 @@ def _free_port() -> int:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
         return port
+
+
+async def test_requests_beyond_the_bound_wait_and_all_complete(worker: Worker) -> None:
+    """At most `limit` requests reach the pool; the rest wait their turn (not failing with a
+    timeout: the wait is outside the request's timeout) and each slot comes back."""
+    worker.delay = 0.05
+    transport = BoundedTransport(limit=3)
+    async with httpx.AsyncClient(transport=transport, trust_env=False) as client:
+        spec = make_probe(timeoutSeconds=1)
+        results = await asyncio.gather(*(probe(client, worker, spec) for _ in range(40)))
+        assert all(r.passed for r in results), [r.message for r in results if not r.passed]
+        assert worker.most_in_flight == 3
+        # Failed requests give their slot back too: a refused port, then real work again.
+        refused = await asyncio.gather(
+            *(probe_inference(client, "127.0.0.1:1", MODEL, spec, None) for _ in range(5))
+        )
+        assert not any(r.passed for r in refused)
+        again = await asyncio.gather(*(probe(client, worker, spec) for _ in range(6)))
+        assert all(r.passed for r in again)
