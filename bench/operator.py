@@ -136,7 +136,8 @@ async def run_bench(
         load = MachineLoad()
         cpu0 = meter.cpu_seconds()
         start = time.time()
-        manifests = [manifest(i, replicas, tensor, stack.worker_port, period) for i in range(deployments)]
+        port = stack.worker_port
+        manifests = [manifest(i, replicas, tensor, port, period) for i in range(deployments)]
         await kube.create_all(md_path, manifests, timeline.md_created, concurrency=8)
         say(f"{deployments} ModelDeployments created in {time.time() - start:.1f}s")
         deadline = start + timeout
@@ -239,7 +240,8 @@ def render(result: dict[str, Any], command: str) -> str:
     verdict = "not all Ready" if ready is None else f"{ready:.1f}s (target < {TARGET_SECONDS:.0f}s)"
     lines += [
         "",
-        f"apply -> all Ready            {verdict}; {r['ready_deployments']}/{r['deployments']} Ready",
+        f"apply -> all Ready            {verdict}; "
+        f"{r['ready_deployments']}/{r['deployments']} Ready",
         f"operator CPU, ramp            {op['ramp_cpu_seconds']} s ({op['ramp_cpu_cores']} cores)",
         f"operator CPU, steady          {op['steady_cpu_cores']} cores",
         f"operator peak RSS             {op['peak_rss_mb']} MB (target < {TARGET_RSS_MB:.0f} MB)",

@@ -1,4 +1,5 @@
-"""Summaries of the operator's profile: which functions and which packages its CPU went to."""
+"""Summaries of the operator's profile: which functions, packages and operator code paths its
+CPU went to (py-spy raw stacks, or cProfile's self times)."""
 
 from __future__ import annotations
 
@@ -8,33 +9,42 @@ from collections import Counter
 from pathlib import Path
 
 FRAME = re.compile(r"^(?P<func>.*?) \((?P<file>[^()]*?)(?::\d+)?\)$")
-PACKAGE = re.compile(r"(?:site-packages|python3\.\d+)/(?P<pkg>[A-Za-z0-9_]+)")
+PACKAGE = re.compile(r"(?:site-packages|/lib/python3\.\d+)/(?!site-packages)(?P<pkg>[A-Za-z0-9_]+)")
+ROOMS = ("operator", "api")
+# Frames on every main-thread stack: they say nothing about where the time went.
+ENTRY_POINTS = {"<module>", "operator_command", "main"}
 
 
-def _short(file: str) -> str:
-    """site-packages/kopf/_core/x.py -> kopf/_core/x.py; our modules keep their room path."""
-    for marker in ("site-packages/", "lib/python3."):
-        if marker in file:
-            tail = file.split(marker, 1)[1]
-            return tail.split("/", 1)[1] if marker.startswith("lib/") and "/" in tail else tail
-    for room in ("/operator/", "/api/", "/bench/"):
-        if room in file:
-            return "weightlift" + room + file.split(room, 1)[1]
-    return file
+def _room(file: str) -> str | None:
+    if "site-packages" in file or "/lib/python3." in file:
+        return None
+    return next((room for room in ROOMS if f"/{room}/" in file), None)
 
 
 def package_of(file: str) -> str:
-    for room in ("operator", "api"):
-        if f"/{room}/" in file and "site-packages" not in file:
-            return f"weightlift.{room}"
+    room = _room(file)
+    if room is not None:
+        return f"weightlift.{room}"
     match = PACKAGE.search(file)
     return match.group("pkg") if match else "other"
 
 
-def _pyspy(path: Path) -> tuple[Counter[str], Counter[str], int]:
-    """py-spy `--format raw`: one 'frame;frame;...;leaf count' line per distinct stack."""
+def _short(func: str, file: str) -> str:
+    room = _room(file)
+    if room is not None:
+        return f"{func} (weightlift/{room}/{file.rsplit(f'/{room}/', 1)[1]})"
+    match = PACKAGE.search(file)
+    return f"{func} ({file[match.start('pkg') :] if match else file})"
+
+
+Profile = tuple[Counter[str], Counter[str], Counter[str], int]
+
+
+def _pyspy(path: Path) -> Profile:
+    """py-spy `record --format raw --full-filenames`: 'frame;...;leaf count' per stack."""
     own: Counter[str] = Counter()
     packages: Counter[str] = Counter()
+    ours: Counter[str] = Counter()
     total = 0
     for line in path.read_text().splitlines():
         stack, _, count_text = line.rpartition(" ")
@@ -42,39 +52,46 @@ def _pyspy(path: Path) -> tuple[Counter[str], Counter[str], int]:
             continue
         count = int(count_text)
         total += count
-        frames = stack.split(";")
-        match = FRAME.match(frames[-1])
-        leaf = f"{match['func']} ({_short(match['file'])})" if match else frames[-1]
-        own[leaf] += count
-        seen = set()
-        for frame in frames:
-            m = FRAME.match(frame)
-            if m:
-                seen.add(package_of(m["file"]))
-        for pkg in seen:  # inclusive: a package counts once per sample it is on the stack of
-            packages[pkg] += count
-    return own, packages, total
+        frames = [m for m in (FRAME.match(f) for f in stack.split(";")) if m]
+        if not frames:
+            continue
+        leaf = frames[-1]
+        own[_short(leaf["func"], leaf["file"])] += count
+        packages[package_of(leaf["file"])] += count
+        # Inclusive: each operator function once per sample it is on the stack of.
+        ours_on_stack = {
+            _short(f["func"], f["file"])
+            for f in frames
+            if _room(f["file"]) and f["func"] not in ENTRY_POINTS
+        }
+        for name in ours_on_stack:
+            ours[name] += count
+    return own, packages, ours, total
 
 
-def _cprofile(path: Path) -> tuple[Counter[str], Counter[str], int]:
+def _cprofile(path: Path) -> Profile:
     stats = pstats.Stats(str(path))
     own: Counter[str] = Counter()
     packages: Counter[str] = Counter()
+    ours: Counter[str] = Counter()
     entries = stats.stats  # type: ignore[attr-defined]
-    for (file, line, func), (_cc, _nc, tottime, _ct, _callers) in entries.items():
-        micros = int(tottime * 1e6)
-        own[f"{func} ({_short(file)}:{line})"] += micros
-        packages[package_of(file)] += micros  # self time per package (cProfile has no stacks)
-    return own, packages, sum(own.values())
+    for (file, _line, func), (_cc, _nc, tottime, cumtime, _callers) in entries.items():
+        own[_short(func, file)] += int(tottime * 1e6)
+        packages[package_of(file)] += int(tottime * 1e6)
+        if _room(file) and func not in ENTRY_POINTS:
+            ours[_short(func, file)] += int(cumtime * 1e6)  # wall time for coroutines
+    return own, packages, ours, sum(own.values())
 
 
-def top_functions(path: Path, profiler: str, count: int = 20) -> list[tuple[str, float]]:
-    """[(name, % of samples)]: the top functions by self time, then packages (marked [pkg])."""
+def top_functions(path: Path, profiler: str, count: int = 15) -> list[tuple[str, float]]:
+    """[(name, % of samples)]: top functions by self time, then self time per package
+    ([pkg]), then operator functions by inclusive time (<fn>)."""
     if not path.exists():
         return [(f"(no profile written at {path})", 0.0)]
-    own, packages, total = _pyspy(path) if profiler == "py-spy" else _cprofile(path)
+    own, packages, ours, total = _pyspy(path) if profiler == "py-spy" else _cprofile(path)
     if not total:
         return []
     rows = [(name, 100 * n / total) for name, n in own.most_common(count)]
-    rows += [(f"[{pkg}]", 100 * n / total) for pkg, n in packages.most_common(12)]
+    rows += [(f"[{pkg}]", 100 * n / total) for pkg, n in packages.most_common(10)]
+    rows += [(f"<{name}>", 100 * n / total) for name, n in ours.most_common(12)]
     return rows

@@ -224,7 +224,7 @@ class BenchStack:
         return stats
 
     def _spawn(self, argv: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
-        with log.open("ab") as out:
+        with log.open("wb") as out:  # one run per log
             return subprocess.Popen(
                 argv,
                 env=env,
@@ -243,7 +243,8 @@ class BenchStack:
             argv = [sys.executable, "-m", "cProfile", "-o", str(self.profile_path), *argv[1:]]
         elif self.profiler == "py-spy":
             spy = str(Path(sys.executable).parent / "py-spy")
-            record = [spy, "record", "--format", "raw", "--rate", "50", "--nonblocking"]
+            record = [spy, "record", "--format", "raw", "--full-filenames", "--nonblocking"]
+            record += ["--rate", "50"]
             argv = [*record, "--output", str(self.profile_path), "--", *argv]
         env = {**os.environ, "KUBECONFIG": str(self.operator_kubeconfig), "PYTHONUNBUFFERED": "1"}
         self._operator = self._spawn(argv, self.state_dir / "operator.log", env)
@@ -277,4 +278,3 @@ class BenchStack:
             self._cluster = None
         with contextlib.suppress(AttributeError):
             self.kube.close()
-

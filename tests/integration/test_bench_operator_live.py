@@ -1,0 +1,42 @@
+"""`weightlift bench operator` at 5 x 2: its own control plane (with the audit log), simulated
+workers and the real operator; every deployment must get Ready through real probes and the
+report must account for what happened."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.support.cluster import REPO
+from weightlift.local.cluster import missing_binaries
+
+pytestmark = pytest.mark.slow
+
+
+def test_bench_operator_small_scale(state_root: Path) -> None:
+    if missing_binaries():
+        pytest.skip("control plane binaries missing (see test_cluster_live for the failure)")
+    state = state_root / "bench-operator"
+    out = state / "result.json"
+    argv = [str(REPO / ".venv" / "bin" / "weightlift"), "bench", "operator"]
+    argv += ["--deployments", "5", "--replicas", "2", "--steady-seconds", "3"]
+    argv += ["--timeout", "180", "--state-dir", str(state), "--json-out", str(out)]
+    run = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, f"{run.stdout}\n{run.stderr}"
+    result = json.loads(out.read_text())
+    assert result["all_ready"] and result["ready_deployments"] == 5
+    assert result["seconds_to_all_ready"] > 0
+    milestones = result["milestones_seconds"]
+    assert milestones["pods_ready_in_kwok"]["all"] <= milestones["deployments_ready"]["all"]
+    # The audit log saw the operator create exactly the 10 worker pods and write statuses.
+    ramp = result["api_requests"]["ramp_by_kind"]
+    assert ramp["create pods"] == 10
+    assert ramp["patch modeldeployments/status"] >= 5
+    assert result["api_requests"]["errors"] == {}
+    # Every pod was reached at its own loopback address by the operator's real probes.
+    assert result["simulated_workers"]["pod_addresses"] == 10
+    assert result["operator"]["peak_rss_mb"] > 20
+    assert "apply -> all Ready" in run.stdout
