@@ -30,6 +30,7 @@ KIND = "ModelDeployment"
 PLURAL = "modeldeployments"
 SINGULAR = "modeldeployment"
 SHORT_NAMES = ["md", "mdep"]
+DEFAULT_REVISION = "main"
 
 
 class ApiModel(BaseModel):
@@ -98,6 +99,15 @@ class Role(StrEnum):
     TARGET = "Target"
 
 
+class SecretReference(ApiModel):
+    name: str = Field(
+        min_length=1,
+        max_length=253,
+        pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
+        description="Name of a Secret in the ModelDeployment's namespace.",
+    )
+
+
 class ModelSource(ApiModel):
     model_config = _rules(
         _cel(
@@ -112,7 +122,7 @@ class ModelSource(ApiModel):
         max_length=2048,
         description=(
             "Where the weights live: pvc://<claim>/<path>, hostpath:///<dir>, file:///<dir> "
-            "(inside the worker image), s3://<bucket>/<prefix> or hf://<org>/<repo>."
+            "(inside the worker image), s3://<bucket>/<prefix> or hf://<org>/<repo>[@<revision>]."
         ),
     )
     format: ModelFormat = Field(
@@ -123,7 +133,7 @@ class ModelSource(ApiModel):
         ),
     )
     revision: str = Field(
-        "main",
+        DEFAULT_REVISION,
         min_length=1,
         max_length=128,
         pattern=r"^[A-Za-z0-9][A-Za-z0-9_./+-]*$",
@@ -137,6 +147,27 @@ class ModelSource(ApiModel):
         max_length=128,
         pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$",
         description="Model name served on /v2/models/{name}; defaults to the ModelDeployment name.",
+    )
+    endpoint: str | None = Field(
+        None,
+        max_length=512,
+        pattern=r"^https?://[^\s/]+(/[^\s]*)?$",
+        description=(
+            "s3://: endpoint URL of an S3-compatible store (MinIO, Ceph, R2...); hf://: the Hub "
+            "endpoint (default https://huggingface.co or HF_ENDPOINT)."
+        ),
+    )
+    region: str | None = Field(
+        None, max_length=64, pattern=r"^[a-z0-9-]+$", description="s3://: the bucket's region."
+    )
+    credentials: SecretReference | None = Field(
+        None,
+        description=(
+            "Secret in the ModelDeployment's namespace with the storage credentials, passed to "
+            "the worker as environment from secretKeyRef (never in the spec, status or logs). "
+            "s3://: keys AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, optional AWS_SESSION_TOKEN; "
+            "hf://: key HF_TOKEN."
+        ),
     )
 
 
@@ -281,6 +312,29 @@ class PeerToPeerOptions(ApiModel):
     )
 
 
+class NodeCache(ApiModel):
+    enabled: bool = Field(
+        False,
+        description=(
+            "Keep s3:// and hf:// downloads in a directory on the node; a replica that finds "
+            "its model identity there (verified by size and digest) skips storage."
+        ),
+    )
+    path: str = Field(
+        "/var/cache/weightlift",
+        pattern=r"^/[^\s]*$",
+        max_length=1024,
+        description="Node directory of the cache (a hostPath volume).",
+    )
+    max_size_gib: int = Field(
+        100,
+        ge=1,
+        le=1 << 20,
+        alias="maxSizeGiB",
+        description="Least recently used entries are evicted to keep the cache under this size.",
+    )
+
+
 class LoadingSpec(ApiModel):
     strategy: LoadStrategy = Field(
         LoadStrategy.AUTO,
@@ -306,6 +360,9 @@ class LoadingSpec(ApiModel):
     )
     peer_to_peer: PeerToPeerOptions = Field(
         default_factory=PeerToPeerOptions, description="Peer-to-peer (NIXL) options."
+    )
+    cache: NodeCache = Field(
+        default_factory=NodeCache, description="Node-local cache of downloaded models."
     )
 
 

@@ -27,3 +27,14 @@ class ModelUri:
             return cls(scheme, "", "/" + rest.lstrip("/"))
         claim, _, path = rest.strip("/").partition("/")
         return cls(scheme, claim, path)
+
+
+# Schemes the worker downloads (worker/storage); the others are mounted as volumes.
+REMOTE_SCHEMES = ("s3", "hf")
+
+
+def hf_repo(uri: ModelUri, revision: str) -> tuple[str, str]:
+    """(repo id, revision) of hf://org/repo[@revision]; the URI's @revision wins over `revision`."""
+    rest = f"{uri.claim}/{uri.path}" if uri.path else uri.claim
+    repo_id, _, pinned = rest.partition("@")
+    return repo_id.strip("/"), pinned or revision
