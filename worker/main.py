@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import inspect
 import logging
 import os
@@ -33,6 +34,7 @@ import torch
 from aiohttp import web
 
 from weightlift.api.model import Role, pulls_from_peers
+from weightlift.api.storage import ModelUri
 from weightlift.api.worker import HookReport, WorkerPhase, WorkerPlan
 from weightlift.worker.hooks import HookError, InitHookSession, run_init_hooks
 from weightlift.worker.loaders.base import Loader, LoadError, LoadProgress
@@ -41,6 +43,7 @@ from weightlift.worker.loaders.header import SafetensorsFormatError
 from weightlift.worker.loaders.select import choose_storage_loader
 from weightlift.worker.runtime import BindError, Pt2Runtime
 from weightlift.worker.server import WorkerState, build_app, set_p2p_handler
+from weightlift.worker.storage.fetch import Fetched, is_remote, materialize
 
 log = logging.getLogger("weightlift.worker")
 
@@ -112,6 +115,11 @@ class Worker:
         self.runner: web.AppRunner | None = None
         self.published = False  # publish step done (whether or not a publisher was installed)
         self.devices = resolve_devices(plan)
+        # s3:// and hf://: what the download produced (None for mounted models).
+        self.fetched: Fetched | None = None
+        self.fetch_started: float | None = None
+        self._weights_lock = threading.Lock()
+        self._has_weights = not is_remote(plan)
 
     # ------------------------------------------------------------------ steps
     async def start_server(self) -> web.Application:
@@ -138,6 +146,41 @@ class Worker:
         except ImportError:
             return
         prewarm_nixl()
+
+    @property
+    def storage_label(self) -> str:
+        """loadedFrom for a storage load: storage:<scheme>, or cache (node-local cache hit)."""
+        if self.fetched is not None:
+            return self.fetched.loaded_from
+        return f"storage:{ModelUri.parse(self.plan.model.uri).scheme}"
+
+    async def fetch_model(self) -> None:
+        """s3:// and hf://: download into a local dir (or take the node cache's verified copy)
+        before the init hooks and the program need it. A target that will pull its weights from
+        a peer fetches only the small files; `_ensure_weights` gets the rest on a fallback."""
+        if not is_remote(self.plan):
+            return
+        self.state.report.phase = WorkerPhase.LOADING
+        progress = LoadProgress()
+        self.fetch_started = progress.started
+        # Progress from the first byte: the download counts as the first rank's load.
+        self.state.progress = {self.plan.ranks[0]: progress}
+        weights = not self._wants_p2p()
+        fetch = functools.partial(materialize, self.plan, progress, weights=weights)
+        self.fetched = await _in_daemon_thread(fetch)
+        for warning in self.fetched.warnings:
+            log.warning("%s", warning)
+        self.plan = self.plan.model_copy(update={"model_dir": self.fetched.model_dir})
+        self._has_weights = weights
+
+    def _ensure_weights(self, progress: LoadProgress) -> None:
+        """A remote target whose peers failed: download the weights once for all ranks."""
+        with self._weights_lock:
+            if self._has_weights:
+                return
+            self.fetched = materialize(self.plan, progress, weights=True)
+            self.plan = self.plan.model_copy(update={"model_dir": self.fetched.model_dir})
+            self._has_weights = True
 
     async def init_hooks(self) -> None:
         rep = self.state.report
@@ -176,9 +219,11 @@ class Worker:
                 except LoadError as exc:
                     log.warning("rank %d: P2P failed (%s); falling back to storage", rank, exc)
                     progress.reset()
+        self._ensure_weights(progress)
+        plan = self.plan  # model_dir may have moved to the downloaded copy
         loader: Loader = choose_storage_loader(plan, self.devices)
         tensors = loader.load(plan, rank, dev, progress)
-        progress.loaded_from = "storage"
+        progress.loaded_from = self.storage_label
         return loader.name, tensors
 
     async def load_and_bind(self) -> dict[int, dict[str, torch.Tensor]]:
@@ -186,7 +231,9 @@ class Worker:
         rep.phase = WorkerPhase.LOADING
         runtime = await _in_daemon_thread(Pt2Runtime.open, self.plan.model_dir)
         for r in self.plan.ranks:
-            self.state.progress[r] = LoadProgress()
+            # After a download the load's clock starts at its first byte, not at the preload.
+            started = {"started": self.fetch_started} if self.fetch_started is not None else {}
+            self.state.progress[r] = LoadProgress(**started)
         jobs = [
             _in_daemon_thread(self._load_rank, r, self.state.progress[r]) for r in self.plan.ranks
         ]
@@ -195,7 +242,9 @@ class Worker:
         )
         strategies = sorted({s for s, _ in results})
         rep.strategy = ",".join(strategies)
-        sources = sorted({self.state.progress[r].loaded_from or "storage" for r in self.plan.ranks})
+        sources = sorted(
+            {self.state.progress[r].loaded_from or self.storage_label for r in self.plan.ranks}
+        )
         rep.loaded_from = ",".join(sources)
         tensors_by_rank = {r: t for r, (_, t) in zip(self.plan.ranks, results, strict=True)}
         files_by_rank: dict[int, dict[str, str]] = {}
@@ -291,6 +340,7 @@ class Worker:
             await self.shutdown(app)
 
     async def _bring_up(self, app: web.Application) -> None:
+        await self.fetch_model()
         await self.init_hooks()
         bound = await self.load_and_bind()
         for p in self.state.progress.values():

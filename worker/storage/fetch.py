@@ -1,0 +1,132 @@
+"""The one entry: resolve a remote model URI (s3://, hf://) to a local model directory.
+
+`materialize` downloads into the plan's model_dir (the pod's scratch volume), or, when
+`spec.loading.cache.enabled`, into the node-local cache entry of the model identity, reusing a
+verified entry if one is there. Downloads write straight into the files' pages (s3) so the
+preload loader that follows maps the same pages. Progress counts from the first byte.
+
+A target (weights=False) fetches only the small files (model.pt2, config, tokenizer) and pulls
+its weights from a peer; on a peer failure the worker calls again with weights=True.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from weightlift.api.storage import REMOTE_SCHEMES, ModelUri, hf_repo
+from weightlift.api.worker import WorkerPlan
+from weightlift.worker.loaders.base import LoadProgress
+from weightlift.worker.loaders.header import SafetensorsFormatError, parse_header
+from weightlift.worker.storage.cache import CacheMismatch, NodeCache
+from weightlift.worker.storage.errors import StorageError
+
+log = logging.getLogger("weightlift.worker.storage")
+
+_HEADER_PROBE = 1 << 20
+
+
+@dataclass
+class Fetched:
+    model_dir: str
+    loaded_from: str  # storage:s3, storage:hf or cache
+    warnings: list[str] = field(default_factory=list)
+
+
+def is_remote(plan: WorkerPlan) -> bool:
+    return ModelUri.parse(plan.model.uri).scheme in REMOTE_SCHEMES
+
+
+def _is_weights(name: str) -> bool:
+    return name.endswith(".safetensors")
+
+
+def _check_safetensors(paths: list[Path], dest: Path, where: Callable[[str], str]) -> None:
+    """A truncated or corrupt object fails here, named by its URI, not later by a local path."""
+    for p in paths:
+        if not _is_weights(p.name):
+            continue
+        rel = p.relative_to(dest).as_posix()
+        size = p.stat().st_size
+        with p.open("rb") as f:
+            prefix = f.read(_HEADER_PROBE)
+        n = int.from_bytes(prefix[:8], "little") if len(prefix) >= 8 else 0
+        if 8 + n > len(prefix) and 8 + n <= size:
+            with p.open("rb") as f:
+                prefix = f.read(8 + n)
+        try:  # tensors whose offsets run past the end of a short object fail here
+            parse_header(prefix, size, where(rel))
+        except SafetensorsFormatError as exc:
+            raise StorageError(str(exc)) from None
+
+
+def _download(plan: WorkerPlan, dest: Path, progress: LoadProgress, weights: bool) -> list[Path]:
+    uri = ModelUri.parse(plan.model.uri)
+    threads = plan.loading.preload.threads
+    if uri.scheme == "s3":
+        from weightlift.worker.storage.s3 import S3Store
+
+        store = S3Store(
+            uri.claim,
+            uri.path,
+            endpoint=plan.model.endpoint,
+            region=plan.model.region,
+            threads=max(threads, 8),
+        )
+        objects = store.list()
+        if not any(_is_weights(o.name) and "/" not in o.name for o in objects):
+            names = ", ".join(o.name for o in objects[:8]) or "nothing"
+            raise StorageError(
+                f"{store.uri()}/: no .safetensors objects under the prefix (found {names})"
+            )
+        chosen = [o for o in objects if weights or not _is_weights(o.name)]
+        progress.set_total(sum(o.size for o in chosen))
+        paths = store.fetch(chosen, dest, progress.add)
+        _check_safetensors(paths, dest, lambda rel: store.uri(f"{store.prefix}/{rel}".lstrip("/")))
+        return paths
+    from weightlift.worker.storage import hf
+
+    repo_id, revision = hf_repo(uri, plan.model.revision)
+    endpoint = plan.model.endpoint or os.environ.get("HF_ENDPOINT") or None
+    token = os.environ.get("HF_TOKEN") or None
+    snap = hf.resolve(repo_id, revision, endpoint=endpoint, token=token)
+    names = [f.name for f in snap.files if weights or not _is_weights(f.name)]
+    progress.set_total(sum(f.size for f in snap.files if f.name in names))
+    paths = hf.fetch(
+        snap, dest, progress.add, endpoint=endpoint, token=token, names=names, threads=threads
+    )
+    _check_safetensors(paths, dest, lambda rel: f"hf://{repo_id}@{snap.commit}/{rel}")
+    return paths
+
+
+def materialize(plan: WorkerPlan, progress: LoadProgress, *, weights: bool = True) -> Fetched:
+    """Put the model's files in a local directory; StorageError names the object on failure."""
+    scheme = ModelUri.parse(plan.model.uri).scheme
+    fetched_from = f"storage:{scheme}"
+    cache = plan.loading.cache
+    if not (cache.enabled and weights):
+        _download(plan, Path(plan.model_dir), progress, weights)
+        return Fetched(plan.model_dir, fetched_from)
+    node_cache = NodeCache(cache.path, cache.max_size_gib << 30)
+    warnings: list[str] = []
+    with node_cache.locked(plan.model_identity) as entry:
+        if entry.complete():
+            try:
+                entry.verify()
+                total = entry.size()
+                progress.set_total(total)
+                progress.add(total)
+                return Fetched(str(entry.files), "cache")
+            except CacheMismatch as exc:
+                msg = f"{exc}; dropped the entry, downloading again"
+                log.warning("%s", msg)
+                warnings.append(msg)
+                entry.drop()
+        entry.drop()  # leftovers of a download that died half-way
+        _download(plan, entry.partial, progress, weights)
+        entry.commit(plan.model.uri)
+    node_cache.evict(keep=plan.model_identity)
+    return Fetched(str(entry.files), fetched_from, warnings)
