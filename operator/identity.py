@@ -20,5 +20,7 @@ def model_identity(spec: ModelDeploymentSpec) -> str:
         "dtype": spec.model.dtype,
         "tensor": spec.parallelism.tensor,
     }
+    if spec.model.endpoint:  # the same bucket/repo name on another store is other bytes
+        material["endpoint"] = spec.model.endpoint.rstrip("/")
     digest = hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
     return digest[:IDENTITY_LENGTH]

@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 
 from weightlift.api.labels import DEPLOYMENT_LABEL, MAX_NAME_LENGTH
 from weightlift.api.model import (
+    DEFAULT_REVISION,
     Condition,
     ConditionType,
     ModelDeploymentSpec,
@@ -22,7 +23,7 @@ from weightlift.api.model import (
     SourceEndpoint,
     pulls_from_peers,
 )
-from weightlift.api.storage import ModelUri
+from weightlift.api.storage import REMOTE_SCHEMES, ModelUri, hf_repo
 from weightlift.api.times import parse_rfc3339, rfc3339
 from weightlift.api.worker import WorkerPhase, WorkerReport
 from weightlift.operator.identity import model_identity
@@ -34,7 +35,7 @@ POLL_STEADY = 30.0
 BACKOFF_BASE = 10.0
 BACKOFF_MAX = 300.0
 
-SUPPORTED_STORAGE = ("hostpath", "file", "pvc")
+SUPPORTED_STORAGE = ("hostpath", "file", "pvc", "s3", "hf")
 
 
 @dataclass(frozen=True)
@@ -147,6 +148,29 @@ def _aware(moment: datetime) -> datetime:
     return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
 
 
+def _validate_storage(spec: ModelDeploymentSpec, uri: ModelUri) -> str | None:
+    model = spec.model
+    if uri.scheme == "s3" and not uri.claim:
+        return "spec.model.uri: s3:// needs a bucket, e.g. s3://models/llama-3"
+    if uri.scheme == "hf":
+        repo_id, revision = hf_repo(uri, model.revision)
+        if not repo_id or "@" in repo_id:
+            return "spec.model.uri: hf:// needs a repo id, e.g. hf://org/name or hf://org/name@rev"
+        pinned = revision != model.revision
+        if pinned and model.revision != DEFAULT_REVISION:
+            return (
+                f"spec.model.revision: {model.revision!r} disagrees with the revision in "
+                f"spec.model.uri ({revision!r}); set one of them"
+            )
+    if uri.scheme not in REMOTE_SCHEMES:
+        for field in ("credentials", "endpoint", "region"):
+            if getattr(model, field) is not None:
+                return f"spec.model.{field}: only s3:// and hf:// models use it"
+    if uri.scheme == "hf" and model.region is not None:
+        return "spec.model.region: only s3:// models use it"
+    return None
+
+
 def validate(spec: ModelDeploymentSpec, observed: Observed) -> str | None:
     """Semantic checks the CRD schema cannot express; returns a message naming the field."""
     if len(observed.name) > MAX_NAME_LENGTH:
@@ -163,6 +187,9 @@ def validate(spec: ModelDeploymentSpec, observed: Observed) -> str | None:
         )
     if scheme == "pvc" and not (uri.claim and uri.path):
         return "spec.model.uri: pvc:// needs a claim and a path, e.g. pvc://models/llama-3"
+    problem = _validate_storage(spec, uri)
+    if problem:
+        return problem
     tp = spec.parallelism.tensor
     if observed.max_node_gpus is not None and tp > observed.max_node_gpus:
         return (

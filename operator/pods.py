@@ -13,12 +13,19 @@ from weightlift.api.labels import (
     WORKER_LABELS,
 )
 from weightlift.api.model import GROUP, KIND, VERSION, ModelDeploymentSpec, Role, RuntimeType
-from weightlift.api.storage import ModelUri
+from weightlift.api.storage import REMOTE_SCHEMES, ModelUri
 from weightlift.api.worker import PeerCandidate, WorkerPlan
 from weightlift.operator.planning import DesiredPod
 
 GPU_RESOURCE = "nvidia.com/gpu"
 PVC_MOUNT_ROOT = "/mnt/models"
+# s3:// and hf:// models are downloaded here (an emptyDir) unless the node cache holds them.
+DOWNLOAD_DIR = "/var/lib/weightlift/model"
+# Secret keys the worker reads as environment, per scheme (boto3's and huggingface_hub's names).
+CREDENTIAL_KEYS = {
+    "s3": ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"),
+    "hf": ("HF_TOKEN",),
+}
 WORKER_UID = 1000
 
 
@@ -40,8 +47,34 @@ def model_mount(
         volume = {"name": "model", "persistentVolumeClaim": claim}
         mount = {"name": "model", "mountPath": root, "readOnly": True}
         return f"{root}/{uri.path}".rstrip("/"), [volume], [mount]
+    if uri.scheme in REMOTE_SCHEMES:
+        volumes = [{"name": "model", "emptyDir": {}}]
+        mounts = [{"name": "model", "mountPath": DOWNLOAD_DIR}]
+        cache = spec.loading.cache
+        if cache.enabled:
+            # The same path on the node and in the pod: the local process node and a kubelet agree.
+            volumes.append(
+                {
+                    "name": "model-cache",
+                    "hostPath": {"path": cache.path, "type": "DirectoryOrCreate"},
+                }
+            )
+            mounts.append({"name": "model-cache", "mountPath": cache.path})
+        return DOWNLOAD_DIR, volumes, mounts
     # file:// and anything planning let through: a path inside the image.
     return uri.path, [], []
+
+
+def credential_env(spec: ModelDeploymentSpec) -> list[dict[str, Any]]:
+    """The storage credentials as secretKeyRef env: the values never pass through the operator."""
+    ref = spec.model.credentials
+    if ref is None:
+        return []
+    keys = CREDENTIAL_KEYS.get(ModelUri.parse(spec.model.uri).scheme, ())
+    return [
+        {"name": k, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": k, "optional": True}}}
+        for k in keys
+    ]
 
 
 def worker_plan(
@@ -87,6 +120,7 @@ def render_pod(
         {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
         {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
         *({"name": e.name, "value": e.value} for e in template.env),
+        *credential_env(spec),
     ]
     # An External runtime (tritonserver, vLLM) is the container's own command: it loads its
     # weights itself and serves KServe v2 on runtime.port, where the operator probes it.

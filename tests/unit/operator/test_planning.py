@@ -523,8 +523,15 @@ def test_failed_replica_status_uses_the_container_reason_without_a_report() -> N
 
 
 INVALID: list[tuple[dict[str, Any], str]] = [
-    ({"uri": "s3://bucket/llama"}, "spec.model.uri"),
-    ({"uri": "hf://meta/llama"}, "spec.model.uri"),
+    ({"uri": "s3:///"}, "spec.model.uri"),
+    ({"uri": "hf://@v1"}, "spec.model.uri"),
+    ({"uri": "hf://meta/llama@v2", "revision": "v1"}, "spec.model.revision"),
+    (
+        {"model": {"uri": "pvc://models/llama", "credentials": {"name": "s3"}}},
+        "spec.model.credentials",
+    ),
+    ({"model": {"uri": "hostpath:///m", "endpoint": "http://minio:9000"}}, "spec.model.endpoint"),
+    ({"model": {"uri": "hf://meta/llama", "region": "eu-west-1"}}, "spec.model.region"),
     ({"uri": "pvc://models"}, "spec.model.uri"),
     ({"uri": "pvc://models/"}, "spec.model.uri"),
     ({"uri": "pvc:///llama"}, "spec.model.uri"),
@@ -542,7 +549,7 @@ def _spec_with(changes: dict[str, Any]) -> ModelDeploymentSpec:
     kwargs: dict[str, Any] = {"replicas": 3}
     extra: dict[str, Any] = {}
     for key, value in changes.items():
-        if key in ("uri", "tensor", "probe"):
+        if key in ("uri", "tensor", "probe", "revision"):
             kwargs[key] = value
         else:
             extra[key] = value
@@ -575,7 +582,7 @@ def test_invalid_spec_fails_without_touching_pods(changes: dict[str, Any], field
 
 
 def test_invalid_spec_keeps_publishing_ready_sources() -> None:
-    spec = make_spec(2, uri="s3://bucket/x")
+    spec = make_spec(2, uri="s3:///")
     result = run(spec, observe([mkpod(spec, 0, Role.SOURCE)]))
     assert [s.pod for s in result.status.sources] == [pod_name(NAME, ident(spec), 0)]
 
@@ -624,6 +631,11 @@ def test_an_unparsable_spec_on_the_first_pass_still_gets_a_status() -> None:
         {"uri": "file:///models/llama"},
         {"uri": "pvc://models/llama/v1"},
         {"uri": "pvc:///models/llama"},  # what pods.model_mount reads as claim "models"
+        {"uri": "s3://bucket/llama"},
+        {"uri": "hf://meta/llama"},
+        {"uri": "hf://meta/llama@0123abc"},
+        {"uri": "hf://meta/llama@v1", "revision": "v1"},
+        {"model": {"uri": "s3://b/m", "credentials": {"name": "s3"}, "region": "eu-west-1"}},
         {"tensor": 8},  # exactly the largest node
         {"initHooks": {"library": "hooks/libinit.so"}},
         {"initHooks": {"library": "./libinit.so"}},

@@ -18,7 +18,13 @@ from weightlift.api.model import GROUP, KIND, VERSION, ModelDeploymentSpec, Role
 from weightlift.api.worker import PLAN_ENV, WorkerPlan
 from weightlift.operator.identity import model_identity
 from weightlift.operator.planning import DesiredPod, pod_name
-from weightlift.operator.pods import GPU_RESOURCE, PVC_MOUNT_ROOT, model_mount, render_pod
+from weightlift.operator.pods import (
+    DOWNLOAD_DIR,
+    GPU_RESOURCE,
+    PVC_MOUNT_ROOT,
+    model_mount,
+    render_pod,
+)
 
 NAME = "llama"
 NAMESPACE = "ml"
@@ -322,6 +328,42 @@ def test_file_uri_is_a_path_in_the_image_without_a_volume() -> None:
     assert plan_of(pod).model_dir == "/opt/models/demo"
 
 
+def test_s3_downloads_into_an_empty_dir_with_secret_refs_for_credentials() -> None:
+    spec = make_spec(
+        model={"uri": "s3://models/llama", "credentials": {"name": "s3-creds"}, "region": "eu-1"}
+    )
+    pod = render(spec)
+    assert plan_of(pod).model_dir == DOWNLOAD_DIR
+    assert volume(pod, "model") == {"name": "model", "emptyDir": {}}
+    assert mounts(pod)[DOWNLOAD_DIR].get("readOnly") is not True
+    creds = {
+        e["name"]: e for e in container(pod)["env"] if "secretKeyRef" in e.get("valueFrom", {})
+    }
+    assert sorted(creds) == ["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"]
+    for name, e in creds.items():
+        assert e["valueFrom"]["secretKeyRef"] == {"name": "s3-creds", "key": name, "optional": True}
+        assert "value" not in e
+    # The plan names the Secret, never a value.
+    assert plan_of(pod).model.credentials is not None
+    assert "model-cache" not in {v["name"] for v in pod["spec"]["volumes"]}
+
+
+def test_hf_token_ref_and_the_node_cache_is_a_host_path_at_the_same_path() -> None:
+    spec = make_spec(
+        model={"uri": "hf://acme/tiny@v1", "credentials": {"name": "hf"}},
+        loading={"cache": {"enabled": True, "path": "/var/cache/wl", "maxSizeGiB": 5}},
+    )
+    pod = render(spec)
+    refs = [e["name"] for e in container(pod)["env"] if "secretKeyRef" in e.get("valueFrom", {})]
+    assert refs == ["HF_TOKEN"]
+    assert volume(pod, "model-cache")["hostPath"] == {
+        "path": "/var/cache/wl",
+        "type": "DirectoryOrCreate",
+    }
+    assert mounts(pod)["/var/cache/wl"]["name"] == "model-cache"
+    assert plan_of(pod).loading.cache.max_size_gib == 5
+
+
 # ----------------------------------------------------------------- the real Kubernetes schema
 
 
@@ -337,6 +379,14 @@ def _roundtrip(manifest: dict[str, Any]) -> Any:
     [
         {},
         {"model": {"uri": "pvc://weights/llama"}, "template": {"rdmaResource": "rdma/ib"}},
+        {
+            "model": {
+                "uri": "s3://b/m",
+                "endpoint": "http://s3:9000",
+                "credentials": {"name": "c"},
+            },
+            "loading": {"cache": {"enabled": True}},
+        },
         {
             "model": {"uri": "file:///opt/m"},
             "runtime": {"type": "External", "command": ["vllm", "serve"]},
