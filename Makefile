@@ -8,7 +8,7 @@ WL_CACHE ?= $(HOME)/.cache/weightlift
 # cluster.py (tests, demo) finds the control plane and kubectl/helm here.
 export WL_CACHE
 
-.PHONY: venv tools controlplane test unit lint crd demo clean
+.PHONY: venv tools controlplane minio test unit lint crd demo clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,6 +26,10 @@ tools: venv
 controlplane: tools
 	hack/build-controlplane.sh $(WL_CACHE)
 
+# The S3-compatible store of the storage tests and `demo --storage s3` (local/s3server.py).
+minio:
+	hack/build-minio.sh $(WL_CACHE)
+
 crd: venv
 	$(VENV)/bin/weightlift crd > crds/modeldeployment.yaml
 	cp crds/modeldeployment.yaml helm/weightlift/crds/modeldeployment.yaml
@@ -38,7 +42,7 @@ lint: venv
 unit: venv
 	$(PY) -m pytest tests/unit -q
 
-test: controlplane
+test: controlplane minio
 	# integration tests fail (not skip) when the control plane is missing
 	WEIGHTLIFT_REQUIRE_CLUSTER=1 $(PY) -m pytest -q
 

@@ -33,6 +33,7 @@ from weightlift.api.labels import DEPLOYMENT_LABEL
 from weightlift.api.model import GROUP, PLURAL, VERSION
 from weightlift.local.kubeclient import JSON, MERGE, Kube, KubeError
 from weightlift.local.processnode import LOCAL_NODE_LABEL, ProcessNode
+from weightlift.local.storage import STORAGE_KINDS, DemoStorage, prepare_storage
 
 log = logging.getLogger("weightlift.demo")
 
@@ -271,14 +272,17 @@ def model_deployment(
     wait_for_source_seconds: int = 300,
     probe_period_seconds: int = 2,
     load_timeout_seconds: int = 600,
+    model: JSON | None = None,
 ) -> JSON:
-    """A ModelDeployment for a local demo model, pinned to process nodes."""
+    """A ModelDeployment for a local demo model, pinned to process nodes. `model` overrides
+    spec.model fields (another uri, endpoint, credentials: see local/storage.py)."""
     spec: JSON = {
         "model": {
             "uri": f"hostpath://{model_dir.resolve()}",
             "format": "pt2",
             "revision": revision,
             "name": name,
+            **(model or {}),
         },
         "replicas": replicas,
         "template": {
@@ -554,6 +558,13 @@ def _sigterm_raises() -> Iterator[None]:
     help="Give up when not Ready after this many seconds.",
 )
 @click.option("--name", default="demo", show_default=True, help="ModelDeployment name.")
+@click.option(
+    "--storage",
+    type=click.Choice(STORAGE_KINDS),
+    default="hostpath",
+    show_default=True,
+    help="Where the model lives: a node directory, a PVC bound to one, or MinIO on loopback.",
+)
 def demo_command(
     replicas: int,
     model_size_mb: float,
@@ -562,6 +573,7 @@ def demo_command(
     state_dir: Path,
     timeout: float,
     name: str,
+    storage: str,
 ) -> None:
     """Control plane, process node, operator, demo model, ModelDeployment: watch it get Ready."""
     from rich.console import Console
@@ -573,6 +585,7 @@ def demo_command(
     state_dir = state_dir.resolve()
     model_dir = state_dir / "model"
     stack = LocalStack(state_dir)
+    where: DemoStorage | None = None
     with _sigterm_raises():
         try:
             with console.status("making the demo model (PT2 + safetensors + init hook)"):
@@ -584,13 +597,20 @@ def demo_command(
                 f"[green]✓[/] control plane, process node [bold]{stack.node_name}[/], operator up"
                 f"  (KUBECONFIG={stack.kubeconfig})"
             )
-            manifest = model_deployment(name, model_dir, replicas=replicas, probe=probe)
+            with console.status(f"putting the model in {storage} storage"):
+                where = prepare_storage(
+                    storage, stack.kube, stack.namespace, name, model_dir, state_dir
+                )
+            console.print(f"[green]✓[/] model at {where.model['uri']}")
+            manifest = model_deployment(
+                name, model_dir, replicas=replicas, probe=probe, model=where.model
+            )
             obs = Observer(stack, name)
             stack.apply(manifest)
             with Live(render(obs), console=console, refresh_per_second=8) as live:
                 obs.wait_ready(timeout, tick=lambda o: live.update(render(o)))
                 live.update(render(obs))
-            summary = obs.summary()
+            summary = {**obs.summary(), "storage": storage, "uri": where.model["uri"]}
             _print_summary(console, summary, probe, name)
             if json_out is not None:
                 json_out.parent.mkdir(parents=True, exist_ok=True)
@@ -614,6 +634,8 @@ def demo_command(
             raise SystemExit(1) from None
         finally:
             with console.status("tearing down (operator, worker processes, control plane)"):
+                if where is not None:
+                    where.close()
                 stack.down()
             console.print("[green]✓[/] everything stopped")
 

@@ -8,7 +8,8 @@ real scheduler binds to it, and runs each container's command as a local process
   WEIGHTLIFT_BIND_HOST so the worker binds there; Linux routes all of 127/8 to `lo`);
 - env: the pod's env, `valueFrom.fieldRef` resolved (metadata.*, status.podIP, spec.nodeName...),
   configMap/secret keys read from the API, `$(VAR)` references expanded;
-- volumes: hostPath -> the same path, emptyDir -> a dir under the state dir, configMap/secret/
+- volumes: hostPath -> the same path, persistentVolumeClaim -> its bound hostPath/local PV's
+  directory, emptyDir -> a dir under the state dir, configMap/secret/
   projected -> files under the state dir; a mountPath that differs from the local dir is rewritten
   in env values (also inside JSON values such as WEIGHTLIFT_PLAN) since there is no mount namespace;
 - probes: readiness/liveness (httpGet, tcpSocket, exec) as the pod declares them;
@@ -530,6 +531,8 @@ class PodRunner(threading.Thread):
                 if not path.exists():
                     raise ConfigError(f"hostPath {path} (volume {name}) does not exist")
                 local[name] = path
+            elif "persistentVolumeClaim" in vol:
+                local[name] = self._claim_dir(vol["persistentVolumeClaim"]["claimName"], name)
             elif "emptyDir" in vol:
                 local[name] = vol_root / name
                 local[name].mkdir(parents=True, exist_ok=True)
@@ -568,6 +571,32 @@ class PodRunner(threading.Thread):
                     mounts.append(pair)
         mounts.sort(key=lambda p: len(p[0]), reverse=True)
         return mounts
+
+    def _claim_dir(self, claim: str, volume: str) -> Path:
+        """The directory behind a PVC: its bound PV must be hostPath or local (no mounts here;
+        the real PV controller did the binding, the real scheduler waited for it)."""
+        ns, kube = self.namespace, self.node.kube
+        pvc = kube.get_or_none(f"/api/v1/namespaces/{ns}/persistentvolumeclaims/{claim}")
+        if pvc is None:
+            raise ConfigError(f"volume {volume}: persistentvolumeclaim {ns}/{claim} not found")
+        pv_name = pvc.get("spec", {}).get("volumeName")
+        if pvc.get("status", {}).get("phase") != "Bound" or not pv_name:
+            raise ConfigError(f"volume {volume}: persistentvolumeclaim {ns}/{claim} is not bound")
+        pv = kube.get_or_none(f"/api/v1/persistentvolumes/{pv_name}")
+        if pv is None:
+            raise ConfigError(f"volume {volume}: persistentvolume {pv_name} not found")
+        source = pv["spec"].get("hostPath") or pv["spec"].get("local")
+        if source is None:
+            raise ConfigError(
+                f"volume {volume}: persistentvolume {pv_name} is not hostPath or local; "
+                "the process node can only use directories"
+            )
+        path = Path(source["path"])
+        if not path.is_dir():
+            raise ConfigError(
+                f"volume {volume}: persistentvolume {pv_name} path {path} is not a directory"
+            )
+        return path
 
     def _write_files(self, root: Path, data: dict[str, str], items: list[JSON] | None) -> Path:
         root.mkdir(parents=True, exist_ok=True)
