@@ -365,6 +365,19 @@ def plot(doc: dict[str, Any], png: Path) -> None:
 @click.option("--threads", type=int, default=8, show_default=True, help="Preload readers.")
 @click.option("--chunk-mib", type=int, default=64, show_default=True)
 @click.option("--loader", "only", multiple=True, help="Only these loaders (repeatable).")
+@click.option(
+    "--uri",
+    default=None,
+    help="s3://bucket/prefix: bench a source's cold start from S3 (weightlift vs runai vs boto3) "
+    "instead of local files.",
+)
+@click.option(
+    "--endpoint",
+    default=None,
+    help="S3 endpoint of --uri (credentials from AWS_* env); default: start MinIO on loopback "
+    "and upload a demo model of --size-mb to --uri.",
+)
+@click.option("--region", default=None, help="S3 region of --uri.")
 def load_command(
     size_mb: float,
     json_path: Path,
@@ -374,9 +387,18 @@ def load_command(
     threads: int,
     chunk_mib: int,
     only: tuple[str, ...],
+    uri: str | None,
+    endpoint: str | None,
+    region: str | None,
 ) -> None:
     """Load GB/s of weightlift-preload/direct vs safetensors, fastsafetensors, runai."""
     from weightlift.local.models import make_demo
+
+    if uri is not None:
+        _s3_command(
+            uri, endpoint, region, size_mb, parts, repeat, threads, chunk_mib, only, json_path
+        )
+        return
 
     names = list(make_loaders(threads, chunk_mib))
     unknown = sorted(set(only) - set(names))
@@ -403,5 +425,42 @@ def load_command(
     png = json_path.with_suffix(".png")
     plot(doc, png)
     click.echo(f"wrote {json_path} and {png}")
+    if not all(r["verified"] for r in doc["results"]):
+        raise click.ClickException("some loader's output differs from safetensors.load_file")
+
+
+def _s3_command(
+    uri: str,
+    endpoint: str | None,
+    region: str | None,
+    size_mb: float,
+    parts: int,
+    repeat: int,
+    threads: int,
+    chunk_mib: int,
+    only: tuple[str, ...],
+    json_path: Path,
+) -> None:
+    from weightlift.bench.s3load import S3_LOADERS, print_s3_table, run_s3_bench
+
+    unknown = sorted(set(only) - set(S3_LOADERS))
+    if unknown:
+        raise click.BadParameter(
+            f"unknown S3 loader(s) {unknown}; known: {list(S3_LOADERS)}", param_hint="--loader"
+        )
+    doc = run_s3_bench(
+        uri,
+        endpoint,
+        region,
+        size_mb=size_mb,
+        parts=parts,
+        repeat=repeat,
+        threads=threads,
+        chunk_mib=chunk_mib,
+        loaders=[n for n in S3_LOADERS if not only or n in only],
+        json_path=json_path,
+    )
+    print_s3_table(doc)
+    click.echo(f"wrote {json_path}")
     if not all(r["verified"] for r in doc["results"]):
         raise click.ClickException("some loader's output differs from safetensors.load_file")

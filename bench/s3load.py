@@ -1,0 +1,294 @@
+"""`weightlift bench load --uri s3://bucket/prefix`: a source replica's cold start from S3.
+
+Three ways from the same objects to tensors in host memory, in one run, each verified bit for
+bit against safetensors' `load_file` of a reference copy:
+ - weightlift-s3-preload: the worker's path: ranged GETs in parallel written straight into the
+   destination files' pages (worker/storage/s3.py), then the preload loader maps those pages.
+ - runai-model-streamer-s3: runai's own S3 backend (C++ AWS SDK) streaming into its buffers.
+ - boto3-download-then-load: boto3's `download_file` (its threaded multipart transfer) to local
+   files, then safetensors `load_file`.
+Timed: listing + transfer + load + reading one byte per page of the result. The store's own
+limit is measured in the same run: the same ranged GETs into anonymous memory (no files, no
+tensors). Without --endpoint a MinIO on loopback is started and the demo model uploaded to it;
+MinIO then shares the machine's cores with the clients, so the ratios are what this box can show.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import mmap
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from weightlift.api.storage import ModelUri
+from weightlift.bench.load import Tensors, memcpy_gbps, touch
+from weightlift.worker.loaders.base import LoadProgress
+from weightlift.worker.loaders.files import index_files
+from weightlift.worker.loaders.preload import PreloadLoader
+from weightlift.worker.loaders.tensors import all_bit_equal
+from weightlift.worker.storage.s3 import S3Store
+
+# Tensors and a closer: runai owns its buffers until its streamer closes.
+S3Loader = Callable[[Path], tuple[Tensors, Callable[[], None]]]
+S3_LOADERS = ("weightlift-s3-preload", "runai-model-streamer-s3", "boto3-download-then-load")
+
+NOTES = [
+    "weightlift-s3-preload: list, then ranged GETs (chunk-mib each, `threads` in flight, "
+    "If-Match on the ETag) read into MAP_SHARED mappings of the destination files; preload "
+    "maps the same page-cache pages (no second copy).",
+    "runai-model-streamer-s3: SafetensorsStreamer.stream_files on the s3:// URIs (its C++ S3 "
+    "client; RUNAI_STREAMER_CONCURRENCY = threads).",
+    "boto3-download-then-load: s3.download_file per object (boto3 TransferConfig "
+    "max_concurrency = threads) into files, then safetensors load_file.",
+    "s3_ranged_get_gbps: the same ranged GETs into anonymous memory: what the store and the "
+    "HTTP stack deliver here, the ceiling for every contender.",
+]
+
+
+def _noop() -> None:
+    return None
+
+
+def _ignore(_nbytes: int) -> None:
+    return None
+
+
+def _safetensors(store: S3Store) -> list[Any]:
+    return [o for o in store.list() if o.name.endswith(".safetensors")]
+
+
+def make_s3_loaders(store: S3Store, threads: int, chunk_mib: int) -> dict[str, S3Loader]:
+    cpu = torch.device("cpu")
+
+    def weightlift(tmp: Path) -> tuple[Tensors, Callable[[], None]]:
+        objs = _safetensors(store)
+        paths = store.fetch(objs, tmp, _ignore)
+        tensors = PreloadLoader().load_index(
+            index_files(paths), cpu, LoadProgress(), threads=threads, chunk_bytes=chunk_mib << 20
+        )
+        return tensors, _noop
+
+    def runai(tmp: Path) -> tuple[Tensors, Callable[[], None]]:
+        from runai_model_streamer import SafetensorsStreamer
+
+        uris = [f"s3://{store.bucket}/{o.key}" for o in _safetensors(store)]
+        out: Tensors = {}
+        streamer = SafetensorsStreamer()
+        streamer.__enter__()
+        streamer.stream_files(uris)
+        for name, t in streamer.get_tensors():
+            out[name] = t
+        return out, lambda: streamer.__exit__(None, None, None)
+
+    def boto3_then_load(tmp: Path) -> tuple[Tensors, Callable[[], None]]:
+        from boto3.s3.transfer import TransferConfig
+        from safetensors.torch import load_file
+
+        cfg = TransferConfig(max_concurrency=threads, multipart_chunksize=chunk_mib << 20)
+        out: Tensors = {}
+        for o in _safetensors(store):
+            path = tmp / o.name
+            store.client.download_file(store.bucket, o.key, str(path), Config=cfg)
+            out.update(load_file(str(path)))
+        return out, _noop
+
+    return {
+        "weightlift-s3-preload": weightlift,
+        "runai-model-streamer-s3": runai,
+        "boto3-download-then-load": boto3_then_load,
+    }
+
+
+def ranged_get_gbps(store: S3Store) -> float:
+    objs = _safetensors(store)
+    total = sum(o.size for o in objs)
+    buf = mmap.mmap(-1, total)
+    view = memoryview(buf)
+    t0 = time.perf_counter()
+    from concurrent.futures import ThreadPoolExecutor
+
+    jobs, off = [], 0
+    for o in objs:
+        for start in range(0, o.size, store.chunk_bytes):
+            n = min(store.chunk_bytes, o.size - start)
+            jobs.append((o, start, n, off + start))
+        off += o.size
+    with ThreadPoolExecutor(store.threads) as pool:
+        list(
+            pool.map(
+                lambda j: store.read_range(j[0], j[1], view[j[3] : j[3] + j[2]], _ignore), jobs
+            )
+        )
+    secs = time.perf_counter() - t0
+    view.release()
+    buf.close()
+    return total / secs / 1e9
+
+
+def bench_s3(
+    store: S3Store, repeat: int, threads: int, chunk_mib: int, loaders: list[str], scratch: Path
+) -> dict[str, Any]:
+    from safetensors.torch import load_file
+
+    objs = _safetensors(store)
+    reference: Tensors = {}
+    with tempfile.TemporaryDirectory(dir=scratch) as tmp:
+        for p in store.fetch(objs, Path(tmp), _ignore):
+            reference.update({k: v.clone() for k, v in load_file(str(p)).items()})
+    nbytes = sum(t.numel() * t.element_size() for t in reference.values())
+    available = make_s3_loaders(store, threads, chunk_mib)
+    runs: list[dict[str, Any]] = []
+    for _ in range(repeat):
+        for name in loaders:
+            with tempfile.TemporaryDirectory(dir=scratch) as tmp:
+                gc.collect()
+                t0 = time.perf_counter()
+                tensors, close = available[name](Path(tmp))
+                touch(tensors)
+                secs = time.perf_counter() - t0
+                ok = all_bit_equal(tensors, reference)
+                del tensors
+                close()
+            runs.append(
+                {"loader": name, "seconds": secs, "gbps": nbytes / secs / 1e9, "verified": ok}
+            )
+    ranged = [ranged_get_gbps(store) for _ in range(repeat)]
+    results = []
+    for name in loaders:
+        rs = [r for r in runs if r["loader"] == name]
+        secs = statistics.median(r["seconds"] for r in rs)
+        results.append(
+            {
+                "loader": name,
+                "cache": "s3",
+                "gbps": round(nbytes / secs / 1e9, 3),
+                "seconds": round(secs, 4),
+                "verified": all(r["verified"] for r in rs),
+                "runs": len(rs),
+            }
+        )
+    return {
+        "uri": f"s3://{store.bucket}/{store.prefix}",
+        "bytes": nbytes,
+        "objects": [o.key for o in objs],
+        "repeat": repeat,
+        "threads": threads,
+        "chunk_mib": chunk_mib,
+        "cpus": os.cpu_count(),
+        "torch": torch.__version__,
+        "limits": {
+            "memcpy_gbps": round(memcpy_gbps(min(nbytes, 1 << 30), max(2, os.cpu_count() or 1)), 3),
+            "s3_ranged_get_gbps": round(statistics.median(ranged), 3),
+        },
+        "results": results,
+        "runs": runs,
+        "notes": NOTES,
+    }
+
+
+def print_s3_table(doc: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    lim = doc["limits"]
+    ceiling = lim["s3_ranged_get_gbps"]
+    others = [r["gbps"] for r in doc["results"] if not r["loader"].startswith("weightlift")]
+    best_peer = max(others, default=0.0)
+    t = Table(
+        title=f"weightlift bench load {doc['uri']}: {doc['bytes'] / 1e6:.0f} MB, median of "
+        f"{doc['repeat']}, S3 ranged GET {ceiling} GB/s, memcpy {lim['memcpy_gbps']} GB/s"
+    )
+    for col in ("loader", "GB/s", "seconds", "x S3 GET", "x best peer", "verified"):
+        t.add_column(col, justify="left" if col == "loader" else "right", no_wrap=True)
+    for r in doc["results"]:
+        t.add_row(
+            r["loader"],
+            f"{r['gbps']:.2f}",
+            f"{r['seconds']:.3f}",
+            f"{r['gbps'] / ceiling:.2f}" if ceiling else "-",
+            f"{r['gbps'] / best_peer:.2f}" if best_peer else "-",
+            "yes" if r["verified"] else "NO",
+        )
+    console = Console()
+    console.width = max(console.width, 110)
+    console.print(t)
+    for note in doc.get("notes", []):
+        console.print(f"- {note}", highlight=False)
+
+
+def store_for(
+    uri: str, endpoint: str | None, region: str | None, threads: int, chunk_mib: int
+) -> S3Store:
+    u = ModelUri.parse(uri)
+    return S3Store(
+        u.claim,
+        u.path,
+        endpoint=endpoint,
+        region=region,
+        threads=threads,
+        chunk_bytes=chunk_mib << 20,
+    )
+
+
+def run_s3_bench(
+    uri: str,
+    endpoint: str | None,
+    region: str | None,
+    *,
+    size_mb: float,
+    parts: int,
+    repeat: int,
+    threads: int,
+    chunk_mib: int,
+    loaders: list[str],
+    json_path: Path,
+) -> dict[str, Any]:
+    """Bench `uri` on `endpoint`; without one, MinIO on loopback holding a fresh demo model."""
+    import json
+
+    from weightlift.local.models import make_demo
+    from weightlift.local.s3server import MinioServer
+
+    u = ModelUri.parse(uri)
+    if u.scheme != "s3" or not u.claim:
+        raise ValueError(f"--uri {uri!r}: expected s3://bucket/prefix")
+    scratch = Path(os.environ.get("WL_BENCH_TMP") or tempfile.gettempdir())
+    local = endpoint is None
+    with contextlib.ExitStack() as stack:
+        if endpoint is None:
+            tmp = Path(
+                stack.enter_context(tempfile.TemporaryDirectory(prefix="wl-s3bench-", dir=scratch))
+            )
+            server = stack.enter_context(MinioServer(tmp / "minio"))
+            make_demo(tmp / "model", size_mb, tp=1, hook=False, parts=parts)
+            server.upload_dir(tmp / "model", u.claim, u.path)
+            endpoint = server.endpoint
+            os.environ["AWS_ACCESS_KEY_ID"] = server.access_key
+            os.environ["AWS_SECRET_ACCESS_KEY"] = server.secret_key
+        # runai's C++ client reads its settings from the environment only.
+        os.environ["AWS_ENDPOINT_URL"] = endpoint
+        os.environ.setdefault("AWS_REGION", region or "us-east-1")
+        os.environ.setdefault("AWS_EC2_METADATA_DISABLED", "true")
+        os.environ["RUNAI_STREAMER_S3_USE_VIRTUAL_ADDRESSING"] = "0"
+        os.environ["RUNAI_STREAMER_CONCURRENCY"] = str(threads)
+        store = store_for(uri, endpoint, region, threads, chunk_mib)
+        doc = bench_s3(store, repeat, threads, chunk_mib, loaders, scratch)
+    doc["endpoint"] = "MinIO on loopback (started by the bench)" if local else endpoint
+    doc["command"] = (
+        f"weightlift bench load --uri {uri}"
+        + ("" if local else f" --endpoint {endpoint}")
+        + f" --size-mb {size_mb:g} --parts {parts} --repeat {repeat} --threads {threads} "
+        f"--chunk-mib {chunk_mib} --json {json_path}"
+        + "".join(f" --loader {n}" for n in loaders if len(loaders) < len(S3_LOADERS))
+    )
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    json_path.write_text(json.dumps(doc, indent=2) + "\n")
+    return doc
