@@ -629,7 +629,11 @@ class ReplicaStatus(ApiModel):
     )
     node: str | None = Field(None, description="Node the pod is bound to.")
     pod_ip: str | None = Field(None, alias="podIP", description="Pod IP.")
-    loaded_from: str | None = Field(None, description="storage or peer:<pod>.")
+    loaded_from: str | None = Field(
+        None,
+        description="storage:<scheme> (s3, hf, pvc, hostpath, file), cache (node-local) or "
+        "peer:<pod>.",
+    )
     bytes_loaded: int = Field(0, ge=0, description="Weight bytes on the device so far.")
     bytes_total: int = Field(0, ge=0, description="Weight bytes this replica loads.")
     gbps: float | None = Field(None, description="Load throughput in GB/s.")

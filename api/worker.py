@@ -104,7 +104,7 @@ class WorkerReport(ApiModel):
     role: str = ""
     ranks: list[int] = Field(default_factory=list)
     strategy: str = ""  # the loader actually used: preload | direct | p2p
-    loaded_from: str | None = None  # "storage" | "peer:<pod>"
+    loaded_from: str | None = None  # "storage:<scheme>" | "cache" | "peer:<pod>"
     bytes_loaded: int = 0
     bytes_total: int = 0
     gbps: float | None = None

@@ -264,7 +264,7 @@ def _fault(
             tgt.kill()
     finally:
         src.kill()
-    fell_back = st.get("loadedFrom") == "storage"
+    fell_back = str(st.get("loadedFrom", "")).startswith("storage")
     return {
         "source_killed": killed_wall is not None,
         "fell_back": fell_back,

@@ -50,7 +50,7 @@ def test_three_replicas_one_source_two_p2p_targets_then_scale_and_delete(
 
     rows = obs.replica_statuses()
     assert len(rows) == 3 and all(r["ready"] for r in rows)
-    sources = [r for r in rows if r["loadedFrom"] == "storage"]
+    sources = [r for r in rows if r["loadedFrom"] == "storage:hostpath"]
     targets = [r for r in rows if str(r["loadedFrom"]).startswith("peer:")]
     assert len(sources) == 1, rows
     assert sources[0]["role"] == "Source"
@@ -150,7 +150,7 @@ def test_source_deleted_while_target_pulls(
     )
     rows = {r["name"]: r for r in obs.replica_statuses()}
     # The frozen source could not serve the target: it fell back to storage (verified load).
-    assert rows[target]["loadedFrom"] == "storage", rows[target]
+    assert rows[target]["loadedFrom"] == "storage:hostpath", rows[target]
     for r in rows.values():
         outputs = infer(_endpoint(obs, r["name"]), "flaky", probe["request"])["outputs"]
         _assert_expected(outputs, probe)

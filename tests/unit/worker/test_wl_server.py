@@ -45,7 +45,7 @@ def test_kserve_v2_with_httpx(demo_tp2: DemoModel, tmp_path: Path) -> None:
         with running_worker(plan) as w:
             st = w.wait_phase({"Serving", "Failed"})
             assert st["phase"] == "Serving", st
-            assert st["strategy"] == "preload" and st["loadedFrom"] == "storage"
+            assert st["strategy"] == "preload" and st["loadedFrom"] == "storage:file"
             assert st["bytesLoaded"] == st["bytesTotal"] == demo_tp2.bytes_total
             assert st["hooksRun"] and [h["deviceIndex"] for h in st["hooks"]] == [0, 1]
             assert st["gbps"] > 0 and st["loadSeconds"] > 0 and st["ranks"] == [0, 1]
