@@ -62,7 +62,7 @@ def _ignore(_nbytes: int) -> None:
 
 
 def _safetensors(store: S3Store) -> list[Any]:
-    return [o for o in store.list() if o.name.endswith(".safetensors")]
+    return [o for o in store.list_objects() if o.name.endswith(".safetensors")]
 
 
 def make_s3_loaders(store: S3Store, threads: int, chunk_mib: int) -> dict[str, S3Loader]:

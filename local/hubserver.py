@@ -53,7 +53,7 @@ def _sha256(path: Path) -> str:
 
 
 class _Handler(BaseHTTPRequestHandler):
-    server: HubServer  # type: ignore[assignment]
+    server: HubServer
 
     def log_message(self, format: str, *args: object) -> None:
         pass

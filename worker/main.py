@@ -232,8 +232,10 @@ class Worker:
         runtime = await _in_daemon_thread(Pt2Runtime.open, self.plan.model_dir)
         for r in self.plan.ranks:
             # After a download the load's clock starts at its first byte, not at the preload.
-            started = {"started": self.fetch_started} if self.fetch_started is not None else {}
-            self.state.progress[r] = LoadProgress(**started)
+            started = self.fetch_started
+            self.state.progress[r] = (
+                LoadProgress(started=started) if started is not None else LoadProgress()
+            )
         jobs = [
             _in_daemon_thread(self._load_rank, r, self.state.progress[r]) for r in self.plan.ranks
         ]

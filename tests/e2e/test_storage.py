@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import READY_TIMEOUT
 
+from tests.e2e.conftest import READY_TIMEOUT
 from tests.support.storage import require_minio
 from weightlift.local.demo import LocalStack, Observer, infer
 from weightlift.local.storage import DemoStorage, prepare_storage
@@ -39,6 +39,8 @@ def storage(stack: LocalStack, tmp_path: Path) -> Iterator[Callable[..., DemoSto
 def _everything_said(stack: LocalStack, name: str) -> str:
     """Operator log, every worker log of the node, the namespace's Events, the MD's status."""
     parts = [stack.operator_log_tail(100000)]
+    worker_logs = [p for p in (stack.state_dir / "node").rglob("worker.log") if name in str(p)]
+    assert worker_logs, "no worker log of this deployment to search"
     for log in (stack.state_dir / "node").rglob("*.log"):
         parts.append(log.read_text(errors="replace"))
     events = stack.kube.get(f"/api/v1/namespaces/{stack.namespace}/events")

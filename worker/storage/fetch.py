@@ -76,7 +76,7 @@ def _download(plan: WorkerPlan, dest: Path, progress: LoadProgress, weights: boo
             region=plan.model.region,
             threads=max(threads, 8),
         )
-        objects = store.list()
+        objects = store.list_objects()
         if not any(_is_weights(o.name) and "/" not in o.name for o in objects):
             names = ", ".join(o.name for o in objects[:8]) or "nothing"
             raise StorageError(
@@ -93,10 +93,10 @@ def _download(plan: WorkerPlan, dest: Path, progress: LoadProgress, weights: boo
     endpoint = plan.model.endpoint or os.environ.get("HF_ENDPOINT") or None
     token = os.environ.get("HF_TOKEN") or None
     snap = hf.resolve(repo_id, revision, endpoint=endpoint, token=token)
-    names = [f.name for f in snap.files if weights or not _is_weights(f.name)]
-    progress.set_total(sum(f.size for f in snap.files if f.name in names))
+    wanted = [f.name for f in snap.files if weights or not _is_weights(f.name)]
+    progress.set_total(sum(f.size for f in snap.files if f.name in wanted))
     paths = hf.fetch(
-        snap, dest, progress.add, endpoint=endpoint, token=token, names=names, threads=threads
+        snap, dest, progress.add, endpoint=endpoint, token=token, names=wanted, threads=threads
     )
     _check_safetensors(paths, dest, lambda rel: f"hf://{repo_id}@{snap.commit}/{rel}")
     return paths

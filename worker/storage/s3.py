@@ -102,7 +102,7 @@ class S3Store:
     def uri(self, key: str = "") -> str:
         return f"s3://{self.bucket}/{key or self.prefix}"
 
-    def list(self) -> list[S3Object]:
+    def list_objects(self) -> list[S3Object]:
         """Every object under the prefix, as a model directory tree."""
         prefix = f"{self.prefix}/" if self.prefix else ""
         found: list[S3Object] = []
