@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.conftest import READY_TIMEOUT
+from tests.support.e2e import READY_TIMEOUT
 from tests.support.storage import require_minio
 from weightlift.local.demo import LocalStack, Observer, infer
 from weightlift.local.storage import DemoStorage, prepare_storage
