@@ -94,6 +94,18 @@ class RuntimeType(StrEnum):
     EXTERNAL = "External"
 
 
+class Engine(StrEnum):
+    """What the weightlift worker serves the model with."""
+
+    BUILTIN = "Builtin"
+    VLLM = "vLLM"
+
+
+class CompletionProtocol(StrEnum):
+    OPENAI = "OpenAI"
+    TRITON_GENERATE = "TritonGenerate"
+
+
 class Role(StrEnum):
     SOURCE = "Source"
     TARGET = "Target"
@@ -129,7 +141,8 @@ class ModelSource(ApiModel):
         ModelFormat.PT2,
         description=(
             "pt2: a model.pt2 program (torch.export / AOTInductor) with sidecar safetensors; "
-            "safetensors: weights only, served by an External runtime."
+            "safetensors: a Hugging Face model directory (config.json, tokenizer files, "
+            "*.safetensors) served by runtime.engine vLLM, or by an External runtime."
         ),
     )
     revision: str = Field(
@@ -411,11 +424,37 @@ class RuntimeSpec(ApiModel):
         max_length=limits.COMMAND_ITEMS,
         description="External runtime command (e.g. tritonserver ...); required for External.",
     )
+    engine: Engine = Field(
+        Engine.BUILTIN,
+        description=(
+            "With type Builtin, what serves the model. Builtin: the worker serves model.pt2 over "
+            "KServe v2. vLLM: the worker runs vLLM's OpenAI server on enginePort with weightlift "
+            "loading (--load-format weightlift: peer-to-peer or preload, checksums verified, then "
+            "the replica is a P2P source); needs model.format safetensors."
+        ),
+    )
+    engine_port: int = Field(
+        8001,
+        ge=1024,
+        le=65535,
+        description="Port of the engine's own server (vLLM: the OpenAI API under /v1); the "
+        "worker on `port` also forwards /v1 to it.",
+    )
+    engine_args: list[Arg] = Field(
+        default_factory=list,
+        max_length=limits.COMMAND_ITEMS,
+        description="Extra engine command-line arguments, one list item per argument "
+        "(e.g. [--max-model-len, '4096']); the tensor-parallel size comes from parallelism.",
+    )
 
     @model_validator(mode="after")
     def _external_needs_command(self) -> RuntimeSpec:
         if self.type == RuntimeType.EXTERNAL and not self.command:
             raise ValueError("runtime.command is required when runtime.type is External")
+        if self.type == RuntimeType.EXTERNAL and self.engine != Engine.BUILTIN:
+            raise ValueError("runtime.engine applies to runtime.type Builtin, not External")
+        if self.engine != Engine.BUILTIN and self.engine_port == self.port:
+            raise ValueError("runtime.enginePort must differ from runtime.port")
         return self
 
 
@@ -506,9 +545,38 @@ KSERVE_REQUEST_SCHEMA: dict[str, Any] = {
 }
 
 
+class CompletionProbe(ApiModel):
+    protocol: CompletionProtocol = Field(
+        CompletionProtocol.OPENAI,
+        description="OpenAI: POST /v1/completions (vLLM, SGLang). TritonGenerate: POST "
+        "/v2/models/{model}/generate (text_input -> text_output).",
+    )
+    prompt: str = Field(min_length=1, max_length=8192, description="Prompt text.")
+    max_tokens: int = Field(16, ge=1, le=4096, description="Tokens to generate (greedy).")
+    expected_text: str | None = Field(
+        None, max_length=65536, description="The generated text must equal this exactly."
+    )
+    expected_prefix: str | None = Field(
+        None, min_length=1, max_length=65536, description="The generated text must start so."
+    )
+
+    @model_validator(mode="after")
+    def _one_expectation(self) -> CompletionProbe:
+        if (self.expected_text is None) == (self.expected_prefix is None):
+            raise ValueError("a completion probe needs exactly one of expectedText, expectedPrefix")
+        return self
+
+
 class InferenceProbe(ApiModel):
-    request: Annotated[dict[str, Any], WithJsonSchema(KSERVE_REQUEST_SCHEMA)] = Field(
-        description="KServe v2 inference request body POSTed to /v2/models/{model}/infer.",
+    request: Annotated[dict[str, Any], WithJsonSchema(KSERVE_REQUEST_SCHEMA)] | None = Field(
+        None,
+        description="KServe v2 inference request body POSTed to /v2/models/{model}/infer; "
+        "omitted (and no completion): zeros shaped like the model's declared inputs.",
+    )
+    completion: CompletionProbe | None = Field(
+        None,
+        description="A greedy (temperature 0) text generation whose output must match; "
+        "replaces the KServe v2 request for LLM engines.",
     )
     expected_outputs: list[ExpectedTensor] = Field(
         default_factory=list,
@@ -526,7 +594,9 @@ class InferenceProbe(ApiModel):
 
     @field_validator("request")
     @classmethod
-    def _bounded_request(cls, request: dict[str, Any]) -> dict[str, Any]:
+    def _bounded_request(cls, request: dict[str, Any] | None) -> dict[str, Any] | None:
+        if request is None:
+            return None
         depth = limits.json_depth(request, limits.REQUEST_MAX_DEPTH)
         if depth > limits.REQUEST_MAX_DEPTH:
             raise ValueError(
@@ -570,16 +640,20 @@ class ModelDeploymentSpec(ApiModel):
     rollout: Rollout = Field(default_factory=Rollout, description="Rollover between identities.")
 
     @model_validator(mode="after")
-    def _safetensors_needs_external(self) -> ModelDeploymentSpec:
-        # Mirrors the CRD's CEL rule, for objects that never passed the API server's admission.
+    def _format_fits_runtime(self) -> ModelDeploymentSpec:
+        # Mirrors the CRD's CEL rules, for objects that never passed the API server's admission.
+        vllm = self.runtime.type == RuntimeType.BUILTIN and self.runtime.engine == Engine.VLLM
         if (
             self.model.format == ModelFormat.SAFETENSORS
             and self.runtime.type != RuntimeType.EXTERNAL
+            and not vllm
         ):
             raise ValueError(
-                "spec.model.format safetensors needs spec.runtime.type External "
-                "(the Builtin runtime serves pt2 programs)"
+                "spec.model.format safetensors needs spec.runtime.engine vLLM or "
+                "spec.runtime.type External (the Builtin engine serves pt2 programs)"
             )
+        if vllm and self.model.format != ModelFormat.SAFETENSORS:
+            raise ValueError("spec.runtime.engine vLLM needs spec.model.format safetensors")
         return self
 
 

@@ -44,10 +44,23 @@ _SPEC_VALIDATIONS = [
     },
     {
         "rule": "self.model.format != 'safetensors' "
-        "|| (has(self.runtime) && self.runtime.type == 'External')",
-        "message": "spec.model.format safetensors needs spec.runtime.type External "
-        "(the Builtin runtime serves pt2 programs)",
+        "|| (has(self.runtime) && (self.runtime.type == 'External' "
+        "|| (has(self.runtime.engine) && self.runtime.engine == 'vLLM')))",
+        "message": "spec.model.format safetensors needs spec.runtime.engine vLLM or "
+        "spec.runtime.type External (the Builtin engine serves pt2 programs)",
         "fieldPath": ".model.format",
+    },
+    {
+        "rule": "!has(self.runtime) || !has(self.runtime.engine) || self.runtime.engine != 'vLLM' "
+        "|| (has(self.model.format) && self.model.format == 'safetensors')",
+        "message": "spec.runtime.engine vLLM needs spec.model.format safetensors",
+        "fieldPath": ".runtime.engine",
+    },
+    {
+        "rule": "!has(self.runtime) || self.runtime.type != 'External' "
+        "|| !has(self.runtime.engine) || self.runtime.engine == 'Builtin'",
+        "message": "spec.runtime.engine applies to runtime.type Builtin, not External",
+        "fieldPath": ".runtime.engine",
     },
 ]
 

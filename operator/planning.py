@@ -205,8 +205,8 @@ def validate(spec: ModelDeploymentSpec, observed: Observed) -> str | None:
             f"spec.initHooks.library: {hooks.library!r} is outside the model dir; use a "
             "path relative to it or set spec.initHooks.allowOutsideModelDir"
         )
-    inputs = spec.probe.request.get("inputs") if spec.probe is not None else None
-    if spec.probe is not None and not (isinstance(inputs, list) and inputs):
+    request = spec.probe.request if spec.probe is not None else None
+    if request is not None and not (isinstance(request.get("inputs"), list) and request["inputs"]):
         return "spec.probe.request: a KServe v2 request needs a non-empty 'inputs' list"
     return None
 

@@ -1,4 +1,5 @@
-"""Talk to workers: read their status report and run real inference probes (KServe v2 / httpx)."""
+"""Talk to workers: read their status report and run real inference probes (httpx): KServe v2
+/infer, or a greedy text generation (OpenAI /v1/completions, Triton /v2/models/{m}/generate)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,12 @@ from typing import Any
 
 import httpx
 
-from weightlift.api.model import InferenceProbe, ProbeResult
+from weightlift.api.model import (
+    CompletionProbe,
+    CompletionProtocol,
+    InferenceProbe,
+    ProbeResult,
+)
 from weightlift.api.times import now_rfc3339
 from weightlift.api.worker import WorkerReport
 
@@ -172,6 +178,43 @@ def check_outputs(
     return None
 
 
+def check_text(text: str, probe: CompletionProbe) -> str | None:
+    """None when the generated text is what the probe expects, else what differs."""
+    if probe.expected_text is not None and text != probe.expected_text:
+        return f"generated {text!r}, expected {probe.expected_text!r}"
+    if probe.expected_prefix is not None and not text.startswith(probe.expected_prefix):
+        return f"generated {text!r}, expected it to start with {probe.expected_prefix!r}"
+    return None
+
+
+async def generate_text(
+    client: httpx.AsyncClient, address: str, model: str, probe: CompletionProbe, timeout: float
+) -> str:
+    """The greedy completion of `probe.prompt`; raises ValueError on an unexpected answer."""
+    if probe.protocol == CompletionProtocol.TRITON_GENERATE:
+        body: dict[str, Any] = {
+            "text_input": probe.prompt,
+            "parameters": {"max_tokens": probe.max_tokens, "temperature": 0},
+        }
+        url = f"http://{address}/v2/models/{model}/generate"
+    else:
+        body = {"model": model, "prompt": probe.prompt, "max_tokens": probe.max_tokens,
+                "temperature": 0}
+        url = f"http://{address}/v1/completions"
+    response = await client.post(url, json=body, timeout=timeout)
+    if response.status_code != 200:
+        raise ValueError(f"{url} returned HTTP {response.status_code}: {response.text[:200]}")
+    doc = response.json()
+    text = (
+        doc.get("text_output")
+        if probe.protocol == CompletionProtocol.TRITON_GENERATE
+        else doc["choices"][0].get("text")
+    )
+    if not isinstance(text, str):
+        raise ValueError(f"{url}: no generated text in {response.text[:200]}")
+    return text
+
+
 def _outputs(response: httpx.Response) -> list[dict[str, Any]]:
     payload = response.json()
     outputs = payload.get("outputs") if isinstance(payload, dict) else None
@@ -193,24 +236,14 @@ async def probe_inference(
     started = time.perf_counter()
     problem: str | None
     try:
-        metadata = None
-        if probe is None or not probe.expected_outputs:
-            meta = await client.get(f"http://{address}/v2/models/{model}", timeout=timeout)
-            meta.raise_for_status()
-            metadata = meta.json()
-            if not isinstance(metadata, dict):
-                raise ValueError(f"model metadata is not a JSON object: {meta.text[:200]}")
-        body = probe.request if probe else request_from_metadata(metadata or {})
-        response = await client.post(
-            f"http://{address}/v2/models/{model}/infer", json=body, timeout=timeout
-        )
-        if response.status_code != 200:
-            problem = f"infer returned HTTP {response.status_code}: {response.text[:200]}"
+        if probe is not None and probe.completion is not None:
+            text = await generate_text(client, address, model, probe.completion, timeout)
+            problem = check_text(text, probe.completion)
         else:
-            problem = check_outputs(_outputs(response), probe, metadata)
+            problem = await _probe_infer(client, address, model, probe, timeout)
     # A worker's answer is untrusted input: whatever shape it has, the probe fails, never raises
     # (an exception here would abort the reconcile of the whole ModelDeployment).
-    except (httpx.HTTPError, ValueError, KeyError, TypeError, AttributeError) as exc:
+    except (httpx.HTTPError, ValueError, KeyError, TypeError, AttributeError, IndexError) as exc:
         problem = f"infer request failed: {type(exc).__name__}: {exc}"
     latency = (time.perf_counter() - started) * 1000
     if problem is None:
@@ -230,3 +263,31 @@ async def probe_inference(
         last_probe_time=now_rfc3339(),
         latency_ms=latency,
     )
+
+
+async def _probe_infer(
+    client: httpx.AsyncClient,
+    address: str,
+    model: str,
+    probe: InferenceProbe | None,
+    timeout: float,
+) -> str | None:
+    """KServe v2: POST the probe's request (or zeros shaped from metadata) and judge outputs."""
+    metadata = None
+    if probe is None or probe.request is None or not probe.expected_outputs:
+        meta = await client.get(f"http://{address}/v2/models/{model}", timeout=timeout)
+        meta.raise_for_status()
+        metadata = meta.json()
+        if not isinstance(metadata, dict):
+            raise ValueError(f"model metadata is not a JSON object: {meta.text[:200]}")
+    body = (
+        probe.request
+        if probe is not None and probe.request is not None
+        else request_from_metadata(metadata or {})
+    )
+    response = await client.post(
+        f"http://{address}/v2/models/{model}/infer", json=body, timeout=timeout
+    )
+    if response.status_code != 200:
+        return f"infer returned HTTP {response.status_code}: {response.text[:200]}"
+    return check_outputs(_outputs(response), probe, metadata)
