@@ -5,10 +5,14 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 WL_CACHE ?= $(HOME)/.cache/weightlift
+# vLLM's CPU build lives in its own environment (its torch pin clashes with ours); see
+# hack/install-vllm.sh. Built once into the cache, re-pointed at this checkout on each run.
+VLLM_VERSION ?= 0.32.0
+VLLM_ENV := $(WL_CACHE)/vllm-$(VLLM_VERSION)
 # cluster.py (tests, demo) finds the control plane and kubectl/helm here.
 export WL_CACHE
 
-.PHONY: venv tools controlplane minio test unit lint crd demo clean
+.PHONY: venv tools controlplane minio vllm-env test unit lint crd demo clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +34,9 @@ controlplane: tools
 minio:
 	hack/build-minio.sh $(WL_CACHE)
 
+vllm-env:
+	VLLM_VERSION=$(VLLM_VERSION) hack/install-vllm.sh $(VLLM_ENV)
+
 crd: venv
 	$(VENV)/bin/weightlift crd > crds/modeldeployment.yaml
 	cp crds/modeldeployment.yaml helm/weightlift/crds/modeldeployment.yaml
@@ -42,9 +49,10 @@ lint: venv
 unit: venv
 	$(PY) -m pytest tests/unit -q
 
-test: controlplane minio
-	# integration tests fail (not skip) when the control plane is missing
-	WEIGHTLIFT_REQUIRE_CLUSTER=1 $(PY) -m pytest -q
+test: controlplane minio vllm-env
+	# integration and vLLM tests fail (not skip) when the control plane or vLLM is missing
+	WEIGHTLIFT_REQUIRE_CLUSTER=1 WEIGHTLIFT_REQUIRE_VLLM=1 \
+	WEIGHTLIFT_VLLM_PYTHON=$(VLLM_ENV)/bin/python $(PY) -m pytest -q
 
 demo: controlplane
 	$(VENV)/bin/weightlift demo

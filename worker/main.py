@@ -6,6 +6,9 @@ with peers tries PeerToPeer first (Auto/PeerToPeer strategies) and falls back to
 LoadError; storage is Preload or Direct (Auto: preload when the shard fits in
 `hostMemoryFraction` of available memory) -> bind the weights into model.pt2 -> phase Serving,
 ready 200 -> publish this replica as a P2P source when the P2P module is importable.
+With runtime.engine vLLM the load, bind and publish steps happen inside vLLM (its `weightlift`
+load format, weightlift.worker.engines.vllm): the worker starts vLLM after the init hooks, is
+Ready when vLLM is, and fronts it (status, P2P manifest, /v1). vLLM exiting fails the worker.
 SIGTERM/SIGINT: not ready, close the publisher, release hooks, exit 0.
 
 On failure the phase is Failed with a message naming file/tensor/library/symbol and
@@ -33,7 +36,7 @@ import click
 import torch
 from aiohttp import web
 
-from weightlift.api.model import Role, pulls_from_peers
+from weightlift.api.model import Engine, Role, pulls_from_peers
 from weightlift.api.storage import ModelUri
 from weightlift.api.worker import HookReport, WorkerPhase, WorkerPlan
 from weightlift.worker.hooks import HookError, InitHookSession, run_init_hooks
@@ -114,6 +117,7 @@ class Worker:
         self.publisher: Any = None
         self.runner: web.AppRunner | None = None
         self.published = False  # publish step done (whether or not a publisher was installed)
+        self.engine: Any = None  # the VllmEngine when runtime.engine is vLLM
         self.devices = resolve_devices(plan)
         # s3:// and hf://: what the download produced (None for mounted models).
         self.fetched: Fetched | None = None
@@ -291,6 +295,9 @@ class Worker:
             except Exception as exc:
                 log.warning("closing the P2P publisher: %s", exc)
             self.publisher = None
+        if self.engine is not None:
+            await self.engine.stop()
+            self.engine = None
         if self.hooks is not None:
             for problem in self.hooks.release():
                 log.warning("init hook release: %s", problem)
@@ -319,7 +326,10 @@ class Worker:
                 return 0
             work.result()
             log.info("serving %s (%s from %s)", rep.model, rep.strategy, rep.loaded_from)
-            await stop_task
+            if self.engine is not None:
+                await self.engine.serve_until(stop_task)
+            else:
+                await stop_task
             return 0
         except Exception as exc:
             if isinstance(exc, TimeoutError):
@@ -344,6 +354,13 @@ class Worker:
     async def _bring_up(self, app: web.Application) -> None:
         await self.fetch_model()
         await self.init_hooks()
+        if self.plan.runtime.engine == Engine.VLLM:
+            from weightlift.worker.engines.vllm.engine import VllmEngine
+
+            self.engine = VllmEngine.for_worker(self.plan)
+            await self.engine.bring_up(self.state, app)
+            self.published = True
+            return
         bound = await self.load_and_bind()
         for p in self.state.progress.values():
             if p.finished is None:

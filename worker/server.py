@@ -5,8 +5,11 @@ Routes: GET /v2, /v2/health/live, /v2/health/ready, /v2/models/{m}[/versions/{v}
 the binary tensor data extension, as tritonclient.http sends by default), GET /metrics,
 GET /weightlift/v1/status (the WorkerReport JSON), and any method on /weightlift/v1/p2p/{tail},
 forwarded to the P2P source publisher's `handle(request)` once one is installed with
-`set_p2p_handler(app, publisher)` (503 "not a source yet" before). The handler lives in the
-WorkerState (mutable) rather than as an app key: aiohttp deprecates changing a started app.
+`set_p2p_handler(app, publisher)` (503 "not a source yet" before). With an engine (vLLM) in
+`state.engine`: any method on /v1/{tail} is forwarded to it and POST /v2/models/{m}/generate
+(Triton's generate extension) is answered through it; without one those answer 404. The
+handlers live in the WorkerState (mutable) rather than as app keys: aiohttp deprecates changing
+a started app.
 """
 
 from __future__ import annotations
@@ -34,6 +37,16 @@ NUMPY_TO_V2 = {np.dtype(v).str: k for k, v in V2_TO_NUMPY.items()}
 
 class P2PHandler(Protocol):
     async def handle(self, request: web.Request) -> web.StreamResponse: ...
+
+
+class EngineFront(Protocol):
+    """A model engine the worker runs beside itself (vLLM): its URL and text generation."""
+
+    url: str
+
+    async def forward(self, request: web.Request, base: str) -> web.StreamResponse: ...
+
+    async def generate(self, request: web.Request) -> web.Response: ...
 
 
 class Metrics:
@@ -67,6 +80,8 @@ class WorkerState:
     metrics: Metrics = field(default_factory=Metrics)
     # The P2P source publisher (anything with `async handle(request)`), None until published.
     p2p: P2PHandler | None = None
+    # The engine serving the model when it is not the builtin runtime (vLLM), else None.
+    engine: EngineFront | None = None
     infer_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     @classmethod
@@ -298,6 +313,22 @@ def build_app(state: WorkerState) -> web.Application:
             return _error("not a source yet", 503)
         return await handler.handle(request)
 
+    async def openai(request: web.Request) -> web.StreamResponse:
+        engine = state.engine
+        if engine is None:
+            return _error("this worker serves no OpenAI API (runtime.engine is Builtin)", 404)
+        return await engine.forward(request, engine.url)
+
+    async def generate(request: web.Request) -> web.StreamResponse:
+        m = request.match_info["model"]
+        if m != name:
+            return _error(f"unknown model {m!r} (this worker serves {name!r})", 404)
+        if state.engine is None:
+            return _error(f"model {m!r} does not generate text (a builtin PT2 program)", 404)
+        if not state.ready:
+            return _error(f"model {m!r} is not ready (phase {state.report.phase})", 503)
+        return await state.engine.generate(request)
+
     r = app.router
     r.add_get("/v2", server_meta)
     r.add_get("/v2/health/live", live)
@@ -306,7 +337,9 @@ def build_app(state: WorkerState) -> web.Application:
         r.add_get(base, model_meta)
         r.add_get(base + "/ready", model_ready)
         r.add_post(base + "/infer", infer)
+        r.add_post(base + "/generate", generate)
     r.add_get("/metrics", metrics)
     r.add_get("/weightlift/v1/status", status)
     r.add_route("*", "/weightlift/v1/p2p/{tail:.*}", p2p)
+    r.add_route("*", "/v1/{tail:.*}", openai)
     return app

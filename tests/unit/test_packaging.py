@@ -13,6 +13,9 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 ROOMS = ("api", "operator", "worker", "local", "bench")
+# Modules that run only inside an engine's own environment (they subclass the engine's classes):
+# shipped like every other, imported there (tests/e2e/test_vllm_worker.py), not here.
+ENGINE_ONLY = {"weightlift.worker.engines.vllm.loader"}
 
 
 def _source_modules() -> set[str]:
@@ -76,7 +79,7 @@ def test_every_installed_module_imports_from_the_wheel(installed: Path) -> None:
         f"sys.path.append({site!r})\n"
         "import weightlift\n"
         f"assert list(weightlift.__path__) == [{package_dir!r}], weightlift.__path__\n"
-        f"for name in {sorted(_source_modules())!r}:\n"
+        f"for name in {sorted(_source_modules() - ENGINE_ONLY)!r}:\n"
         "    importlib.import_module(name)\n"
         "print('imported', len(sys.modules))\n"
     )

@@ -1,0 +1,186 @@
+"""Real vLLM (CPU) under two real weightlift workers, no cluster: a source loads from storage
+with weightlift's preload inside vLLM, a target pulls the checkpoint over NIXL from it through
+the source worker's port, and both answer the same greedy completion as transformers did."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.support.vllm import (
+    ENGINE_ARGS,
+    ENGINE_ENV,
+    READY_TIMEOUT,
+    TEST_TIMEOUT,
+    require_vllm_python,
+    tiny_llm,
+)
+from weightlift.api.model import Engine, ModelFormat, ModelSource, Role, RuntimeSpec
+from weightlift.api.worker import PeerCandidate, WorkerPlan
+
+JSON = dict[str, Any]
+
+
+@pytest.fixture(scope="module")
+def vllm_python() -> Path:
+    return require_vllm_python()
+
+
+@pytest.fixture(scope="module")
+def llm(vllm_python: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, JSON]:
+    out = tmp_path_factory.mktemp("tiny-llm")
+    return out, tiny_llm(vllm_python, out)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _plan(model: Path, pod: str, role: Role, peers: list[PeerCandidate]) -> WorkerPlan:
+    return WorkerPlan(
+        deployment="llm",
+        pod_name=pod,
+        role=role,
+        peers=peers,
+        model_identity="llm-tiny",
+        model=ModelSource(uri=f"file://{model}", format=ModelFormat.SAFETENSORS),
+        model_dir=str(model),
+        served_model_name="llm",
+        device="cpu",
+        host="127.0.0.1",
+        runtime=RuntimeSpec(
+            engine=Engine.VLLM, port=_free_port(), engine_port=_free_port(), engine_args=ENGINE_ARGS
+        ),
+    )
+
+
+class RunningWorker:
+    def __init__(self, plan: WorkerPlan, workdir: Path, vllm_python: Path) -> None:
+        self.plan = plan
+        self.address = f"127.0.0.1:{plan.runtime.port}"
+        workdir.mkdir(parents=True, exist_ok=True)
+        plan_file = workdir / "plan.json"
+        plan_file.write_text(plan.model_dump_json(by_alias=True))
+        env = {
+            **os.environ,
+            **ENGINE_ENV,
+            "WEIGHTLIFT_VLLM_PYTHON": str(vllm_python),
+            "WEIGHTLIFT_ENGINE_DIR": str(workdir),
+            "WEIGHTLIFT_FAIL_LINGER_SECONDS": "0",
+        }
+        self.log = workdir / "worker.log"
+        with self.log.open("wb") as out:
+            self.proc = subprocess.Popen(
+                [
+                    str(Path(sys.executable).parent / "weightlift"),
+                    "worker",
+                    "--plan",
+                    str(plan_file),
+                ],
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+
+    def status(self) -> JSON:
+        doc: JSON = httpx.get(f"http://{self.address}/weightlift/v1/status", timeout=5).json()
+        return doc
+
+    def wait_serving(self) -> JSON:
+        deadline = time.monotonic() + READY_TIMEOUT
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, f"worker exited:\n{self.log.read_text()[-3000:]}"
+            try:
+                st = self.status()
+                if st["phase"] == "Serving":
+                    return st
+                assert st["phase"] != "Failed", st
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        raise AssertionError(f"not serving in {READY_TIMEOUT}s:\n{self.log.read_text()[-3000:]}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, 15)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, 9)
+                self.proc.wait()
+
+
+@pytest.fixture
+def workers(tmp_path: Path, vllm_python: Path) -> Iterator[list[RunningWorker]]:
+    started: list[RunningWorker] = []
+    yield started
+    for w in started:
+        w.stop()
+    for w in started:
+        assert w.proc.returncode == 0, f"{w.plan.pod_name} exit {w.proc.returncode}"
+
+
+def _complete(address: str, probe: JSON) -> str:
+    c = probe["completion"]
+    body = {"model": "llm", "prompt": c["prompt"], "max_tokens": c["maxTokens"], "temperature": 0}
+    resp = httpx.post(f"http://{address}/v1/completions", json=body, timeout=60)
+    assert resp.status_code == 200, resp.text
+    text: str = resp.json()["choices"][0]["text"]
+    return text
+
+
+@pytest.mark.timeout(TEST_TIMEOUT)
+def test_source_preloads_target_pulls_p2p_both_complete_like_transformers(
+    llm: tuple[Path, JSON], workers: list[RunningWorker], tmp_path: Path, vllm_python: Path
+) -> None:
+    model, probe = llm
+    expected = probe["completion"]["expectedText"]
+    source = RunningWorker(_plan(model, "llm-0", Role.SOURCE, []), tmp_path / "src", vllm_python)
+    workers.append(source)
+    st = source.wait_serving()
+    assert st["loadedFrom"] == "storage:file" and st["strategy"] == "preload", st
+    assert st["bytesLoaded"] == st["bytesTotal"] > 0
+    assert _complete(source.address, probe) == expected
+
+    peer = PeerCandidate(pod="llm-0", address=source.address)
+    target = RunningWorker(
+        _plan(model, "llm-1", Role.TARGET, [peer]), tmp_path / "tgt", vllm_python
+    )
+    workers.append(target)
+    st = target.wait_serving()
+    assert st["loadedFrom"] == "peer:llm-0" and st["strategy"] == "p2p", st
+    assert st["bytesLoaded"] == st["bytesTotal"] == source.status()["bytesTotal"]
+    # The same greedy text through the worker's /v1 front door and vLLM's own port.
+    assert _complete(target.address, probe) == expected
+    assert _complete(f"127.0.0.1:{target.plan.runtime.engine_port}", probe) == expected
+    # Triton's generate extension, answered through vLLM.
+    gen = httpx.post(
+        f"http://{target.address}/v2/models/llm/generate",
+        json={
+            "text_input": probe["completion"]["prompt"],
+            "parameters": {"max_tokens": probe["completion"]["maxTokens"]},
+        },
+        timeout=60,
+    )
+    assert gen.status_code == 200 and gen.json()["text_output"] == expected, gen.text
+    # The source's manifest server (inside vLLM, behind the worker) saw one verified read.
+    health = httpx.get(f"http://{source.address}/weightlift/v1/p2p/health", timeout=5).json()
+    assert health["completed_reads"] == 1 and health["failed_reads"] == 0, health
+    # The target publishes too: later replicas can pull from it.
+    health = httpx.get(f"http://{target.address}/weightlift/v1/p2p/health", timeout=5).json()
+    assert health["pod"] == "llm-1" and health["identity"] == "llm-tiny"
+    reports = json.loads((tmp_path / "tgt" / "llm-1" / "reports" / "rank-0.json").read_text())
+    assert reports["ok"] and reports["loadedFrom"] == "peer:llm-0"

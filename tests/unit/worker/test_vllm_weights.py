@@ -1,0 +1,144 @@
+"""The vLLM load format's weight path without vLLM: checkpoint from storage, from a real NIXL
+peer (a PublishedCheckpoint in this process), fallback when the peer is gone, reports, command."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from tests.support.p2p import NIXL_MISSING
+from weightlift.api.model import ModelFormat, ModelSource, Role, RuntimeSpec
+from weightlift.api.worker import PeerCandidate, WorkerPlan
+from weightlift.worker.engines.vllm.engine import vllm_command, vllm_environment
+from weightlift.worker.engines.vllm.weights import (
+    EngineRankReport,
+    ModelDirError,
+    PublishedCheckpoint,
+    check_model_dir,
+    load_checkpoint,
+    read_report,
+    write_report,
+)
+from weightlift.worker.loaders.tensors import all_bit_equal
+
+
+@pytest.fixture(scope="module")
+def hf_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An HF-layout directory: config.json, tokenizer.json, model.safetensors (mixed dtypes)."""
+    d = tmp_path_factory.mktemp("hf")
+    gen = torch.Generator().manual_seed(3)
+    tensors = {
+        "model.embed_tokens.weight": torch.randn(64, 32, generator=gen),
+        "model.layers.0.self_attn.q_proj.weight": torch.randn(32, 32, generator=gen).half(),
+        "model.norm.weight": torch.ones(32),
+        "lm_head.weight": torch.randn(64, 32, generator=gen),
+    }
+    save_file(tensors, str(d / "model.safetensors"))
+    (d / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
+    (d / "tokenizer.json").write_text("{}")
+    return d
+
+
+def plan_for(
+    d: Path,
+    pod: str,
+    role: Role = Role.SOURCE,
+    peers: list[PeerCandidate] | None = None,
+    tp: int = 1,
+) -> WorkerPlan:
+    return WorkerPlan(
+        deployment="llm",
+        pod_name=pod,
+        model_identity="llm-ident",
+        model=ModelSource(uri=f"file://{d}", format=ModelFormat.SAFETENSORS, dtype="bfloat16"),
+        model_dir=str(d),
+        served_model_name="llm",
+        tensor_parallel=tp,
+        ranks=list(range(tp)),
+        device="cpu",
+        role=role,
+        peers=peers or [],
+        runtime=RuntimeSpec(engine="vLLM", engine_port=18123, engine_args=["--enforce-eager"]),
+    )
+
+
+@pytest.mark.parametrize(
+    ("remove", "message"),
+    [
+        ("config.json", "config.json not found"),
+        ("model.safetensors", r"no \*.safetensors"),
+        ("tokenizer.json", "no tokenizer.json"),
+    ],
+)
+def test_model_dir_checks_name_what_is_missing(
+    hf_dir: Path, tmp_path: Path, remove: str, message: str
+) -> None:
+    for f in hf_dir.iterdir():
+        if f.name != remove:
+            (tmp_path / f.name).write_bytes(f.read_bytes())
+    with pytest.raises(ModelDirError, match=message) as err:
+        check_model_dir(tmp_path)
+    assert str(tmp_path) in str(err.value)
+    assert err.value.permanent
+    assert check_model_dir(hf_dir) == hf_dir
+
+
+def test_source_loads_the_checkpoint_as_stored_whatever_tp_and_dtype(hf_dir: Path) -> None:
+    # tp 2 and a bfloat16 serving dtype: the checkpoint is still one 'rank' with stored dtypes;
+    # vLLM slices and casts in its own load_weights.
+    loaded = load_checkpoint(plan_for(hf_dir, "src", tp=2))
+    assert loaded.progress.loaded_from == "storage:file" and loaded.peer_failures == []
+    assert all_bit_equal(loaded.tensors, load_file(str(hf_dir / "model.safetensors")))
+    assert loaded.progress.bytes_loaded == sum(
+        t.numel() * t.element_size() for t in loaded.tensors.values()
+    )
+
+
+@pytest.mark.skipif(NIXL_MISSING is not None, reason=f"NIXL: {NIXL_MISSING}")
+def test_target_pulls_from_a_published_checkpoint_then_falls_back(hf_dir: Path) -> None:
+    source = load_checkpoint(plan_for(hf_dir, "src"))
+    published = PublishedCheckpoint(plan_for(hf_dir, "src"), source.tensors)
+    try:
+        peers = [PeerCandidate(pod="src", address=published.address)]
+        pulled = load_checkpoint(plan_for(hf_dir, "tgt", Role.TARGET, peers))
+        assert pulled.strategy == "p2p"
+        assert pulled.progress.loaded_from == "peer:src"
+        assert all_bit_equal(pulled.tensors, source.tensors)
+        assert published.publisher.health()["completed_reads"] == 1
+    finally:
+        published.close()
+    # The source is gone: the target still loads, from storage, and says why.
+    fallback = load_checkpoint(plan_for(hf_dir, "tgt", Role.TARGET, peers))
+    assert fallback.progress.loaded_from == "storage:file"
+    assert fallback.peer_failures and "src" in fallback.peer_failures[0]
+    assert all_bit_equal(fallback.tensors, source.tensors)
+
+
+def test_reports_round_trip_and_missing_is_none(tmp_path: Path) -> None:
+    assert read_report(tmp_path, 0) is None
+    write_report(tmp_path, EngineRankReport(rank=1, ok=False, message="rank 1: boom"))
+    got = read_report(tmp_path, 1)
+    assert got is not None and not got.ok and got.message == "rank 1: boom"
+
+
+def test_vllm_command_carries_plan_port_tp_and_user_args(hf_dir: Path, tmp_path: Path) -> None:
+    plan = plan_for(hf_dir, "p", tp=2)
+    cmd = vllm_command(plan, tmp_path / "plan.json", tmp_path / "reports")
+    assert cmd[1:3] == ["-m", "weightlift.worker.engines.vllm.serve"]
+    args = dict(zip(cmd[3::2], cmd[4::2], strict=False))
+    assert args["--model"] == str(hf_dir) and args["--port"] == "18123"
+    assert args["--tensor-parallel-size"] == "2" and args["--load-format"] == "weightlift"
+    extra = json.loads(cmd[cmd.index("--model-loader-extra-config") + 1])
+    assert extra == {"plan": str(tmp_path / "plan.json"), "reportDir": str(tmp_path / "reports")}
+    assert cmd[-1] == "--enforce-eager"
+
+
+def test_vllm_environment_keeps_our_plugin_in_an_allow_list() -> None:
+    env = vllm_environment({"VLLM_PLUGINS": "other", "WEIGHTLIFT_VLLM_PYTHON": "/x/python"})
+    assert env["VLLM_PLUGINS"] == "other,weightlift"
+    assert "WEIGHTLIFT_VLLM_PYTHON" not in env
+    assert "VLLM_PLUGINS" not in vllm_environment({})  # unset means every plugin loads

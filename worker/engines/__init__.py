@@ -1,0 +1,1 @@
+"""Engines the worker runs with weightlift loading (vLLM)."""

@@ -1,0 +1,319 @@
+"""The weightlift worker's side of a vLLM replica: start vLLM, watch it, report, front it.
+
+The worker stays the pod's front door on `runtime.port` (status, P2P, probes) and runs vLLM's
+OpenAI server on `runtime.enginePort` as a child process with `--load-format weightlift`. The
+load format (in vLLM's process, see `loader`) writes one report per rank; the worker folds them
+into its WorkerReport, is Ready when vLLM's /health answers, forwards /weightlift/v1/p2p/* to the
+manifest server of vLLM's rank 0 (where the NIXL agent and the memory are), /v1/* to vLLM, and
+answers Triton's `/v2/models/{m}/generate` through vLLM's /v1/completions.
+
+The engine's Python: `WEIGHTLIFT_VLLM_PYTHON` (an environment with vLLM and weightlift, e.g. the
+one `hack/install-vllm.sh` builds), else this interpreter.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from weightlift.api.worker import WorkerPhase, WorkerPlan
+from weightlift.worker.engines.vllm.weights import (
+    LOAD_FORMAT,
+    EngineLoadOptions,
+    EngineRankReport,
+    read_report,
+)
+from weightlift.worker.loaders.base import LoadError
+from weightlift.worker.server import WorkerState, set_p2p_handler
+
+log = logging.getLogger(__name__)
+
+PYTHON_ENV = "WEIGHTLIFT_VLLM_PYTHON"
+# Where vLLM's plan, rank reports and log go (one folder per pod); default: a new temp folder.
+WORKDIR_ENV = "WEIGHTLIFT_ENGINE_DIR"
+# Lines of vLLM's log kept for the failure message.
+LOG_TAIL_LINES = 30
+_HOP_HEADERS = {"host", "content-length", "transfer-encoding", "connection"}
+
+
+class EngineFailed(LoadError):
+    """vLLM exited or never became healthy; the message carries its reason or its log's tail."""
+
+
+def engine_python() -> str:
+    return os.environ.get(PYTHON_ENV) or sys.executable
+
+
+def vllm_command(plan: WorkerPlan, plan_file: Path, report_dir: Path) -> list[str]:
+    options = EngineLoadOptions(plan=str(plan_file), report_dir=str(report_dir))
+    rt = plan.runtime
+    return [
+        engine_python(),
+        "-m",
+        "weightlift.worker.engines.vllm.serve",
+        "--model",
+        plan.model_dir,
+        "--served-model-name",
+        plan.served_model_name,
+        "--host",
+        plan.host,
+        "--port",
+        str(rt.engine_port),
+        "--tensor-parallel-size",
+        str(plan.tensor_parallel),
+        "--load-format",
+        LOAD_FORMAT,
+        "--model-loader-extra-config",
+        json.dumps(options.wire()),
+        *rt.engine_args,
+    ]
+
+
+def vllm_environment(base: dict[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ if base is None else base)
+    plugins = [p for p in env.get("VLLM_PLUGINS", "").split(",") if p]
+    if plugins and LOAD_FORMAT not in plugins:  # an allow-list that would drop our load format
+        env["VLLM_PLUGINS"] = ",".join([*plugins, LOAD_FORMAT])
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    env.pop(PYTHON_ENV, None)
+    return env
+
+
+class VllmEngine:
+    """One vLLM process for one replica (all its tensor-parallel ranks)."""
+
+    def __init__(self, plan: WorkerPlan, workdir: Path) -> None:
+        self.plan = plan
+        self.workdir = workdir
+        self.report_dir = workdir / "reports"
+        self.log_path = workdir / "vllm.log"
+        self.process: subprocess.Popen[bytes] | None = None
+        self.url = f"http://{_connect_host(plan.host)}:{plan.runtime.engine_port}"
+        self._session: aiohttp.ClientSession | None = None
+        self.started_at = 0.0
+
+    # -------------------------------------------------------------------------- lifecycle
+    def start(self) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        plan_file = self.workdir / "plan.json"
+        plan_file.write_text(self.plan.model_dump_json(by_alias=True))
+        cmd = vllm_command(self.plan, plan_file, self.report_dir)
+        log.info("starting vLLM: %s", " ".join(cmd))
+        self.started_at = time.monotonic()
+        with self.log_path.open("ab") as out:
+            self.process = subprocess.Popen(
+                cmd,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=vllm_environment(),
+                # Same process group as the worker: whoever kills the pod's group kills vLLM too;
+                # and vLLM dies with the worker if the worker is killed alone.
+                preexec_fn=_die_with_parent,
+            )
+
+    def reports(self) -> list[EngineRankReport]:
+        found = [read_report(self.report_dir, r) for r in range(self.plan.tensor_parallel)]
+        return [r for r in found if r is not None]
+
+    def _failure(self, what: str) -> EngineFailed:
+        failed = [r for r in self.reports() if not r.ok]
+        if failed:
+            return EngineFailed(f"vLLM {what}: {failed[0].message}")
+        return EngineFailed(f"vLLM {what}; last lines of {self.log_path}:\n{self.log_tail()}")
+
+    def log_tail(self) -> str:
+        try:
+            lines = self.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return ""
+        return "\n".join(lines[-LOG_TAIL_LINES:])
+
+    async def wait_ready(self, timeout: float, poll: float = 0.5) -> list[EngineRankReport]:
+        """Until vLLM's /health answers 200 and every rank has reported; EngineFailed if vLLM
+        exits, a rank reports a failure, or `timeout` passes."""
+        assert self.process is not None
+        deadline = time.monotonic() + timeout
+        session = self.session()
+        while True:
+            code = self.process.poll()
+            if code is not None:
+                raise self._failure(f"exited with code {code} before it was ready")
+            reports = self.reports()
+            if any(not r.ok for r in reports):
+                raise self._failure("failed to load")
+            if len(reports) == self.plan.tensor_parallel:
+                with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError):
+                    async with session.get(self.url + "/health") as resp:
+                        if resp.status == 200:
+                            return reports
+            if time.monotonic() > deadline:
+                raise self._failure(f"not ready within {timeout:.0f}s")
+            await asyncio.sleep(poll)
+
+    async def wait_exit(self) -> int:
+        assert self.process is not None
+        while (code := self.process.poll()) is None:
+            await asyncio.sleep(0.5)
+        return code
+
+    async def stop(self, grace: float = 15.0) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+        proc = self.process
+        if proc is None or proc.poll() is not None:
+            return
+        proc.terminate()  # vLLM shuts its engine core down on SIGTERM
+        deadline = time.monotonic() + grace
+        while proc.poll() is None and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+        if proc.poll() is None:
+            proc.kill()
+            await asyncio.to_thread(proc.wait)
+
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600))
+        return self._session
+
+    # -------------------------------------------------------------------------- the worker
+    @classmethod
+    def for_worker(cls, plan: WorkerPlan) -> VllmEngine:
+        base = os.environ.get(WORKDIR_ENV)
+        if base:
+            workdir = Path(base) / plan.pod_name
+        else:
+            workdir = Path(tempfile.mkdtemp(prefix=f"wl-vllm-{plan.pod_name}-"))
+        return cls(plan, workdir)
+
+    async def bring_up(self, state: WorkerState, app: web.Application) -> None:
+        """Start vLLM, wait until it serves, fold the ranks' reports into the worker's report,
+        install the P2P manifest proxy (rank 0 published) and mark the worker Ready."""
+        rep = state.report
+        rep.phase = WorkerPhase.LOADING
+        self.start()
+        state.engine = self
+        reports = await self.wait_ready(float(self.plan.loading.load_timeout_seconds))
+        rep.strategy = ",".join(sorted({r.strategy for r in reports}))
+        rep.loaded_from = ",".join(sorted({r.loaded_from for r in reports}))
+        rep.bytes_loaded = sum(r.bytes_loaded for r in reports)
+        rep.bytes_total = sum(r.bytes_total for r in reports)
+        seconds = max(r.seconds for r in reports)
+        rep.load_seconds = round(seconds, 4)
+        rep.gbps = round(rep.bytes_loaded / seconds / 1e9, 4) if seconds > 0 else None
+        failures = [f for r in reports for f in r.peer_failures]
+        if failures:
+            rep.message = "peer-to-peer failed, loaded from storage: " + "; ".join(failures)
+        rep.phase = WorkerPhase.SERVING
+        state.ready = True
+        address = next(
+            (r.manifest_address for r in reports if r.rank == 0 and r.manifest_address), None
+        )
+        if address:
+            set_p2p_handler(app, ManifestProxy(self, address))
+        log.info(
+            "vLLM serves %s on %s after %.1fs (weights: %s from %s in %.3fs)",
+            self.plan.served_model_name,
+            self.url,
+            time.monotonic() - self.started_at,
+            rep.strategy,
+            rep.loaded_from,
+            seconds,
+        )
+
+    async def serve_until(self, stop: asyncio.Future[Any]) -> None:
+        """Until `stop` completes; EngineFailed when vLLM exits first."""
+        exited = asyncio.ensure_future(self.wait_exit())
+        try:
+            await asyncio.wait({stop, exited}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            exited.cancel()
+        if not stop.done():
+            raise self._failure(
+                f"exited with code {self.process.poll() if self.process else '?'} while serving"
+            )
+
+    # -------------------------------------------------------------------------- fronting
+    async def forward(self, request: web.Request, base: str) -> web.StreamResponse:
+        """Pass `request` to `base` + its path and query; stream the answer back."""
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_HEADERS}
+        body = await request.read()
+        try:
+            async with self.session().request(
+                request.method, base + request.path_qs, data=body or None, headers=headers
+            ) as upstream:
+                resp = web.StreamResponse(status=upstream.status)
+                for k, v in upstream.headers.items():
+                    if k.lower() not in _HOP_HEADERS:
+                        resp.headers[k] = v
+                await resp.prepare(request)
+                async for chunk in upstream.content.iter_any():
+                    await resp.write(chunk)
+                await resp.write_eof()
+                return resp
+        except aiohttp.ClientError as exc:
+            return web.json_response({"error": f"engine unreachable: {exc}"}, status=502)
+
+    async def generate(self, request: web.Request) -> web.Response:
+        """Triton's generate extension (`text_input` -> `text_output`) over /v1/completions."""
+        try:
+            body = await request.json()
+        except ValueError:
+            return web.json_response({"error": "body is not JSON"}, status=400)
+        if not isinstance(body, dict) or not isinstance(body.get("text_input"), str):
+            return web.json_response({"error": "body needs a string 'text_input'"}, status=400)
+        params = body.get("parameters") if isinstance(body.get("parameters"), dict) else {}
+        completion: dict[str, Any] = {
+            "model": self.plan.served_model_name,
+            "prompt": body["text_input"],
+            "max_tokens": int((params or {}).get("max_tokens", 16)),
+            "temperature": float((params or {}).get("temperature", 0.0)),
+        }
+        try:
+            async with self.session().post(self.url + "/v1/completions", json=completion) as up:
+                doc = await up.json(content_type=None)
+                if up.status != 200:
+                    return web.json_response({"error": doc}, status=up.status)
+        except (aiohttp.ClientError, ValueError) as exc:
+            return web.json_response({"error": f"engine unreachable: {exc}"}, status=502)
+        text = doc["choices"][0]["text"]
+        return web.json_response(
+            {"model_name": self.plan.served_model_name, "model_version": "1", "text_output": text}
+        )
+
+
+class ManifestProxy:
+    """The P2P handler the worker installs: vLLM's rank 0 serves the manifest routes."""
+
+    def __init__(self, engine: VllmEngine, address: str) -> None:
+        self.engine = engine
+        self.base = f"http://{address}"
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        return await self.engine.forward(request, self.base)
+
+
+_LIBC = ctypes.CDLL(None, use_errno=True)  # loaded here: the forked child only calls it
+
+
+def _die_with_parent() -> None:
+    """preexec_fn: SIGKILL vLLM when the worker goes away (PR_SET_PDEATHSIG)."""
+    _LIBC.prctl(1, signal.SIGKILL)
+
+
+def _connect_host(host: str) -> str:
+    return "127.0.0.1" if host in ("0.0.0.0", "", "::") else host

