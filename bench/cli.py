@@ -10,6 +10,7 @@ BENCHMARKS = {
     "load": "weightlift.bench.load:load_command",
     "p2p": "weightlift.bench.p2p:p2p_command",
     "operator": "weightlift.bench.operator:operator_command",
+    "vllm": "weightlift.bench.vllm:vllm_command",
 }
 
 
@@ -27,4 +28,4 @@ class _LazyBench(click.Group):
 
 @click.group(cls=_LazyBench)
 def bench_group() -> None:
-    """Benchmarks (tables, JSON and PNG): load, p2p, operator."""
+    """Benchmarks (tables, JSON and PNG): load, p2p, operator, vllm."""

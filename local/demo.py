@@ -38,6 +38,19 @@ from weightlift.local.storage import STORAGE_KINDS, DemoStorage, prepare_storage
 log = logging.getLogger("weightlift.demo")
 
 BIN_DIR = Path(sys.executable).parent
+# vLLM's OpenAI server port in demo/e2e pods (each pod has its own 127.0.x.y).
+VLLM_PORT = 8001
+# vLLM settings that keep it small and quick on a laptop or a 2-core CI box.
+VLLM_ENGINE_ARGS = [
+    "--max-model-len",
+    "256",
+    "--enforce-eager",
+    "--dtype",
+    "float32",
+    "--distributed-executor-backend",
+    "uni",
+]
+VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 
 
 def weightlift_exe() -> str:
@@ -273,13 +286,18 @@ def model_deployment(
     probe_period_seconds: int = 2,
     load_timeout_seconds: int = 600,
     model: JSON | None = None,
+    engine: str = "Builtin",
+    engine_args: list[str] | None = None,
+    env: dict[str, str] | None = None,
 ) -> JSON:
     """A ModelDeployment for a local demo model, pinned to process nodes. `model` overrides
-    spec.model fields (another uri, endpoint, credentials: see local/storage.py)."""
+    spec.model fields (another uri, endpoint, credentials: see local/storage.py). engine "vLLM":
+    an HF model directory served by vLLM with weightlift loading (no init hook)."""
+    vllm = engine == "vLLM"
     spec: JSON = {
         "model": {
             "uri": f"hostpath://{model_dir.resolve()}",
-            "format": "pt2",
+            "format": "safetensors" if vllm else "pt2",
             "revision": revision,
             "name": name,
             **(model or {}),
@@ -297,11 +315,20 @@ def model_deployment(
             "peerToPeer": {"transferTimeoutSeconds": 30},
         },
     }
-    if hook_library:
+    if vllm:
+        spec["runtime"] = {
+            "engine": engine,
+            "enginePort": VLLM_PORT,
+            "engineArgs": engine_args or [],
+        }
+    if env:
+        spec["template"]["env"] = [{"name": k, "value": v} for k, v in env.items()]
+    if hook_library and not vllm:
         spec["initHooks"] = {"library": hook_library, "required": True}
     if probe is not None:
+        keep = ("request", "expectedOutputs", "tolerance", "completion")
         spec["probe"] = {
-            **{k: v for k, v in probe.items() if k in ("request", "expectedOutputs", "tolerance")},
+            **{k: v for k, v in probe.items() if k in keep},
             "periodSeconds": probe_period_seconds,
             "timeoutSeconds": 10,
             "failureThreshold": 3,
@@ -410,6 +437,8 @@ class Observer:
     def summary(self) -> JSON:
         """The `--json` document."""
         pods_by_name = {p["metadata"]["name"]: p for p in self.pods}
+        runtime = ((self.md or {}).get("spec") or {}).get("runtime") or {}
+        engine_port = runtime.get("enginePort") if runtime.get("engine") == "vLLM" else None
         replicas = []
         for rs in self.replica_statuses():
             pod = pods_by_name.get(rs["name"], {})
@@ -423,6 +452,14 @@ class Observer:
                     "loadedFrom": rs.get("loadedFrom"),
                     "endpoint": f"http://{ip}:{port}" if ip else None,
                     "model": self.name,
+                    **(
+                        {
+                            "openaiEndpoint": f"http://{ip}:{engine_port}/v1" if ip else None,
+                            "servedModelName": self.name,
+                        }
+                        if engine_port
+                        else {}
+                    ),
                     "hooksRun": rs.get("hooksRun"),
                     "loadSeconds": rs.get("loadSeconds"),
                     "gbps": rs.get("gbps"),
@@ -454,6 +491,20 @@ def infer(endpoint: str, model: str, request: JSON, timeout: float = 10.0) -> JS
     r.raise_for_status()
     body: JSON = r.json()
     return body
+
+
+def complete(openai_base: str, model: str, completion: JSON, timeout: float = 60.0) -> str:
+    """Greedy text of a completion probe's prompt, from an OpenAI /v1 endpoint."""
+    body = {
+        "model": model,
+        "prompt": completion["prompt"],
+        "max_tokens": completion["maxTokens"],
+        "temperature": 0,
+    }
+    r = httpx.post(f"{openai_base}/completions", json=body, timeout=timeout)
+    r.raise_for_status()
+    text: str = r.json()["choices"][0]["text"]
+    return text
 
 
 # ---------------------------------------------------------------------------------- view
@@ -565,6 +616,14 @@ def _sigterm_raises() -> Iterator[None]:
     show_default=True,
     help="Where the model lives: a node directory, a PVC bound to one, or MinIO on loopback.",
 )
+@click.option(
+    "--runtime",
+    type=click.Choice(["builtin", "vllm"]),
+    default="builtin",
+    show_default=True,
+    help="builtin: a PT2 demo model on weightlift's server. vllm: a tiny Llama on vLLM's CPU "
+    "build with weightlift loading (its environment is built once under $WL_CACHE).",
+)
 def demo_command(
     replicas: int,
     model_size_mb: float,
@@ -574,6 +633,7 @@ def demo_command(
     timeout: float,
     name: str,
     storage: str,
+    runtime: str,
 ) -> None:
     """Control plane, process node, operator, demo model, ModelDeployment: watch it get Ready."""
     from rich.console import Console
@@ -583,13 +643,16 @@ def demo_command(
     console = Console(stderr=True, width=None if sys.stderr.isatty() else 150)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     state_dir = state_dir.resolve()
-    model_dir = state_dir / "model"
+    model_dir = state_dir / ("llm" if runtime == "vllm" else "model")
     stack = LocalStack(state_dir)
     where: DemoStorage | None = None
     with _sigterm_raises():
         try:
-            with console.status("making the demo model (PT2 + safetensors + init hook)"):
-                probe = make_demo_model(model_dir, model_size_mb)
+            if runtime == "vllm":
+                probe = _prepare_vllm(console, stack, model_dir)
+            else:
+                with console.status("making the demo model (PT2 + safetensors + init hook)"):
+                    probe = make_demo_model(model_dir, model_size_mb)
             console.print(f"[green]✓[/] demo model in {model_dir}")
             with console.status("bringing up the local cluster") as status:
                 stack.up(progress=lambda msg: status.update(msg))
@@ -603,7 +666,14 @@ def demo_command(
                 )
             console.print(f"[green]✓[/] model at {where.model['uri']}")
             manifest = model_deployment(
-                name, model_dir, replicas=replicas, probe=probe, model=where.model
+                name,
+                model_dir,
+                replicas=replicas,
+                probe=probe,
+                model=where.model,
+                engine="vLLM" if runtime == "vllm" else "Builtin",
+                engine_args=VLLM_ENGINE_ARGS if runtime == "vllm" else None,
+                env=VLLM_ENV if runtime == "vllm" else None,
             )
             obs = Observer(stack, name)
             stack.apply(manifest)
@@ -640,6 +710,23 @@ def demo_command(
             console.print("[green]✓[/] everything stopped")
 
 
+def _prepare_vllm(console: Any, stack: LocalStack, model_dir: Path) -> JSON:
+    """The vLLM environment (built on first use) and the tiny Llama; returns its probe."""
+    from weightlift.local.llm import ensure_vllm_env, make_in_engine_env, vllm_python
+
+    python = vllm_python()
+    if python is None:
+        with console.status("building the vLLM environment (once; minutes, about 6 GB)"):
+            python = ensure_vllm_env()
+    else:  # re-point its editable weightlift at this checkout (fast when it already is)
+        with console.status("checking the vLLM environment"):
+            ensure_vllm_env()
+    with console.status("making the tiny Llama (HF layout, random weights, local tokenizer)"):
+        probe = make_in_engine_env(python, model_dir)
+    stack.worker_env.update({"WEIGHTLIFT_VLLM_PYTHON": str(python)})
+    return probe
+
+
 def _print_summary(console: Any, summary: JSON, probe: JSON, name: str) -> None:
     from rich.table import Table
 
@@ -669,6 +756,18 @@ def _print_summary(console: Any, summary: JSON, probe: JSON, name: str) -> None:
     console.print(table)
     # One more real request through each endpoint: same input, same output everywhere.
     outputs = set()
+    if "completion" in probe:
+        for r in summary["replicas"]:
+            if r.get("openaiEndpoint"):
+                with contextlib.suppress(httpx.HTTPError, KeyError, IndexError):
+                    outputs.add(complete(r["openaiEndpoint"], name, probe["completion"]))
+        if outputs:
+            same = "the expected" if outputs == {probe["completion"]["expectedText"]} else "OTHER"
+            console.print(
+                f"greedy completion through {len(summary['replicas'])} OpenAI endpoints: "
+                f"{same} text {sorted(outputs)!r}"
+            )
+        return
     for r in summary["replicas"]:
         if r["endpoint"]:
             with contextlib.suppress(httpx.HTTPError):

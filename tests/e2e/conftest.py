@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from tests.support.e2e import alive, pids_of, wait_gone
+from tests.support.vllm import vllm_worker_env
 from weightlift.local.demo import LocalStack, Observer, make_demo_model, model_deployment
 
 HERE = Path(__file__).resolve().parent
@@ -70,7 +71,11 @@ def stack(e2e_dir: Path, hook_log: Path) -> Iterator[LocalStack]:
     s = LocalStack(
         e2e_dir / "stack",
         node_name="e2e-node",
-        worker_env={"WEIGHTLIFT_HOOK_LOG": str(hook_log), "CUDA_VISIBLE_DEVICES": ""},
+        worker_env={
+            "WEIGHTLIFT_HOOK_LOG": str(hook_log),
+            "CUDA_VISIBLE_DEVICES": "",
+            **vllm_worker_env(),
+        },
     )
     with s:
         yield s
