@@ -3,7 +3,10 @@ peer (a PublishedCheckpoint in this process), fallback when the peer is gone, re
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -142,3 +145,15 @@ def test_vllm_environment_keeps_our_plugin_in_an_allow_list() -> None:
     assert env["VLLM_PLUGINS"] == "other,weightlift"
     assert "WEIGHTLIFT_VLLM_PYTHON" not in env
     assert "VLLM_PLUGINS" not in vllm_environment({})  # unset means every plugin loads
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed here")
+def test_serve_without_vllm_says_so_and_where() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "weightlift.worker.engines.vllm.serve", "--model", "/nowhere"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 1
+    assert "vLLM is not installed" in done.stderr and sys.executable in done.stderr

@@ -35,6 +35,7 @@ from weightlift.worker.engines.vllm.weights import (
     LOAD_FORMAT,
     EngineLoadOptions,
     EngineRankReport,
+    check_model_dir,
     read_report,
 )
 from weightlift.worker.loaders.base import LoadError
@@ -205,6 +206,7 @@ class VllmEngine:
         install the P2P manifest proxy (rank 0 published) and mark the worker Ready."""
         rep = state.report
         rep.phase = WorkerPhase.LOADING
+        check_model_dir(self.plan.model_dir)  # fail fast and permanently on a wrong directory
         self.start()
         state.engine = self
         reports = await self.wait_ready(float(self.plan.loading.load_timeout_seconds))

@@ -32,8 +32,15 @@ def _patch_version_lookup() -> None:
 
 
 def main(argv: list[str]) -> None:
-    _patch_version_lookup()
+    import importlib.util
     import runpy
+
+    if importlib.util.find_spec("vllm") is None:
+        sys.exit(
+            f"vLLM is not installed in the environment of {sys.executable} "
+            "(the worker image needs vLLM, or WEIGHTLIFT_VLLM_PYTHON must name a python with it)"
+        )
+    _patch_version_lookup()
 
     sys.argv = ["vllm.entrypoints.openai.api_server", *argv]
     runpy.run_module("vllm.entrypoints.openai.api_server", run_name="__main__", alter_sys=True)
