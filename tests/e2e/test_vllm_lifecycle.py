@@ -1,0 +1,74 @@
+"""vLLM replicas on the real control plane: the operator plans a source and a P2P target, the
+workers run the real vLLM CPU build with weightlift's load format, and READY means a greedy
+completion matched the text transformers generated for the same weights."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.vllm import (
+    ENGINE_ARGS,
+    ENGINE_ENV,
+    READY_TIMEOUT,
+    TEST_TIMEOUT,
+    require_vllm_python,
+    tiny_llm,
+)
+from weightlift.local.demo import LocalStack, Observer, complete
+
+JSON = dict[str, Any]
+Deploy = Callable[..., Observer]
+
+
+@pytest.fixture(scope="module")
+def llm(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, JSON]:
+    python = require_vllm_python()
+    out = tmp_path_factory.mktemp("e2e-llm")
+    return out, tiny_llm(python, out)
+
+
+def _deploy(
+    deployments: Deploy, name: str, llm: tuple[Path, JSON], replicas: int, **env: str
+) -> Observer:
+    model, probe = llm
+    return deployments(
+        name,
+        model,
+        probe,
+        replicas=replicas,
+        engine="vLLM",
+        engine_args=ENGINE_ARGS,
+        env={**ENGINE_ENV, **env},
+        hook_library=None,
+    )
+
+
+def _texts(obs: Observer, probe: JSON) -> list[str]:
+    return [
+        complete(r["openaiEndpoint"], r["servedModelName"], probe["completion"])
+        for r in obs.summary()["replicas"]
+    ]
+
+
+@pytest.mark.timeout(TEST_TIMEOUT)
+def test_vllm_source_from_storage_target_by_p2p_both_answer(
+    stack: LocalStack, deployments: Deploy, llm: tuple[Path, JSON]
+) -> None:
+    _, probe = llm
+    obs = _deploy(deployments, "vllm", llm, replicas=2)
+    obs.wait_ready(2 * READY_TIMEOUT)
+    rows = obs.replica_statuses()
+    assert len(rows) == 2 and all(r["ready"] and r["probe"]["passed"] for r in rows), rows
+    source = next(r for r in rows if r["loadedFrom"] == "storage:hostpath")
+    target = next(r for r in rows if r["name"] != source["name"])
+    assert source["role"] == "Source" and target["role"] == "Target", rows
+    assert target["loadedFrom"] == f"peer:{source['name']}", target
+    assert target["bytesLoaded"] == target["bytesTotal"] == source["bytesTotal"] > 0
+    # Both OpenAI endpoints give transformers' greedy text for the probe's prompt.
+    assert _texts(obs, probe) == [probe["completion"]["expectedText"]] * 2
+    sources = {s["pod"] for s in obs.status().get("sources", [])}
+    assert sources == {source["name"], target["name"]}, obs.status().get("sources")
