@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import kopf
@@ -37,6 +38,9 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     settings.watching.server_timeout = 60
     settings.watching.client_timeout = 90
     settings.networking.request_timeout = 30
+    # The threads our blocking API calls (asyncio.to_thread) run in: see kube.API_THREADS.
+    executor = ThreadPoolExecutor(max_workers=kube.API_THREADS, thread_name_prefix="kube-api")
+    asyncio.get_running_loop().set_default_executor(executor)
     memo["state"] = OperatorState.from_environment()
 
 

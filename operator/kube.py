@@ -18,6 +18,10 @@ from weightlift.api.model import GROUP, PLURAL, VERSION
 from weightlift.api.times import now_rfc3339
 
 Obj = dict[str, Any]
+# Blocking API calls run in threads (asyncio.to_thread), one per call in flight. Python's default
+# executor has cpu_count + 4 threads (6 on 2 cores): at 50-500 ms per call on a busy API server,
+# 100 deployments' passes queued behind those 6 for 20 s. The pool keeps one connection a thread.
+API_THREADS = 32
 
 
 def load_config() -> client.ApiClient:
@@ -27,7 +31,10 @@ def load_config() -> client.ApiClient:
         # The client reads $KUBECONFIG once, at import; read it now so that a KUBECONFIG set
         # in-process (cluster.py's documented use, tests, the demo) is the one used, as kopf does.
         config.load_kube_config(config_file=os.environ.get("KUBECONFIG") or None)
-    return client.ApiClient()
+    configuration = client.Configuration.get_default_copy()
+    # urllib3 drops connections beyond the pool size: each drop is a new TLS handshake.
+    configuration.connection_pool_maxsize = API_THREADS
+    return client.ApiClient(configuration)
 
 
 def _json(response: Any) -> Any:

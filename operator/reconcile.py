@@ -46,6 +46,13 @@ from weightlift.operator.probes import (
 )
 
 NODE_CACHE_SECONDS = 60.0
+# How long a pass waits for pods it created to show up in kopf's pod index (the pod watch wakes
+# the loop as soon as they do); after that the index is trusted again.
+CREATED_POD_WAIT_SECONDS = 10.0
+# Probe times change on every probe. When nothing else in the status did, they are written at
+# most this often: 1000 deployments probed every 10 s would otherwise patch 100 statuses a second
+# (and each patch comes back to kopf's watch). Any other change is written at once.
+PROBE_TIME_REFRESH_SECONDS = 120.0
 
 
 @dataclass
@@ -63,7 +70,12 @@ class OperatorState:
     # the lagging copy would post the same phase Event twice.
     statuses: dict[str, dict[str, Any]] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)  # uid -> last failed pass's error
+    written_at: dict[str, float] = field(default_factory=dict)  # uid -> last status write
+    # uid -> {pod name: give-up time}: pods created by this operator that kopf's index has not
+    # shown yet. A pass planning without them would create them again (409s) and count wrong.
+    awaited: dict[str, dict[str, float]] = field(default_factory=dict)
     node_gpus: tuple[float, int | None] = (0.0, None)
+    _node_fetch: asyncio.Future[int | None] | None = None
 
     @classmethod
     def from_environment(cls) -> OperatorState:
@@ -85,6 +97,21 @@ class OperatorState:
         self.wakes.pop(uid, None)
         self.statuses.pop(uid, None)
         self.errors.pop(uid, None)
+        self.written_at.pop(uid, None)
+        self.awaited.pop(uid, None)
+
+    def await_pod(self, uid: str, name: str) -> None:
+        self.awaited.setdefault(uid, {})[name] = time.monotonic() + CREATED_POD_WAIT_SECONDS
+
+    def awaited_pods(self, uid: str, indexed: set[str]) -> list[str]:
+        """Pods created for `uid` that are still missing from the index (and not given up on)."""
+        waiting = self.awaited.get(uid, {})
+        now = time.monotonic()
+        for name in [n for n, until in waiting.items() if n in indexed or until < now]:
+            del waiting[name]
+        if not waiting:
+            self.awaited.pop(uid, None)
+        return list(waiting)
 
     def status_of(self, uid: str, body: Mapping[str, Any]) -> dict[str, Any] | None:
         """The ModelDeployment's status as last written: ours if we wrote one, else the body's."""
@@ -107,9 +134,17 @@ class OperatorState:
             logging.getLogger(__name__).warning("could not post event %s on %s", reason, name)
 
     async def max_node_gpus(self) -> int | None:
+        """Cached; when it runs out, one LIST of nodes serves every pass waiting for it."""
         fetched, value = self.node_gpus
-        if time.monotonic() - fetched > NODE_CACHE_SECONDS:
-            value = await asyncio.to_thread(kube.max_node_gpus, self.core, GPU_RESOURCE)
+        if time.monotonic() - fetched <= NODE_CACHE_SECONDS:
+            return value
+        if self._node_fetch is None or self._node_fetch.done():
+            self._node_fetch = asyncio.ensure_future(
+                asyncio.to_thread(kube.max_node_gpus, self.core, GPU_RESOURCE)
+            )
+        fetch = self._node_fetch
+        value = await asyncio.shield(fetch)
+        if self._node_fetch is fetch:
             self.node_gpus = (time.monotonic(), value)
         return value
 
@@ -294,6 +329,8 @@ async def reconcile(
     if meta.get("deletionTimestamp"):
         return 5.0  # the finalizer handler owns deletion
     name, namespace, uid = meta["name"], meta["namespace"], meta["uid"]
+    if state.awaited_pods(uid, {p["metadata"]["name"] for p in pods}):
+        return 1.0  # pods just created are not in the index yet; their events wake us
     spec = parse_spec(body.get("spec"))
     observed_pods: list[ObservedPod] = []
     max_gpus = None
@@ -339,6 +376,28 @@ async def reconcile(
     return result.requeue_after
 
 
+def _only_probe_times_moved(
+    state: OperatorState, uid: str, written: Mapping[str, Any], previous: Mapping[str, Any]
+) -> bool:
+    """True when the new status differs from the last one written only in probe times and
+    latencies, and that write is recent (see PROBE_TIME_REFRESH_SECONDS)."""
+    last = state.written_at.get(uid)
+    if last is None or time.monotonic() - last >= PROBE_TIME_REFRESH_SECONDS:
+        return False
+    return _without_probe_times(written) == _without_probe_times(previous)
+
+
+def _without_probe_times(status: Mapping[str, Any]) -> dict[str, Any]:
+    volatile = ("lastProbeTime", "latencyMs")
+    replicas = [
+        {**r, "probe": {k: v for k, v in r["probe"].items() if k not in volatile}}
+        if isinstance(r.get("probe"), dict)
+        else r
+        for r in status.get("replicaStatuses") or []
+    ]
+    return {**status, "replicaStatuses": replicas}
+
+
 def _starts_storage_load(spec: ModelDeploymentSpec, result: Plan) -> bool:
     """The plan creates a replica that loads from storage although it could pull from a peer."""
     return pulls_from_peers(spec.loading, spec.runtime) and any(
@@ -379,7 +438,9 @@ async def apply(
         assert not isinstance(spec, SpecError)  # plan creates nothing from an unparsable spec
         manifest = render_pod(name, namespace, uid, spec, desired)
         try:
-            if await asyncio.to_thread(kube.create_pod, state.core, namespace, manifest):
+            created = await asyncio.to_thread(kube.create_pod, state.core, namespace, manifest)
+            state.await_pod(uid, desired.name)  # new, or already there (409): it exists
+            if created:
                 logger.info("created %s pod %s", desired.role, desired.name)
         except ApiException as exc:
             rejected.append(f"creating pod {desired.name} was rejected: {kube.api_error(exc)}")
@@ -400,9 +461,10 @@ async def apply(
         )
     patch = _status_patch(result.status)
     written = {k: v for k, v in patch.items() if v is not None}
-    if written != previous:
+    if written != previous and not _only_probe_times_moved(state, uid, written, previous):
         await asyncio.to_thread(kube.patch_status, state.custom, namespace, name, patch)
         state.statuses[uid] = written
+        state.written_at[uid] = time.monotonic()
     if labelled and not publishing:
         await asyncio.to_thread(
             kube.patch_deployment_labels, state.custom, namespace, name, {SOURCES_OF_LABEL: None}

@@ -47,6 +47,9 @@ def operator_command(
         level=logging.DEBUG if verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    if not verbose:
+        # httpx logs every request at INFO: one line per probe and status read of every pod.
+        logging.getLogger("httpx").setLevel(logging.WARNING)
     import weightlift.operator.handlers  # noqa: F401  (registers the handlers)
 
     kopf.run(
