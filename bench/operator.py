@@ -45,6 +45,7 @@ class Timeline:
     md_created: dict[str, float] = field(default_factory=dict)
     md_ready: dict[str, float] = field(default_factory=dict)
     pod_seen: dict[str, float] = field(default_factory=dict)
+    pod_scheduled: dict[str, float] = field(default_factory=dict)
     pod_ready: dict[str, float] = field(default_factory=dict)
 
     def on_md(self, event: dict[str, Any]) -> None:
@@ -56,6 +57,8 @@ class Timeline:
         obj, now = event["object"], time.time()
         name = obj["metadata"]["name"]
         self.pod_seen.setdefault(name, now)
+        if (obj.get("spec") or {}).get("nodeName"):
+            self.pod_scheduled.setdefault(name, now)
         conditions = (obj.get("status") or {}).get("conditions") or []
         if any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions):
             self.pod_ready.setdefault(name, now)
@@ -196,6 +199,7 @@ async def run_bench(
         "milestones_seconds": {
             "deployments_created": quantiles(timeline.md_created, start, deployments),
             "pods_created": quantiles(timeline.pod_seen, start, total_pods),
+            "pods_scheduled": quantiles(timeline.pod_scheduled, start, total_pods),
             "pods_ready_in_kwok": quantiles(timeline.pod_ready, start, total_pods),
             "deployments_ready": quantiles(timeline.md_ready, start, deployments),
         },

@@ -334,6 +334,7 @@ class ControlPlane:
         bind_to_parent: bool = False,
         unlimited_client_qps: bool = False,
         apiserver_args: Sequence[str] = (),
+        kwok_pod_parallelism: int = 0,
     ) -> None:
         """``bind_to_parent``: components get SIGTERM when the process that started them dies
         (Linux PR_SET_PDEATHSIG), so a killed test run leaves nothing behind. Off for
@@ -342,10 +343,13 @@ class ControlPlane:
         ``unlimited_client_qps``: lift the scheduler's and controller-manager's client rate
         limits (50 QPS by default: 4000 pod bindings would take 80 s), as kwokctl's
         ``--disable-qps-limits`` does for scale tests. ``apiserver_args``: extra kube-apiserver
-        flags (the operator benchmark's audit log)."""
+        flags (the operator benchmark's audit log). ``kwok_pod_parallelism``: pods kwok moves
+        through their stages at once (kwok's default, 4, stands in for every kubelet of the
+        cluster: thousands of pods queue behind it)."""
         self.bind_to_parent = bind_to_parent
         self.unlimited_client_qps = unlimited_client_qps
         self.apiserver_args = tuple(apiserver_args)
+        self.kwok_pod_parallelism = kwok_pod_parallelism
         self.state_dir = Path(state_dir).resolve()
         self.nodes = nodes if nodes is not None else GpuNodeSpec()
         self.cache = cache
@@ -503,6 +507,7 @@ class ControlPlane:
                     str(bins["kwok"]),
                     f"--kubeconfig={kc}",
                     f"--config={stages}",
+                    *self._kwok_config_args(),
                     "--manage-all-nodes=false",
                     f"--manage-nodes-with-annotation-selector={KWOK_ANNOTATION}=fake",
                     f"--cidr={POD_CIDR}",
@@ -564,6 +569,19 @@ class ControlPlane:
         }
 
     # -- internals
+    def _kwok_config_args(self) -> list[str]:
+        if not self.kwok_pod_parallelism:
+            return []
+        options = {"podPlayStageParallelism": self.kwok_pod_parallelism}
+        doc = {
+            "apiVersion": "config.kwok.x-k8s.io/v1alpha1",
+            "kind": "KwokConfiguration",
+            "options": options,
+        }
+        path = self.state_dir / "run" / "kwok-options.yaml"
+        path.write_text(yaml.safe_dump(doc))
+        return [f"--config={path}"]
+
     def _client_qps_args(self) -> list[str]:
         if not self.unlimited_client_qps:
             return []
