@@ -572,7 +572,13 @@ class ControlPlane:
     def _kwok_config_args(self) -> list[str]:
         if not self.kwok_pod_parallelism:
             return []
-        options = {"podPlayStageParallelism": self.kwok_pod_parallelism}
+        # A KwokConfiguration document skips kwok's defaults for the options it leaves out.
+        options = {
+            "podPlayStageParallelism": self.kwok_pod_parallelism,
+            "nodePlayStageParallelism": 4,
+            "nodeLeaseParallelism": 4,
+            "podsOnNodeSyncParallelism": 1,
+        }
         doc = {
             "apiVersion": "config.kwok.x-k8s.io/v1alpha1",
             "kind": "KwokConfiguration",
