@@ -111,3 +111,9 @@ class WorkerReport(ApiModel):
     load_seconds: float | None = None
     hooks_run: bool = False
     hooks: list[HookReport] = Field(default_factory=list)
+    # Where the load's seconds went, per step of the loader (P2P: manifest, alloc, agent,
+    # transfer, verify), the slowest rank's.
+    load_phases: dict[str, float] = Field(default_factory=dict)
+    # Wall-clock (Unix seconds) at which each step of this worker ended: process (started),
+    # server (HTTP up), hooks, load, bind, serving.
+    timeline: dict[str, float] = Field(default_factory=dict)

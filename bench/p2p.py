@@ -222,6 +222,7 @@ def run_bench(
     # --- storage reload in the same run (cold page cache, and warm)
     result["storage"] = measure_storage(src_plan, files, cold=True, repeat=repeat)
     result["storage_warm"] = measure_storage(src_plan, files, cold=False, repeat=repeat)
+    result["p2p"]["ratio_to_storage_cold"] = result["p2p"]["gbps"] / result["storage"]["gbps"]
 
     return result
 
@@ -386,6 +387,20 @@ def print_table(result: dict[str, Any]) -> None:
             f"{s['seconds']:.3f}",
             "",
             s["loader"],
+        )
+    table.add_row(
+        "p2p ÷ storage (cold)",
+        f"{p2p['ratio_to_storage_cold']:.2f}x",
+        "",
+        "",
+        "",
+        "",
+        ">= 1: a target pulls faster than it could reload from disk",
+    )
+    if p2p.get("phases"):
+        steps = ", ".join(f"{k} {v:.3f}" for k, v in p2p["phases"].items())
+        table.add_row(
+            "p2p breakdown (s)", "", "", "", f"{sum(p2p['phases'].values()):.3f}", "", steps
         )
     fb = fault["seconds_to_fallback"]
     table.add_row(

@@ -197,6 +197,7 @@ def run_workers(
                             "strategy": st.get("strategy"),
                             "phase": st["phase"],
                             "inference_ok": ok,
+                            "phases": st.get("loadPhases") or {},
                         }
                     )
                 finally:
@@ -215,6 +216,10 @@ def run_workers(
             "ranks": RANKS,
             "bytes": nbytes,
             "runs": runs,
+            "phases": {
+                k: statistics.median(r["phases"].get(k, 0.0) for r in good)
+                for k in dict.fromkeys(k for r in good for k in r["phases"])
+            },
         }
         out["fault"] = _fault(model, workdir, env, throttle_s, client)
     return out

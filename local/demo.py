@@ -346,7 +346,10 @@ def model_deployment(
 
 @dataclass
 class ReplicaTimes:
+    """What the demo saw of one pod, on the wall clock (the worker's timeline uses it too)."""
+
     first_seen: float
+    scheduled_at: float | None = None
     ready_at: float | None = None
 
 
@@ -364,15 +367,18 @@ class Observer:
 
     def poll(self) -> JSON | None:
         now = time.monotonic()
+        wall = time.time()
         self.md = self.stack.get_md(self.name)
         self.pods = self.stack.pods(self.name)
         for pod in self.pods:
             pod_name = pod["metadata"]["name"]
-            self.times.setdefault(pod_name, ReplicaTimes(first_seen=now))
+            t = self.times.setdefault(pod_name, ReplicaTimes(first_seen=wall))
+            if t.scheduled_at is None and (pod.get("spec") or {}).get("nodeName"):
+                t.scheduled_at = wall
         for rs in self.replica_statuses():
             t = self.times.get(rs["name"])
             if t is not None and rs.get("ready") and t.ready_at is None:
-                t.ready_at = now
+                t.ready_at = wall
         if self.phase() == "Ready" and self.ready_at is None:
             self.ready_at = now
         return self.md
@@ -468,6 +474,9 @@ class Observer:
                     "secondsToReady": round(t.ready_at - t.first_seen, 3)
                     if t is not None and t.ready_at is not None
                     else None,
+                    "timeline": replica_timeline(t, _worker_timeline(ip, port))
+                    if t is not None and ip
+                    else {},
                 }
             )
         return {
@@ -477,6 +486,50 @@ class Observer:
             else None,
             "replicas": replicas,
         }
+
+
+# Where a replica's seconds went, in order: each step ends at the named mark. Marks from the
+# demo's own polling (0.25 s resolution): created, scheduled, ready; from the worker's report:
+# the rest (its process start, HTTP up, model fetched, hooks run, weights loaded, bound, serving).
+TIMELINE_STEPS = (
+    ("scheduling", "scheduled"),
+    ("process start", "process"),
+    ("imports + server", "server"),
+    ("fetch", "fetch"),
+    ("hooks", "hooks"),
+    ("load", "load"),
+    ("bind", "bind"),
+    ("serve", "serving"),
+    ("probe", "ready"),
+)
+
+
+def replica_timeline(seen: ReplicaTimes, worker: dict[str, float]) -> dict[str, float]:
+    """Seconds per step (TIMELINE_STEPS) for one replica; steps without both marks are left out."""
+    marks: dict[str, float | None] = {
+        "created": seen.first_seen,
+        "scheduled": seen.scheduled_at,
+        **worker,
+        "ready": seen.ready_at,
+    }
+    out: dict[str, float] = {}
+    prev = marks["created"]
+    for step, mark in TIMELINE_STEPS:
+        at = marks.get(mark)
+        if at is None or prev is None:
+            continue
+        out[step] = round(max(0.0, at - prev), 3)
+        prev = at
+    return out
+
+
+def _worker_timeline(ip: str, port: int) -> dict[str, float]:
+    try:
+        r = httpx.get(f"http://{ip}:{port}/weightlift/v1/status", timeout=5.0)
+        timeline = r.json().get("timeline") or {}
+    except (httpx.HTTPError, ValueError):
+        return {}
+    return {str(k): float(v) for k, v in timeline.items()}
 
 
 def _container_port(pod: JSON) -> int:
@@ -754,6 +807,19 @@ def _print_summary(console: Any, summary: JSON, probe: JSON, name: str) -> None:
             f"{r['secondsToReady']:.1f}" if r["secondsToReady"] is not None else "-",
         )
     console.print(table)
+    timeline = Table(title="where each replica's seconds went (s)")
+    timeline.add_column("replica")
+    for step, _ in TIMELINE_STEPS:
+        timeline.add_column(step)
+    timeline.add_column("total")
+    for r in summary["replicas"]:
+        steps = r.get("timeline") or {}
+        timeline.add_row(
+            r["name"],
+            *(f"{steps[s]:.2f}" if s in steps else "-" for s, _ in TIMELINE_STEPS),
+            f"{sum(steps.values()):.2f}",
+        )
+    console.print(timeline)
     # One more real request through each endpoint: same input, same output everywhere.
     outputs = set()
     if "completion" in probe:

@@ -28,6 +28,7 @@ import logging
 import os
 import signal
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -100,6 +101,17 @@ def _in_daemon_thread(fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
     return fut
 
 
+def process_started() -> float | None:
+    """When this process started (Unix seconds, 10 ms resolution), from /proc; None elsewhere."""
+    try:
+        stat = Path("/proc/self/stat").read_text()
+        ticks = int(stat.rsplit(")", 1)[1].split()[19])  # field 22: start, ticks since boot
+        age = time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
+    return round(time.time() - age, 3)
+
+
 def _write_termination_log(message: str) -> None:
     path = os.environ.get(TERMINATION_LOG_ENV, "/dev/termination-log")
     with contextlib.suppress(OSError), open(path, "w") as f:
@@ -119,11 +131,19 @@ class Worker:
         self.published = False  # publish step done (whether or not a publisher was installed)
         self.engine: Any = None  # the VllmEngine when runtime.engine is vLLM
         self.devices = resolve_devices(plan)
+        started = process_started()
+        if started is not None:
+            self.state.report.timeline["process"] = started
         # s3:// and hf://: what the download produced (None for mounted models).
         self.fetched: Fetched | None = None
         self.fetch_started: float | None = None
         self._weights_lock = threading.Lock()
         self._has_weights = not is_remote(plan)
+
+    def _stamp(self, step: str) -> None:
+        """The report's timeline: when `step` ended (wall clock, so the demo can line it up
+        with what it saw of the pod)."""
+        self.state.report.timeline[step] = round(time.time(), 3)
 
     # ------------------------------------------------------------------ steps
     async def start_server(self) -> web.Application:
@@ -133,6 +153,7 @@ class Worker:
         site = web.TCPSite(self.runner, self.plan.host, self.plan.runtime.port)
         await site.start()
         log.info("serving on %s:%d", self.plan.host, self.plan.runtime.port)
+        self._stamp("server")
         return app
 
     def _wants_p2p(self) -> bool:
@@ -246,6 +267,7 @@ class Worker:
         results = await asyncio.wait_for(
             asyncio.gather(*jobs), timeout=self.plan.loading.load_timeout_seconds
         )
+        self._stamp("load")
         strategies = sorted({s for s, _ in results})
         rep.strategy = ",".join(strategies)
         sources = sorted(
@@ -264,6 +286,7 @@ class Worker:
             runtime.bind, tensors_by_rank, files_by_rank, self.plan.model.dtype
         )
         self.state.runtime = runtime
+        self._stamp("bind")
         return bound
 
     async def publish(
@@ -353,7 +376,9 @@ class Worker:
 
     async def _bring_up(self, app: web.Application) -> None:
         await self.fetch_model()
+        self._stamp("fetch")
         await self.init_hooks()
+        self._stamp("hooks")
         if self.plan.runtime.engine == Engine.VLLM:
             from weightlift.worker.engines.vllm.engine import VllmEngine
 
@@ -367,6 +392,7 @@ class Worker:
                 p.finish()
         self.state.report.phase = WorkerPhase.SERVING
         self.state.ready = True
+        self._stamp("serving")
         await self.publish(bound, app)
         self.published = True
 

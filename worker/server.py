@@ -105,6 +105,10 @@ class WorkerState:
             rep.gbps = round(rep.bytes_loaded / secs / 1e9, 4) if secs > 0 else None
             if all(p.finished is not None for p in ps):
                 rep.load_seconds = round(secs, 4)
+            rep.load_phases = {
+                k: round(max(p.phases.get(k, 0.0) for p in ps), 4)
+                for k in dict.fromkeys(k for p in ps for k in p.phases)
+            }
         return rep
 
 

@@ -26,6 +26,8 @@ class LoadProgress:
     started: float = field(default_factory=time.monotonic)
     finished: float | None = None
     loaded_from: str | None = None
+    # Seconds per step of the load, when the loader measures them (the P2P pull does).
+    phases: dict[str, float] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def set_total(self, total: int) -> None:
@@ -42,6 +44,7 @@ class LoadProgress:
             self.bytes_loaded = 0
             self.started = time.monotonic()
             self.finished = None
+            self.phases = {}
 
     def finish(self) -> None:
         self.finished = time.monotonic()

@@ -83,6 +83,22 @@ class PullResult:
     peer_pod: str
     timings: dict[str, float] = field(default_factory=dict)
 
+    def phases(self) -> dict[str, float]:
+        """Seconds spent in each step: manifest (fetch + check), alloc (the local buffer
+        faulted in, beyond what overlapped the manifest), agent (NIXL agent, remote added,
+        connected), transfer (session + READs), verify (checksums not yet done when the last
+        READ landed)."""
+        marks = ["manifest", "alloc", "agent", "transfer_done", "verified"]
+        out: dict[str, float] = {}
+        prev = 0.0
+        for mark in marks:
+            if mark in self.timings:
+                out[mark.removesuffix("_done").replace("verified", "verify")] = round(
+                    self.timings[mark] - prev, 4
+                )
+                prev = self.timings[mark]
+        return out
+
 
 @dataclass
 class _Batch:
