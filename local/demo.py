@@ -372,9 +372,9 @@ class Observer:
         self.pods = self.stack.pods(self.name)
         for pod in self.pods:
             pod_name = pod["metadata"]["name"]
-            t = self.times.setdefault(pod_name, ReplicaTimes(first_seen=wall))
-            if t.scheduled_at is None and (pod.get("spec") or {}).get("nodeName"):
-                t.scheduled_at = wall
+            seen = self.times.setdefault(pod_name, ReplicaTimes(first_seen=wall))
+            if seen.scheduled_at is None and (pod.get("spec") or {}).get("nodeName"):
+                seen.scheduled_at = wall
         for rs in self.replica_statuses():
             t = self.times.get(rs["name"])
             if t is not None and rs.get("ready") and t.ready_at is None:

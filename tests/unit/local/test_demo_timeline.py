@@ -1,0 +1,46 @@
+"""The demo's per-replica timeline: each step's seconds from consecutive marks."""
+
+from __future__ import annotations
+
+from weightlift.local.demo import TIMELINE_STEPS, ReplicaTimes, replica_timeline
+from weightlift.worker.p2p.target import PullResult
+
+
+def test_steps_are_differences_of_consecutive_marks() -> None:
+    seen = ReplicaTimes(first_seen=100.0, scheduled_at=100.5, ready_at=109.0)
+    worker = {
+        "process": 101.0,
+        "server": 103.0,
+        "fetch": 103.0,
+        "hooks": 103.25,
+        "load": 105.25,
+        "bind": 105.5,
+        "serving": 105.5,
+    }
+    got = replica_timeline(seen, worker)
+    assert list(got) == [step for step, _ in TIMELINE_STEPS]
+    assert got["scheduling"] == 0.5
+    assert got["process start"] == 0.5
+    assert got["imports + server"] == 2.0
+    assert got["hooks"] == 0.25
+    assert got["load"] == 2.0
+    assert got["probe"] == 3.5
+    assert sum(got.values()) == 9.0  # created -> ready
+
+
+def test_missing_marks_are_skipped_not_invented() -> None:
+    seen = ReplicaTimes(first_seen=10.0, scheduled_at=None, ready_at=None)
+    got = replica_timeline(seen, {"process": 11.0, "load": 14.0})
+    assert got == {"process start": 1.0, "load": 3.0}
+
+
+def test_pull_phases_are_durations() -> None:
+    timings = {"manifest": 0.1, "alloc": 0.4, "agent": 0.5, "transfer_done": 1.5, "verified": 1.75}
+    result = PullResult({}, None, 1.75, 1.0, 0, 0, "p", timings)  # type: ignore[arg-type]
+    assert result.phases() == {
+        "manifest": 0.1,
+        "alloc": 0.3,
+        "agent": 0.1,
+        "transfer": 1.0,
+        "verify": 0.25,
+    }
