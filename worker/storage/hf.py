@@ -8,6 +8,8 @@ Secret. Weight formats other than safetensors (*.bin, *.pt, ...) are skipped.
 
 from __future__ import annotations
 
+import os
+import tempfile
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -33,6 +35,14 @@ class HubSnapshot:
     files: list[HubFile]
 
 
+def _configure() -> None:
+    """Before huggingface_hub is imported (it reads these once): a writable HF_HOME (the pod's
+    root filesystem is read-only; /tmp is an emptyDir), no telemetry, no progress bars in logs."""
+    os.environ.setdefault("HF_HOME", os.path.join(tempfile.gettempdir(), "huggingface"))
+    os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+
+
 def _hub_errors() -> tuple[type[Exception], ...]:
     from huggingface_hub.errors import HfHubHTTPError
 
@@ -41,6 +51,7 @@ def _hub_errors() -> tuple[type[Exception], ...]:
 
 def resolve(repo_id: str, revision: str, *, endpoint: str | None, token: str | None) -> HubSnapshot:
     """The commit `revision` names and the files to fetch there; StorageError says what is wrong."""
+    _configure()
     import httpx2  # huggingface_hub's HTTP client
     from huggingface_hub import HfApi
     from huggingface_hub.errors import (
