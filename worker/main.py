@@ -1,11 +1,10 @@
 """`weightlift worker`: start the server, run init hooks, load, bind, serve; stop on SIGTERM.
 
 Flow: the HTTP server starts first (live and /weightlift/v1/status answer during the load) ->
-init hooks per local rank/device (fail-closed) -> load every local rank concurrently: a Target
-with peers tries PeerToPeer first (Auto/PeerToPeer strategies) and falls back to storage on
-LoadError; storage is Preload or Direct (Auto: preload when the shard fits in
-`hostMemoryFraction` of available memory) -> bind the weights into model.pt2 -> phase Serving,
-ready 200 -> publish this replica as a P2P source when the P2P module is importable.
+init hooks per local rank/device (fail-closed) -> load every local rank concurrently, each the
+way loaders/select.py picks (PeerToPeer with storage fallback, Preload or Direct) -> bind the
+weights into model.pt2 -> phase Serving, ready 200 -> publish this replica as a P2P source
+when the P2P module is importable.
 With runtime.engine vLLM the load, bind and publish steps happen inside vLLM (its `weightlift`
 load format, weightlift.worker.engines.vllm): the worker starts vLLM after the init hooks, is
 Ready when vLLM is, and fronts it (status, P2P manifest, /v1). vLLM exiting fails the worker.
@@ -31,26 +30,35 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 import torch
 from aiohttp import web
 
-from weightlift.api.model import Engine, Role, pulls_from_peers
+from weightlift.api.model import Engine
 from weightlift.api.storage import ModelUri
 from weightlift.api.worker import HookReport, WorkerPhase, WorkerPlan
 from weightlift.worker.hooks import HookError, InitHookSession, run_init_hooks
 from weightlift.worker.loaders.base import Loader, LoadError, LoadProgress
 from weightlift.worker.loaders.files import shard_index
 from weightlift.worker.loaders.header import SafetensorsFormatError
-from weightlift.worker.loaders.select import choose_storage_loader
+from weightlift.worker.loaders.select import (
+    choose_storage_loader,
+    load_from_peers,
+    wants_peer_to_peer,
+)
 from weightlift.worker.runtime import BindError, Pt2Runtime
 from weightlift.worker.server import WorkerState, build_app, set_p2p_handler
 from weightlift.worker.storage.fetch import Fetched, is_remote, materialize
 
+if TYPE_CHECKING:
+    from weightlift.worker.p2p.target import PullOptions
+
 log = logging.getLogger("weightlift.worker")
 
+# bench/p2p_worker.py reads the fallback moment from these lines' timestamps.
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 FAIL_LINGER_ENV = "WEIGHTLIFT_FAIL_LINGER_SECONDS"
 TERMINATION_LOG_ENV = "WEIGHTLIFT_TERMINATION_LOG"
 T = TypeVar("T")
@@ -121,8 +129,15 @@ def _write_termination_log(message: str) -> None:
 class Worker:
     """One worker process; `run()` returns the exit code."""
 
-    def __init__(self, plan: WorkerPlan, stop: asyncio.Event | None = None) -> None:
+    def __init__(
+        self,
+        plan: WorkerPlan,
+        stop: asyncio.Event | None = None,
+        pull_options: PullOptions | None = None,
+    ) -> None:
         self.plan = plan
+        # Replaces the P2P options derived from the plan (benchmarks: READ size, a throttle).
+        self.pull_options = pull_options
         self.state = WorkerState.for_plan(plan)
         self.stop = stop or asyncio.Event()
         self.hooks: InitHookSession | None = None
@@ -156,15 +171,10 @@ class Worker:
         self._stamp("server")
         return app
 
-    def _wants_p2p(self) -> bool:
-        plan = self.plan
-        peers_allowed = pulls_from_peers(plan.loading, plan.runtime)
-        return plan.role == Role.TARGET and peers_allowed and bool(plan.peers)
-
     def _prewarm_p2p(self) -> None:
         """The first NIXL agent of a process costs ~0.5 s of library loading: pay it while the
         init hooks run, not inside the timed pull."""
-        if not self._wants_p2p():
+        if not wants_peer_to_peer(self.plan):
             return
         try:
             from weightlift.worker.p2p.target import prewarm_nixl
@@ -190,7 +200,7 @@ class Worker:
         self.fetch_started = progress.started
         # Progress from the first byte: the download counts as the first rank's load.
         self.state.progress = {self.plan.ranks[0]: progress}
-        weights = not self._wants_p2p()
+        weights = not wants_peer_to_peer(self.plan)
         fetch = functools.partial(materialize, self.plan, progress, weights=weights)
         self.fetched = await _in_daemon_thread(fetch)
         for warning in self.fetched.warnings:
@@ -230,20 +240,10 @@ class Worker:
 
     def _load_rank(self, rank: int, progress: LoadProgress) -> tuple[str, dict[str, torch.Tensor]]:
         """(strategy used, tensors) for one rank; runs in a thread."""
-        plan, dev = self.plan, self.devices[rank]
-        if self._wants_p2p():
-            try:
-                from weightlift.worker.loaders.p2p import PeerToPeerLoader
-            except ImportError as exc:
-                log.warning("rank %d: P2P loader unavailable (%s); loading from storage", rank, exc)
-            else:
-                try:
-                    tensors = PeerToPeerLoader().load(plan, rank, dev, progress)
-                    progress.loaded_from = progress.loaded_from or "peer"
-                    return "p2p", tensors
-                except LoadError as exc:
-                    log.warning("rank %d: P2P failed (%s); falling back to storage", rank, exc)
-                    progress.reset()
+        dev = self.devices[rank]
+        from_peer = load_from_peers(self.plan, rank, dev, progress, pull_options=self.pull_options)
+        if from_peer is not None:
+            return "p2p", from_peer
         self._ensure_weights(progress)
         plan = self.plan  # model_dir may have moved to the downloaded copy
         loader: Loader = choose_storage_loader(plan, self.devices)
@@ -397,7 +397,11 @@ class Worker:
         self.published = True
 
 
-async def run_worker(plan: WorkerPlan, stop: asyncio.Event | None = None) -> int:
+async def run_worker(
+    plan: WorkerPlan,
+    stop: asyncio.Event | None = None,
+    pull_options: PullOptions | None = None,
+) -> int:
     """Run a worker until `stop` is set (or SIGTERM/SIGINT when running in the main thread)."""
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -410,7 +414,7 @@ async def run_worker(plan: WorkerPlan, stop: asyncio.Event | None = None) -> int
             except (NotImplementedError, RuntimeError):
                 pass
     try:
-        return await Worker(plan, stop).run()
+        return await Worker(plan, stop, pull_options).run()
     finally:
         for sig in installed:
             loop.remove_signal_handler(sig)
@@ -426,9 +430,7 @@ async def run_worker(plan: WorkerPlan, stop: asyncio.Event | None = None) -> int
 @click.option("--log-level", default="INFO", show_default=True)
 def worker_command(plan_file: Path | None, log_level: str) -> None:
     """Run the model worker (init hooks, load, serve KServe v2)."""
-    logging.basicConfig(
-        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    logging.basicConfig(level=log_level.upper(), format=LOG_FORMAT)
     try:
         plan = WorkerPlan.from_file(plan_file) if plan_file else WorkerPlan.from_env()
     except Exception as exc:  # pydantic ValidationError or a missing env var

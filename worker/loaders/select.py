@@ -1,4 +1,11 @@
-"""Choosing the storage loader: Auto preloads when the shard fits in host memory."""
+"""The one place a worker decides how a rank's weights arrive: PeerToPeer, Preload or Direct.
+
+The operator decides role and peers (the WorkerPlan); here the worker picks the strategy. A
+Target with peer candidates under Auto or PeerToPeer pulls over NIXL first (`load_from_peers`)
+and falls back to storage when no peer delivers. Storage is Preload or Direct
+(`choose_storage_loader`): Auto (and PeerToPeer's fallback) preloads when the shards fit in
+`hostMemoryFraction` of the host memory still available.
+"""
 
 from __future__ import annotations
 
@@ -6,8 +13,8 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from weightlift.api.model import LoadStrategy
-from weightlift.worker.loaders.base import Loader
+from weightlift.api.model import LoadStrategy, Role, pulls_from_peers
+from weightlift.worker.loaders.base import Loader, LoadError, LoadProgress
 from weightlift.worker.loaders.direct import DirectLoader
 from weightlift.worker.loaders.files import shard_index
 from weightlift.worker.loaders.preload import PreloadLoader
@@ -16,6 +23,7 @@ if TYPE_CHECKING:
     import torch
 
     from weightlift.api.worker import WorkerPlan
+    from weightlift.worker.p2p.target import PullOptions
 
 log = logging.getLogger(__name__)
 
@@ -69,3 +77,41 @@ def choose_storage_loader(
         return PreloadLoader()
     log.info("Auto: direct (%d bytes exceed %d of %d available)", need, budget, avail)
     return DirectLoader()
+
+
+def wants_peer_to_peer(plan: WorkerPlan) -> bool:
+    """A Target with candidates pulls from a peer when the strategy and runtime allow it (the
+    same rule the operator applies when it decides whether waiting for a source helps)."""
+    return (
+        plan.role == Role.TARGET
+        and pulls_from_peers(plan.loading, plan.runtime)
+        and bool(plan.peers)
+    )
+
+
+def load_from_peers(
+    plan: WorkerPlan,
+    rank: int,
+    device: torch.device,
+    progress: LoadProgress,
+    *,
+    pull_options: PullOptions | None = None,
+) -> dict[str, torch.Tensor] | None:
+    """Rank `rank`'s tensors from a peer, or None: P2P is not wanted, not installed, or no peer
+    delivered (each failure logged); the caller then loads from storage with
+    `choose_storage_loader`. `pull_options` replaces the options derived from the plan."""
+    if not wants_peer_to_peer(plan):
+        return None
+    try:
+        from weightlift.worker.loaders.p2p import PeerToPeerLoader
+    except ImportError as exc:  # the worker image without the p2p extra
+        log.warning("rank %d: P2P loader unavailable (%s); loading from storage", rank, exc)
+        return None
+    try:
+        tensors = PeerToPeerLoader(options=pull_options).load(plan, rank, device, progress)
+    except LoadError as exc:
+        log.warning("rank %d: P2P failed (%s); falling back to storage", rank, exc)
+        progress.reset()
+        return None
+    progress.loaded_from = progress.loaded_from or "peer"
+    return tensors

@@ -31,11 +31,11 @@ from pathlib import Path
 import torch
 from pydantic import Field
 
-from weightlift.api.model import ApiModel, Role, pulls_from_peers
+from weightlift.api.model import ApiModel
 from weightlift.api.storage import ModelUri
 from weightlift.api.worker import WorkerPlan
 from weightlift.worker.loaders.base import LoadError, LoadProgress
-from weightlift.worker.loaders.select import choose_storage_loader
+from weightlift.worker.loaders.select import choose_storage_loader, wants_peer_to_peer
 
 log = logging.getLogger("vllm.weightlift")  # vLLM's handler only prints `vllm.*` loggers
 
@@ -103,19 +103,13 @@ class CheckpointLoad:
     peer_failures: list[str] = field(default_factory=list)
 
 
-def wants_peer(plan: WorkerPlan) -> bool:
-    """The worker's own rule (api.model.pulls_from_peers), for the checkpoint inside vLLM."""
-    allowed = pulls_from_peers(plan.loading, plan.runtime)
-    return plan.role == Role.TARGET and allowed and bool(plan.peers)
-
-
 def load_checkpoint(plan: WorkerPlan) -> CheckpointLoad:
     """The checkpoint's tensors in host memory: from a peer (checksums verified) when the plan
     says Target, else, or when every peer fails, from storage (preload or direct)."""
     cplan = checkpoint_plan(plan)
     progress = LoadProgress()
     failures: list[str] = []
-    if wants_peer(plan):
+    if wants_peer_to_peer(plan):  # the worker's one rule, for the checkpoint inside vLLM
         from weightlift.worker.loaders.p2p import PeerToPeerLoader
 
         p2p = PeerToPeerLoader()
