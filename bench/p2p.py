@@ -7,7 +7,7 @@ ranks (PeerToPeerLoader, ranks in parallel, every checksum verified). memcpy and
 after the target's first completed READ batch, and the target must fall back to storage.
 
 Two process modes: `--processes worker` (default) runs real `weightlift worker` processes and
-reads their /weightlift/v1/status (see bench_worker.py); `--processes peer` runs
+reads their /weightlift/v1/status (see p2p_worker.py); `--processes peer` runs
 `python -m weightlift.bench.peer serve|pull`, the loading half of a worker (the same
 loader and publisher classes), which also reports READ-only GB/s and pulls several times in one
 process.
@@ -61,9 +61,10 @@ import torch
 
 from weightlift.api.worker import PeerCandidate
 from weightlift.local.sharded import make_plan, write_sharded_model
-from weightlift.worker.loaders.p2p import BATCH_MB_ENV, THROTTLE_ENV
 
 RANKS = 2
+# The fault run's target moves small, throttled READ batches: the kill lands mid-transfer.
+FAULT_BATCH_MB = 4
 
 
 def measure_memcpy_gbps(nbytes: int, repeat: int = 5) -> float:
@@ -298,8 +299,11 @@ def run_fault(model: Path, workdir: Path, env: dict[str, str], throttle_s: float
             make_plan(model, pod="bench-tgt-1", peers=[cand], max_in_flight=1).model_dump_json()
         )
         target = _Proc(
-            ["pull", "--plan", str(tgt_plan), "--fallback", "--check", str(model)],
-            {**env, THROTTLE_ENV: str(throttle_s), BATCH_MB_ENV: "4"},
+            [
+                *("pull", "--plan", str(tgt_plan), "--fallback", "--check", str(model)),
+                *("--batch-mb", str(FAULT_BATCH_MB), "--throttle-s", str(throttle_s)),
+            ],
+            env,
         )
         try:
             fallbacks: list[dict[str, Any]] = []

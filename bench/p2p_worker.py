@@ -5,11 +5,18 @@ publishes it; target workers (role Target, strategy PeerToPeer) pull it and serv
 from the workers' own /weightlift/v1/status (loadSeconds, bytesLoaded, loadedFrom). The fault
 run kills the source when the target's status first shows bytes loaded, and reads the moment of
 the fallback from the target's log line "P2P failed (...); falling back to storage".
+
+That fault target runs the same worker (`run_worker`) through this module's entry point,
+`python -m weightlift.bench.p2p_worker --plan P --batch-mb MB --throttle-s S`, which hands it
+explicit pull options (small, throttled READs) that `weightlift worker` never takes.
 """
 
 from __future__ import annotations
 
+import argparse
+import asyncio
 import json
+import logging
 import os
 import re
 import signal
@@ -35,9 +42,12 @@ from weightlift.api.model import (
     RuntimeSpec,
 )
 from weightlift.api.worker import PeerCandidate, WorkerPlan
-from weightlift.worker.loaders.p2p import BATCH_MB_ENV, THROTTLE_ENV
+from weightlift.worker.loaders.p2p import options_for
+from weightlift.worker.main import LOG_FORMAT, run_worker
 
 RANKS = 2
+# The fault run's target moves small, throttled READ batches: the kill lands mid-transfer.
+FAULT_BATCH_MB = 4
 _FALLBACK_LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) WARNING .*P2P failed")
 
 
@@ -74,17 +84,24 @@ def worker_plan(
 
 
 class WorkerProc:
-    """A `weightlift worker` process; its log is collected in a thread; always killed."""
+    """A `weightlift worker` process (with `throttle_s`, this module's entry point running the
+    same worker with small throttled READs); its log is collected in a thread; always killed."""
 
-    def __init__(self, plan: WorkerPlan, workdir: Path, env: dict[str, str]) -> None:
+    def __init__(
+        self, plan: WorkerPlan, workdir: Path, env: dict[str, str], throttle_s: float | None = None
+    ) -> None:
         self.plan = plan
         path = workdir / f"{plan.pod_name}.json"
         path.write_text(plan.model_dump_json())
         self.url = f"http://127.0.0.1:{plan.runtime.port}"
         self.log_path = workdir / f"{plan.pod_name}.log"
         self.lines: list[str] = []
+        argv = [sys.executable, "-m", "weightlift.operator.cli", "worker", "--plan", str(path)]
+        if throttle_s is not None:
+            argv = [sys.executable, "-m", "weightlift.bench.p2p_worker", "--plan", str(path)]
+            argv += ["--batch-mb", str(FAULT_BATCH_MB), "--throttle-s", str(throttle_s)]
         self.p = subprocess.Popen(
-            [sys.executable, "-m", "weightlift.operator.cli", "worker", "--plan", str(path)],
+            argv,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
@@ -247,7 +264,8 @@ def _fault(
         tgt = WorkerProc(
             worker_plan(model, "bench-tgt-f", free_port(), Role.TARGET, [cand], max_in_flight=1),
             workdir,
-            {**env, THROTTLE_ENV: str(throttle_s), BATCH_MB_ENV: "4"},
+            env,
+            throttle_s=throttle_s,
         )
         try:
             deadline = time.monotonic() + 600
@@ -282,3 +300,20 @@ def _fault(
         "peer_failures": [m.split("P2P failed", 1)[1][:400] for m in messages],
         "throttle_s": throttle_s,
     }
+
+
+def main(argv: list[str] | None = None) -> int:
+    """A worker with explicit pull options (the fault run's target)."""
+    parser = argparse.ArgumentParser(prog="python -m weightlift.bench.p2p_worker")
+    parser.add_argument("--plan", type=Path, required=True)
+    parser.add_argument("--batch-mb", type=float, required=True)
+    parser.add_argument("--throttle-s", type=float, required=True)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
+    plan = WorkerPlan.from_file(args.plan)
+    opts = options_for(plan, batch_bytes=int(args.batch_mb * (1 << 20)), throttle_s=args.throttle_s)
+    return asyncio.run(run_worker(plan, pull_options=opts))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

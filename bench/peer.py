@@ -4,7 +4,9 @@
       loads the plan's ranks from storage, publishes them (SourcePublisher) on an aiohttp server
       that forwards /weightlift/v1/p2p/ like the worker's, prints {"event": "ready", "port": ..}.
   python -m weightlift.bench.peer pull --plan PLAN.json [--fallback] [--check]
-      pulls the plan's ranks with PeerToPeerLoader (ranks in parallel threads), optionally falls
+        [--batch-mb MB] [--throttle-s S]
+      pulls the plan's ranks with PeerToPeerLoader (ranks in parallel threads; --batch-mb and
+      --throttle-s set its READ size and a pause after each batch, a slow link), optionally falls
       back to storage on LoadError like the worker does, and prints JSON events (one a line):
       batch, peer_failed, fallback, rank_done, done. Timestamps are time.monotonic(), which is
       one clock for every process on the host.
@@ -30,9 +32,10 @@ from aiohttp import web
 
 from weightlift.api.worker import WorkerPlan
 from weightlift.worker.loaders.base import LoadError, LoadProgress
-from weightlift.worker.loaders.p2p import PeerToPeerLoader
+from weightlift.worker.loaders.p2p import DEFAULT_BATCH_BYTES, PeerToPeerLoader, options_for
+from weightlift.worker.loaders.select import choose_storage_loader
 from weightlift.worker.p2p.source import SourcePublisher, p2p_app
-from weightlift.worker.p2p.target import prewarm_nixl
+from weightlift.worker.p2p.target import PullOptions, prewarm_nixl
 
 _print_lock = threading.Lock()
 
@@ -44,20 +47,9 @@ def emit(event: str, **fields: Any) -> None:
 
 
 def storage_load(plan: WorkerPlan, rank: int, device: torch.device) -> dict[str, torch.Tensor]:
-    """The worker's storage loader when it is importable, else safetensors' load_file."""
-    progress = LoadProgress()
-    try:
-        from weightlift.worker.loaders.select import choose_storage_loader
-    except ImportError:
-        from safetensors.torch import load_file
-
-        files = sorted(Path(plan.model_dir).glob(f"rank-{rank}-of-{plan.tensor_parallel}*"))
-        out: dict[str, torch.Tensor] = {}
-        for f in files:
-            out.update(load_file(str(f), device=str(device)))
-        return out
+    """The worker's storage loader (Preload or Direct, chosen as the worker chooses)."""
     loader = choose_storage_loader(plan, {rank: device})
-    return loader.load(plan, rank, device, progress)
+    return loader.load(plan, rank, device, LoadProgress())
 
 
 def reference(model_dir: Path, rank: int, tp: int) -> dict[str, torch.Tensor]:
@@ -113,11 +105,14 @@ async def _serve(plan: WorkerPlan, host: str, port: int) -> None:
 
 
 # ------------------------------------------------------------------------------------- pull
-def _pull_rank(plan: WorkerPlan, rank: int, fallback: bool, check: Path | None) -> dict[str, Any]:
+def _pull_rank(
+    plan: WorkerPlan, rank: int, opts: PullOptions, fallback: bool, check: Path | None
+) -> dict[str, Any]:
     device = torch.device("cpu")
     progress = LoadProgress()
     loader = PeerToPeerLoader(
-        on_batch=lambda done, total: emit("batch", rank=rank, done=done, total=total)
+        options=opts,
+        on_batch=lambda done, total: emit("batch", rank=rank, done=done, total=total),
     )
     t0 = time.monotonic()
     result: dict[str, Any] = {"rank": rank}
@@ -148,14 +143,18 @@ def _pull_rank(plan: WorkerPlan, rank: int, fallback: bool, check: Path | None) 
     return result
 
 
-def _pull(plan: WorkerPlan, fallback: bool, check: Path | None, repeat: int = 1) -> int:
+def _pull(
+    plan: WorkerPlan, opts: PullOptions, fallback: bool, check: Path | None, repeat: int = 1
+) -> int:
     # What a target worker does while its init hooks run: load NIXL's libraries once.
     prewarm_nixl().join(timeout=30)
     ok = True
     for i in range(repeat):
         t0 = time.monotonic()
         with ThreadPoolExecutor(max_workers=len(plan.ranks)) as pool:
-            results = list(pool.map(lambda r: _pull_rank(plan, r, fallback, check), plan.ranks))
+            results = list(
+                pool.map(lambda r: _pull_rank(plan, r, opts, fallback, check), plan.ranks)
+            )
         # Load time: until the last rank had its weights (the optional --check is not counted).
         seconds = max(r.get("t_loaded", t0) for r in results) - t0
         nbytes = sum(r.get("bytes", 0) for r in results)
@@ -187,13 +186,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--check", type=Path, metavar="MODEL_DIR", help="compare with load_file of these files"
     )
+    p.add_argument("--batch-mb", type=float, default=DEFAULT_BATCH_BYTES / (1 << 20))
+    p.add_argument("--throttle-s", type=float, default=0.0, help="pause after each READ batch")
     args = parser.parse_args(argv)
     plan = WorkerPlan.from_file(args.plan)
     torch.set_num_threads(max(1, torch.get_num_threads()))
     if args.cmd == "serve":
         asyncio.run(_serve(plan, args.host, args.port))
         return 0
-    return _pull(plan, args.fallback, args.check, args.repeat)
+    opts = options_for(plan, batch_bytes=int(args.batch_mb * (1 << 20)), throttle_s=args.throttle_s)
+    return _pull(plan, opts, args.fallback, args.check, args.repeat)
 
 
 if __name__ == "__main__":

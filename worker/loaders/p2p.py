@@ -9,7 +9,6 @@ the worker falls back to storage (Preload/Direct).
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -28,22 +27,25 @@ log = logging.getLogger(__name__)
 
 # A stalled peer (alive but moving nothing) is dropped after this many seconds at most.
 STALL_SECONDS = 5.0
-# Test/bench hook: seconds to pause after posting each READ batch (simulates a slow link).
-THROTTLE_ENV = "WEIGHTLIFT_P2P_THROTTLE_S"
-# Tuning knob: MB moved by one READ request (default 64).
-BATCH_MB_ENV = "WEIGHTLIFT_P2P_BATCH_MB"
+# MB moved by one READ request: 16-256 MB made no measurable difference (bench/p2p.py notes).
+DEFAULT_BATCH_BYTES = 64 << 20
+_MIN_BATCH_BYTES = 1 << 16
 
 
-def options_for(plan: WorkerPlan) -> PullOptions:
+def options_for(
+    plan: WorkerPlan, *, batch_bytes: int = DEFAULT_BATCH_BYTES, throttle_s: float = 0.0
+) -> PullOptions:
+    """Pull options from the plan's PeerToPeer settings. `batch_bytes` and `throttle_s` are for
+    whoever builds the loader itself (benchmarks and tests: smaller READs, a slowed link)."""
     p2p = plan.loading.peer_to_peer
-    batch = int(float(os.environ.get(BATCH_MB_ENV, "64") or 64) * (1 << 20))
+    batch = max(batch_bytes, _MIN_BATCH_BYTES)
     return PullOptions(
-        batch_bytes=max(batch, 1 << 16),
-        chunk_bytes=max(batch, 1 << 16),
+        batch_bytes=batch,
+        chunk_bytes=batch,
         transfer_timeout_s=float(p2p.transfer_timeout_seconds),
         max_in_flight=p2p.max_in_flight,
         stall_seconds=min(STALL_SECONDS, float(p2p.transfer_timeout_seconds)),
-        throttle_s=float(os.environ.get(THROTTLE_ENV, "0") or 0),
+        throttle_s=throttle_s,
     )
 
 
@@ -69,7 +71,7 @@ class PeerToPeerLoader:
             expected = expected_for_rank(
                 plan.model_dir, rank, plan.tensor_parallel, plan.model.dtype
             )
-        except (ValueError, OSError, KeyError, TypeError) as exc:
+        except (LoadError, ValueError, OSError) as exc:
             raise LoadError(f"rank {rank}: cannot read the model's shard headers: {exc}") from exc
         opts = self.options or options_for(plan)
         self.failures = []

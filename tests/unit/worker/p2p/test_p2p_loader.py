@@ -11,12 +11,7 @@ from tests.support.p2p import NIXL_MISSING
 from weightlift.api.worker import PeerCandidate
 from weightlift.local.sharded import make_plan
 from weightlift.worker.loaders.base import LoadError, LoadProgress
-from weightlift.worker.loaders.p2p import (
-    BATCH_MB_ENV,
-    THROTTLE_ENV,
-    PeerToPeerLoader,
-    options_for,
-)
+from weightlift.worker.loaders.p2p import PeerToPeerLoader, options_for
 from weightlift.worker.p2p.nixl_compat import nixl
 
 
@@ -36,15 +31,13 @@ def test_unreachable_peers_fail_fast_with_every_reason(model_dir: Path) -> None:
     assert progress.loaded_from is None
 
 
-def test_options_from_plan_and_env(model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_options_from_plan_and_caller(model_dir: Path) -> None:
     plan = make_plan(model_dir, pod="t", transfer_timeout_seconds=3, max_in_flight=5)
     opts = options_for(plan)
     assert opts.transfer_timeout_s == 3 and opts.max_in_flight == 5
     assert opts.stall_seconds == 3  # never longer than the deadline
     assert opts.throttle_s == 0 and opts.batch_bytes == 64 << 20
-    monkeypatch.setenv(THROTTLE_ENV, "0.25")
-    monkeypatch.setenv(BATCH_MB_ENV, "4")
-    opts = options_for(plan)
+    opts = options_for(plan, batch_bytes=4 << 20, throttle_s=0.25)
     assert opts.throttle_s == 0.25 and opts.batch_bytes == 4 << 20
 
 

@@ -191,7 +191,7 @@ def test_source_serves_next_reader_after_reader_vanished(
     plan = target_plan(tmp_path / "nofiles", [source], max_in_flight=1)
     path = tmp_path / "reader.json"
     path.write_text(plan.model_dump_json())
-    reader = Proc(["pull", "--plan", str(path)], env={"WEIGHTLIFT_P2P_THROTTLE_S": "0.2"})
+    reader = Proc(["pull", "--plan", str(path), "--throttle-s", "0.2"])
     try:
         reader.next_event("batch", timeout=90)
     finally:
