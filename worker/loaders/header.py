@@ -1,4 +1,4 @@
-"""safetensors header parser and validator (no torch import; the P2P loader reuses it).
+"""The safetensors header parser and validator (no torch import; every loader and P2P use it).
 
 File layout: 8-byte little-endian header length N, N bytes of JSON, then the data section.
 The JSON maps tensor names to {"dtype", "shape", "data_offsets": [begin, end]} (offsets relative
@@ -27,23 +27,27 @@ MAX_HEADER_BYTES = 100 * 1024 * 1024
 # arithmetic cheap on fuzzed input.
 MAX_NUMEL = 1 << 62
 
-DTYPE_SIZES: dict[str, int] = {
-    "BOOL": 1,
-    "U8": 1,
-    "I8": 1,
-    "F8_E4M3": 1,
-    "F8_E5M2": 1,
-    "I16": 2,
-    "U16": 2,
-    "F16": 2,
-    "BF16": 2,
-    "I32": 4,
-    "U32": 4,
-    "F32": 4,
-    "I64": 8,
-    "U64": 8,
-    "F64": 8,
+# The one table of safetensors dtypes: wire name -> (torch dtype attribute, bytes per element).
+# Kept torch-free (validating a header needs no torch); loaders/tensors.py maps the attribute
+# names to torch dtypes, the P2P manifest uses the same names on the wire.
+SAFETENSORS_DTYPES: dict[str, tuple[str, int]] = {
+    "BOOL": ("bool", 1),
+    "U8": ("uint8", 1),
+    "I8": ("int8", 1),
+    "F8_E4M3": ("float8_e4m3fn", 1),
+    "F8_E5M2": ("float8_e5m2", 1),
+    "I16": ("int16", 2),
+    "U16": ("uint16", 2),
+    "F16": ("float16", 2),
+    "BF16": ("bfloat16", 2),
+    "I32": ("int32", 4),
+    "U32": ("uint32", 4),
+    "F32": ("float32", 4),
+    "I64": ("int64", 8),
+    "U64": ("uint64", 8),
+    "F64": ("float64", 8),
 }
+DTYPE_SIZES: dict[str, int] = {name: size for name, (_, size) in SAFETENSORS_DTYPES.items()}
 
 
 class SafetensorsFormatError(LoadError):

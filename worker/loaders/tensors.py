@@ -4,25 +4,20 @@ from __future__ import annotations
 
 import torch
 
-from weightlift.worker.loaders.header import TensorInfo
+from weightlift.worker.loaders.header import SAFETENSORS_DTYPES, TensorInfo
 
 TORCH_DTYPES: dict[str, torch.dtype] = {
-    "BOOL": torch.bool,
-    "U8": torch.uint8,
-    "I8": torch.int8,
-    "F8_E4M3": torch.float8_e4m3fn,
-    "F8_E5M2": torch.float8_e5m2,
-    "I16": torch.int16,
-    "U16": torch.uint16,
-    "F16": torch.float16,
-    "BF16": torch.bfloat16,
-    "I32": torch.int32,
-    "U32": torch.uint32,
-    "F32": torch.float32,
-    "I64": torch.int64,
-    "U64": torch.uint64,
-    "F64": torch.float64,
+    name: getattr(torch, attr) for name, (attr, _) in SAFETENSORS_DTYPES.items()
 }
+DTYPE_NAMES: dict[torch.dtype, str] = {dtype: name for name, dtype in TORCH_DTYPES.items()}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """The safetensors name of a torch dtype."""
+    try:
+        return DTYPE_NAMES[dtype]
+    except KeyError:
+        raise ValueError(f"dtype {dtype} has no safetensors name") from None
 
 
 def view_tensor(buf: torch.Tensor, start: int, info: TensorInfo) -> torch.Tensor:

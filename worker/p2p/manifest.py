@@ -3,7 +3,8 @@
 A manifest describes one rank's shard as the source holds it in NIXL-registered memory: a few
 large regions (address, length) and, per tensor, its name, dtype, shape, byte size, the region and
 offset it lives at, and a checksum of its bytes. The target reads the bytes with one-sided READs
-and recomputes every checksum before it hands the tensors to the runtime.
+and recomputes every checksum before it hands the tensors to the runtime. Dtypes travel as
+safetensors names (loaders/header.py's table).
 """
 
 from __future__ import annotations
@@ -17,44 +18,17 @@ import torch
 import xxhash
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from weightlift.worker.loaders.header import DTYPE_SIZES
+
 MANIFEST_VERSION = 1
 ChecksumKind = Literal["xxh3", "crc32"]
-
-# safetensors dtype names <-> torch dtypes (the names both sides put on the wire).
-DTYPES: dict[str, torch.dtype] = {
-    "F64": torch.float64,
-    "F32": torch.float32,
-    "F16": torch.float16,
-    "BF16": torch.bfloat16,
-    "I64": torch.int64,
-    "I32": torch.int32,
-    "I16": torch.int16,
-    "I8": torch.int8,
-    "U8": torch.uint8,
-    "BOOL": torch.bool,
-}
-if hasattr(torch, "float8_e4m3fn"):
-    DTYPES["F8_E4M3"] = torch.float8_e4m3fn
-    DTYPES["F8_E5M2"] = torch.float8_e5m2
-if hasattr(torch, "uint16"):
-    DTYPES["U16"] = torch.uint16
-    DTYPES["U32"] = torch.uint32
-    DTYPES["U64"] = torch.uint64
-DTYPE_NAMES: dict[torch.dtype, str] = {v: k for k, v in DTYPES.items()}
 
 # Hashing in slices keeps a device-to-host staging buffer small and lets other threads run.
 _HASH_SLICE = 64 << 20
 
 
-def dtype_name(dtype: torch.dtype) -> str:
-    try:
-        return DTYPE_NAMES[dtype]
-    except KeyError:
-        raise ValueError(f"dtype {dtype} has no safetensors name") from None
-
-
 def element_size(name: str) -> int:
-    return torch.empty((), dtype=DTYPES[name]).element_size()
+    return DTYPE_SIZES[name]
 
 
 def tensor_bytes(tensor: torch.Tensor) -> torch.Tensor:
@@ -119,7 +93,7 @@ class TensorEntry(_Wire):
 
     @model_validator(mode="after")
     def _consistent(self) -> TensorEntry:
-        if self.dtype not in DTYPES:
+        if self.dtype not in DTYPE_SIZES:
             raise ValueError(f"tensor {self.name!r}: unknown dtype {self.dtype!r}")
         if any(d < 0 for d in self.shape):
             raise ValueError(f"tensor {self.name!r}: negative dimension in {self.shape}")

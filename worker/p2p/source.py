@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 from aiohttp import web
 
+from weightlift.worker.loaders.tensors import dtype_name
 from weightlift.worker.p2p import P2P_PREFIX
 from weightlift.worker.p2p.manifest import (
     ChecksumKind,
@@ -39,7 +40,6 @@ from weightlift.worker.p2p.manifest import (
     TensorEntry,
     align_up,
     checksum,
-    dtype_name,
 )
 from weightlift.worker.p2p.nixl_compat import nixl
 

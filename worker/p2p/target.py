@@ -31,9 +31,10 @@ import httpx
 import torch
 
 from weightlift.worker.loaders.base import LoadProgress
+from weightlift.worker.loaders.tensors import TORCH_DTYPES
 from weightlift.worker.p2p import P2P_PREFIX
 from weightlift.worker.p2p.expected import ExpectedTensor, ShapeMismatch, check_manifest
-from weightlift.worker.p2p.manifest import DTYPES, RankManifest, align_up, checksum, element_size
+from weightlift.worker.p2p.manifest import RankManifest, align_up, checksum, element_size
 from weightlift.worker.p2p.nixl_compat import nixl
 
 log = logging.getLogger(__name__)
@@ -317,7 +318,7 @@ def pull_from_peer(
         remaining = [t.nbytes for t in manifest.tensors]
         views: list[torch.Tensor] = []
         for i, t in enumerate(manifest.tensors):
-            dtype = DTYPES[t.dtype]
+            dtype = TORCH_DTYPES[t.dtype]
             if t.nbytes == 0:
                 views.append(torch.empty(t.shape, dtype=dtype, device=device))
             else:
