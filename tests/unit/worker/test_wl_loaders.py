@@ -14,9 +14,13 @@ from weightlift.local.models import DemoModel
 from weightlift.worker.loaders.base import LoadError, LoadProgress
 from weightlift.worker.loaders.direct import DirectLoader
 from weightlift.worker.loaders.files import index_files, rank_files
-from weightlift.worker.loaders.header import SafetensorsFormatError
+from weightlift.worker.loaders.header import SAFETENSORS_DTYPES, SafetensorsFormatError
 from weightlift.worker.loaders.preload import PreloadLoader
-from weightlift.worker.loaders.select import choose_storage_loader
+from weightlift.worker.loaders.select import (
+    choose_storage_loader,
+    load_from_peers,
+    wants_peer_to_peer,
+)
 from weightlift.worker.loaders.tensors import TORCH_DTYPES, all_bit_equal, bit_equal
 
 CPU = torch.device("cpu")
@@ -145,6 +149,47 @@ def test_auto_chooses_by_host_memory(demo_tp2: DemoModel) -> None:
     assert choose_storage_loader(forced, devs, available=0).name == "preload"
     direct = make_plan(demo_tp2.out, tp=2, loading={"strategy": "Direct"})
     assert choose_storage_loader(direct, devs, available=1 << 40).name == "direct"
+
+
+def test_one_place_picks_peer_to_peer(demo_tp2: DemoModel) -> None:
+    peers = [{"pod": "src-0", "address": "127.0.0.1:9"}]
+    assert wants_peer_to_peer(make_plan(demo_tp2.out, tp=2, role="Target", peers=peers))
+    assert not wants_peer_to_peer(make_plan(demo_tp2.out, tp=2, role="Target"))  # no peers
+    assert not wants_peer_to_peer(make_plan(demo_tp2.out, tp=2, role="Source", peers=peers))
+    for strategy in ("Preload", "Direct"):
+        forced = make_plan(
+            demo_tp2.out, tp=2, role="Target", peers=peers, loading={"strategy": strategy}
+        )
+        assert not wants_peer_to_peer(forced)
+
+
+def test_no_peer_delivers_so_storage_loads_the_same_tensors(demo_tp2: DemoModel) -> None:
+    """A Target whose only peer is unreachable gets None from the peers (progress reset) and
+    then rank 1's exact tensors from the storage loader the plan chooses."""
+    peers = [{"pod": "gone-0", "address": "127.0.0.1:9"}]
+    plan = make_plan(
+        demo_tp2.out,
+        tp=2,
+        role="Target",
+        peers=peers,
+        loading={"peerToPeer": {"transferTimeoutSeconds": 2}},
+    )
+    progress = LoadProgress()
+    assert load_from_peers(plan, 1, CPU, progress) is None
+    assert progress.loaded_from is None and progress.bytes_loaded == 0
+    loader = choose_storage_loader(plan, {0: CPU, 1: CPU})
+    tensors = loader.load(plan, 1, CPU, progress)
+    assert all_bit_equal(tensors, reference(rank_files(demo_tp2.out, 1, 2)))
+    # A Source never asks a peer, whatever candidates it has.
+    source = make_plan(demo_tp2.out, tp=2, role="Source", peers=peers)
+    assert load_from_peers(source, 0, CPU, LoadProgress()) is None
+
+
+def test_one_dtype_table_agrees_with_torch() -> None:
+    """header.py's table is the only one: every name maps to a torch dtype of that size."""
+    assert set(TORCH_DTYPES) == set(SAFETENSORS_DTYPES)
+    for name, (_, size) in SAFETENSORS_DTYPES.items():
+        assert torch.empty((), dtype=TORCH_DTYPES[name]).element_size() == size, name
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (pinned + H2D)")
