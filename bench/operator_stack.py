@@ -26,6 +26,7 @@ from weightlift.bench import apiaudit
 from weightlift.local.cluster import POD_CIDR, ClusterInfo, ControlPlane, GpuNodeSpec
 from weightlift.local.demo import apply_crd
 from weightlift.local.kubeclient import Kube, KubeError
+from weightlift.local.procs import child_options, stop_group
 
 NAMESPACE = "wl-bench"
 OPERATOR_SA = "weightlift-operator"
@@ -78,19 +79,6 @@ def _python_descendant(pid: int, timeout: float = 30.0) -> int:
                 return int(children[0])
         time.sleep(0.1)
     raise RuntimeError(f"profiler {pid} started no operator process within {timeout}s")
-
-
-def _stop(proc: subprocess.Popen[bytes], sig: int, grace: float) -> None:
-    if proc.poll() is not None:
-        return
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, sig)
-    try:
-        proc.wait(timeout=grace)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
 
 
 @dataclass
@@ -229,14 +217,7 @@ class BenchStack:
 
     def _spawn(self, argv: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
         with log.open("wb") as out:  # one run per log
-            return subprocess.Popen(
-                argv,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
+            return subprocess.Popen(argv, **child_options(out, env=env))
 
     def start_operator(self, timeout: float = 120.0) -> None:
         """`weightlift operator -n NAMESPACE`; returns once its watches are open."""
@@ -269,13 +250,13 @@ class BenchStack:
     def stop_operator(self) -> None:
         if self._operator is not None:
             # SIGINT: kopf stops gracefully; cProfile and py-spy then write their files.
-            _stop(self._operator, signal.SIGINT, grace=60.0)
+            stop_group(self._operator, grace=60.0, first=signal.SIGINT)
             self._operator = None
 
     def down(self) -> None:
         self.stop_operator()
         if self._sim is not None:
-            _stop(self._sim, signal.SIGTERM, grace=10.0)
+            stop_group(self._sim, grace=10.0)
             self._sim = None
         if self._cluster is not None:
             self._cluster.down()

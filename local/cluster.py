@@ -42,6 +42,8 @@ import click
 import httpx
 import yaml
 
+from weightlift.local.procs import child_options, pid_runs, stop_pid
+
 # Pinned versions. hack/build-controlplane.sh and hack/install_tools.py carry the same values
 # (tests/integration/test_cluster_live.py checks they agree).
 K8S_VERSION = "v1.36.3"
@@ -294,30 +296,6 @@ def _log_tail(path: Path, lines: int = 40) -> str:
     return "\n".join(text[-lines:])
 
 
-def _pid_runs(pid: int, exe: str) -> bool:
-    """True when ``pid`` is alive and still the process we started (guards against pid reuse)."""
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except OSError:
-        return False
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        if stat.rsplit(")", 1)[1].split()[0] == "Z":
-            return False
-    except (OSError, IndexError):
-        pass
-    return bool(cmdline) and cmdline[0].decode(errors="replace") == exe
-
-
-def _die_with_parent() -> None:
-    """In the child before exec: SIGTERM when the parent thread exits (Linux only)."""
-    import ctypes
-
-    with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
 # ---------------------------------------------------------------------------------- control plane
 
 
@@ -547,8 +525,8 @@ class ControlPlane:
         # reverse start order: kwok, scheduler, controller-manager, apiserver, etcd
         for name in reversed(list(entries)):
             pid, exe = int(entries[name]["pid"]), str(entries[name]["exe"])
-            if _pid_runs(pid, exe):
-                self._terminate(pid, exe)
+            if pid_runs(pid, exe):
+                stop_pid(pid, exe, grace=10.0)
                 stopped.append(name)
             child = self._procs.get(name)
             if child is not None:
@@ -565,7 +543,7 @@ class ControlPlane:
             return {}
         entries = json.loads(self.pids_file.read_text())
         return {
-            n: int(e["pid"]) for n, e in entries.items() if _pid_runs(int(e["pid"]), str(e["exe"]))
+            n: int(e["pid"]) for n, e in entries.items() if pid_runs(int(e["pid"]), str(e["exe"]))
         }
 
     # -- internals
@@ -596,14 +574,14 @@ class ControlPlane:
     def _start(self, name: str, argv: Sequence[str]) -> None:
         log = open(self.logs / f"{name}.log", "ab")  # noqa: SIM115 (owned by the child)
         try:
+            # SIGTERM on the parent's death: etcd and the API server get to shut down cleanly.
             proc = subprocess.Popen(
                 list(argv),
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                cwd=self.state_dir,
-                preexec_fn=_die_with_parent if self.bind_to_parent else None,
+                **child_options(
+                    log,
+                    cwd=self.state_dir,
+                    die_with=signal.SIGTERM if self.bind_to_parent else None,
+                ),
             )
         finally:
             log.close()
@@ -614,21 +592,6 @@ class ControlPlane:
         data = {n: {"pid": p.pid, "exe": str(p.args[0])} for n, p in self._procs.items()}  # type: ignore[index]
         if data:
             self.pids_file.write_text(json.dumps(data, indent=2) + "\n")
-
-    @staticmethod
-    def _terminate(pid: int, exe: str, grace: float = 10.0) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + grace
-        while time.monotonic() < deadline:
-            if not _pid_runs(pid, exe):
-                return
-            time.sleep(0.05)
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline and _pid_runs(pid, exe):
-            time.sleep(0.05)
 
     def _check_alive(self, name: str) -> None:
         proc = self._procs.get(name)

@@ -33,6 +33,7 @@ from weightlift.api.labels import DEPLOYMENT_LABEL
 from weightlift.api.model import GROUP, PLURAL, VERSION
 from weightlift.local.kubeclient import JSON, MERGE, Kube, KubeError
 from weightlift.local.processnode import LOCAL_NODE_LABEL, ProcessNode
+from weightlift.local.procs import child_options, stop_group
 from weightlift.local.storage import STORAGE_KINDS, DemoStorage, prepare_storage
 
 log = logging.getLogger("weightlift.demo")
@@ -140,7 +141,10 @@ class LocalStack:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         progress("starting control plane (etcd, kube-apiserver, controller-manager, scheduler)")
         # No kwok GPU nodes: every worker pod must land on the process node and really run.
-        self._cluster = ControlPlane(self.state_dir / "cluster", nodes=GpuNodeSpec(count=0))
+        # Bound to this process: a killed test run or demo leaves no control plane behind.
+        self._cluster = ControlPlane(
+            self.state_dir / "cluster", nodes=GpuNodeSpec(count=0), bind_to_parent=True
+        )
         info = self._cluster.up()
         self.kubeconfig = Path(info.kubeconfig)
         self.kube = Kube(self.kubeconfig)
@@ -172,12 +176,7 @@ class LocalStack:
             argv.append("--verbose")
         with log_path.open("ab") as out:
             self._operator = subprocess.Popen(
-                argv,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
+                argv, **child_options(out, env=env, die_with=signal.SIGTERM)
             )
 
     def operator_log_tail(self, lines: int = 40) -> str:
@@ -197,7 +196,7 @@ class LocalStack:
     def down(self) -> None:
         """Operator first (so nothing is recreated), then every worker process, then the cluster."""
         if self._operator is not None:
-            _stop_process(self._operator, grace=15.0)
+            stop_group(self._operator, grace=15.0)
             self._operator = None
         if self._node_started:
             self.node.stop(timeout=20.0)
@@ -232,19 +231,6 @@ class LocalStack:
 
     def delete_md(self, name: str) -> None:
         self.kube.delete(md_path(self.namespace, name))
-
-
-def _stop_process(proc: subprocess.Popen[bytes], grace: float) -> None:
-    if proc.poll() is not None:
-        return
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=grace)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
 
 
 # ------------------------------------------------------------------------------ the model

@@ -27,7 +27,6 @@ version). Processes die with the node (PR_SET_PDEATHSIG), so nothing outlives it
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import hashlib
 import ipaddress
 import json
@@ -45,13 +44,14 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import click
 import httpx
 
 from weightlift.api.times import now_micro, now_rfc3339
 from weightlift.local.kubeclient import JSON, MERGE, Kube, KubeError
+from weightlift.local.procs import child_options, signal_group, stop_group
 
 log = logging.getLogger("weightlift.processnode")
 
@@ -62,16 +62,11 @@ LEASE_SECONDS = 40
 MAX_BACKOFF_SECONDS = 20.0
 LOG_TAIL_BYTES = 2048
 
-try:  # preloaded in the parent: the child only calls it (no dlopen after fork)
-    _LIBC: ctypes.CDLL | None = ctypes.CDLL(None, use_errno=True)
-except OSError:  # pragma: no cover - non-glibc
-    _LIBC = None
 
-
-def _die_with_parent() -> None:
-    """preexec_fn: SIGKILL this process if the node (its parent thread) goes away."""
-    if _LIBC is not None:
-        _LIBC.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+def _pod_process(log: IO[bytes], cwd: str, env: dict[str, str]) -> dict[str, Any]:
+    """How a pod's process starts. It dies with the node: SIGKILL, as when a machine loses
+    power (no grace period)."""
+    return child_options(log, cwd=cwd, env=env, die_with=signal.SIGKILL)
 
 
 def _key(pod: JSON) -> str:
@@ -292,16 +287,7 @@ class PodRunner(threading.Thread):
             out.write(f"--- {now_rfc3339()} start {argv}\n".encode())
             out.flush()
             try:
-                c.proc = subprocess.Popen(
-                    argv,
-                    env=env,
-                    cwd=cwd,
-                    stdin=subprocess.DEVNULL,
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                    preexec_fn=_die_with_parent,
-                )
+                c.proc = subprocess.Popen(argv, **_pod_process(out, cwd, env))
             except OSError as exc:
                 c.proc = None
                 c.terminated = {
@@ -386,18 +372,7 @@ class PodRunner(threading.Thread):
         for spec in pod["spec"].get("initContainers", []):
             argv, env, cwd = self._command(pod, spec)
             with (self.dir / f"init-{spec['name']}.log").open("ab") as out:
-                proc = subprocess.run(
-                    argv,
-                    env=env,
-                    cwd=cwd,
-                    stdin=subprocess.DEVNULL,
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                    timeout=600,
-                    preexec_fn=_die_with_parent,
-                    check=False,
-                )
+                proc = subprocess.run(argv, timeout=600, check=False, **_pod_process(out, cwd, env))
             if proc.returncode != 0:
                 raise ConfigError(f"init container {spec['name']} exited {proc.returncode}")
 
@@ -757,28 +732,16 @@ class PodRunner(threading.Thread):
         return float(pod["spec"].get("terminationGracePeriodSeconds", 30))
 
     def _kill(self, c: ContainerRun, grace: float) -> None:
-        proc = c.proc
-        if proc is None:
+        if c.proc is None:
             return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=max(grace, 0.1))
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        # Anything left in the group (grandchildren) goes too.
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
+        stop_group(c.proc, grace)
         self._on_exit(self.pod, c)
 
     def _kill_all(self, grace: float) -> None:
         running = [c for c in self.containers if c.proc is not None]
         for c in running:
             if c.proc is not None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(c.proc.pid, signal.SIGTERM)
+                signal_group(c.proc, signal.SIGTERM)
         deadline = time.monotonic() + grace
         for c in running:
             self._kill(c, grace=max(0.0, deadline - time.monotonic()))
@@ -974,8 +937,7 @@ class ProcessNode:
         for r in runners:  # a runner stuck in an API call: kill its processes ourselves
             for c in r.containers:
                 if c.proc is not None and c.proc.poll() is None:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.killpg(c.proc.pid, signal.SIGKILL)
+                    signal_group(c.proc, signal.SIGKILL)
                     c.proc.wait()
         if self.config.delete_node_on_stop:
             with contextlib.suppress(KubeError, httpx.HTTPError):
