@@ -48,9 +48,18 @@ def patch_status(api: client.CustomObjectsApi, namespace: str, name: str, status
 
 
 def list_deployments(api: client.CustomObjectsApi, namespace: str, selector: str) -> list[Obj]:
+    """Served from the API server's watch cache (resourceVersion 0: milliseconds behind etcd,
+    unlike kopf's index). Without it each call was a quorum read of every ModelDeployment:
+    at 1000 deployments these LISTs timed out (504) and starved the API server."""
     body = _json(
         api.list_namespaced_custom_object(
-            GROUP, VERSION, namespace, PLURAL, label_selector=selector, _preload_content=False
+            GROUP,
+            VERSION,
+            namespace,
+            PLURAL,
+            label_selector=selector,
+            resource_version="0",
+            _preload_content=False,
         )
     )
     items: list[Obj] = body.get("items", [])

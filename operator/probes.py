@@ -198,8 +198,12 @@ async def generate_text(
         }
         url = f"http://{address}/v2/models/{model}/generate"
     else:
-        body = {"model": model, "prompt": probe.prompt, "max_tokens": probe.max_tokens,
-                "temperature": 0}
+        body = {
+            "model": model,
+            "prompt": probe.prompt,
+            "max_tokens": probe.max_tokens,
+            "temperature": 0,
+        }
         url = f"http://{address}/v1/completions"
     response = await client.post(url, json=body, timeout=timeout)
     if response.status_code != 200:

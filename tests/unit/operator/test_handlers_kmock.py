@@ -514,11 +514,13 @@ async def test_steady_state_passes_make_no_api_reads(
     steady = cluster.operator_requests(since=mark)
     assert steady == [], f"steady-state passes made requests: {steady}"
     # The passes that changed something wrote; they read twice: the nodes once (for the GPU
-    # check) and, before the storage load, the sources published for this identity.
+    # check) and, before the storage load, the sources published for this identity (from the
+    # API server's watch cache: resourceVersion 0).
     reads = [r for r in first_passes if r.split()[0] in ("GET", "LIST", "WATCH")]
     identity = cluster.md("llama")["status"]["modelIdentity"]  # type: ignore[index]
     selector = urllib.parse.quote(f"{SOURCES_OF_LABEL}={identity}")
-    assert sorted(reads) == ["LIST /api/v1/nodes?", f"LIST {MD_PATH}?labelSelector={selector}"]
+    published = f"LIST {MD_PATH}?labelSelector={selector}&resourceVersion=0"
+    assert sorted(reads) == ["LIST /api/v1/nodes?", published]
 
 
 # ------------------------------------------------------ the kube wrappers against the emulator
