@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import posixpath
 from dataclasses import dataclass
 
 URI_SCHEMES = ("pvc", "hostpath", "file", "s3", "hf")
@@ -38,3 +39,21 @@ def hf_repo(uri: ModelUri, revision: str) -> tuple[str, str]:
     rest = f"{uri.claim}/{uri.path}" if uri.path else uri.claim
     repo_id, _, pinned = rest.partition("@")
     return repo_id.strip("/"), pinned or revision
+
+
+def is_local_path(scheme: str) -> bool:
+    """hostpath:// (a node directory) and file:// (the worker's own filesystem) name paths the
+    cluster admin must allow: see path_allowed."""
+    return scheme in ("hostpath", "file")
+
+
+def path_allowed(path: str, prefixes: tuple[str, ...] | list[str]) -> bool:
+    """Whether `path`, normalised, is one of `prefixes` or below one. No prefixes: nothing is."""
+    if ".." in path.split("/"):
+        return False
+    here = posixpath.normpath("/" + path.lstrip("/"))
+    for prefix in prefixes:
+        root = posixpath.normpath(prefix)
+        if root != "/" and (here == root or here.startswith(root + "/")):
+            return True
+    return False

@@ -109,6 +109,8 @@ class LocalStack:
     # Extra env for worker processes and the operator (tests set timeouts, etc.).
     worker_env: dict[str, str] = field(default_factory=dict)
     operator_env: dict[str, str] = field(default_factory=dict)
+    # Directories hostpath:// model URIs may name (the operator's --model-path-prefix).
+    model_path_prefixes: tuple[str, ...] = ()
 
     kube: Kube = field(init=False)
     node: ProcessNode = field(init=False)
@@ -172,6 +174,8 @@ class LocalStack:
             **self.operator_env,
         }
         argv = [weightlift_exe(), "operator", "--namespace", self.namespace]
+        for prefix in self.model_path_prefixes:
+            argv += ["--model-path-prefix", str(Path(prefix).resolve())]
         if self.operator_verbose:
             argv.append("--verbose")
         with log_path.open("ab") as out:
@@ -683,7 +687,7 @@ def demo_command(
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     state_dir = state_dir.resolve()
     model_dir = state_dir / ("llm" if runtime == "vllm" else "model")
-    stack = LocalStack(state_dir)
+    stack = LocalStack(state_dir, model_path_prefixes=(str(model_dir),))
     where: DemoStorage | None = None
     with _sigterm_raises():
         try:

@@ -23,7 +23,13 @@ from weightlift.api.model import (
     SourceEndpoint,
     pulls_from_peers,
 )
-from weightlift.api.storage import REMOTE_SCHEMES, ModelUri, hf_repo
+from weightlift.api.storage import (
+    REMOTE_SCHEMES,
+    ModelUri,
+    hf_repo,
+    is_local_path,
+    path_allowed,
+)
 from weightlift.api.times import parse_rfc3339, rfc3339
 from weightlift.api.worker import WorkerPhase, WorkerReport
 from weightlift.operator.identity import model_identity
@@ -99,6 +105,9 @@ class Observed:
     previous: ModelDeploymentStatus | None = None
     # Most GPUs any schedulable node offers; None when unknown (no node list permission).
     max_node_gpus: int | None = None
+    # Directories hostpath:// and file:// model URIs may name (the operator's
+    # --model-path-prefix, the chart's modelPathPrefixes); empty: none.
+    model_path_prefixes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -184,6 +193,12 @@ def validate(spec: ModelDeploymentSpec, observed: Observed) -> str | None:
         return (
             f"spec.model.uri: scheme {scheme}:// needs a storage downloader this version does "
             f"not ship; use one of {', '.join(s + '://' for s in SUPPORTED_STORAGE)}"
+        )
+    if is_local_path(scheme) and not path_allowed(uri.path, observed.model_path_prefixes):
+        allowed = ", ".join(observed.model_path_prefixes) or "none are"
+        return (
+            f"spec.model.uri: {uri.path} is not below a directory the cluster admin allows for "
+            f"{scheme}:// ({allowed}; chart value modelPathPrefixes)"
         )
     if scheme == "pvc" and not (uri.claim and uri.path):
         return "spec.model.uri: pvc:// needs a claim and a path, e.g. pvc://models/llama-3"

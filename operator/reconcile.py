@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import os
+import posixpath
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -53,6 +55,21 @@ CREATED_POD_WAIT_SECONDS = 10.0
 # most this often: 1000 deployments probed every 10 s would otherwise patch 100 statuses a second
 # (and each patch comes back to kopf's watch). Any other change is written at once.
 PROBE_TIME_REFRESH_SECONDS = 120.0
+MODEL_PATH_PREFIXES_ENV = "WEIGHTLIFT_MODEL_PATH_PREFIXES"
+
+
+def model_path_prefixes(environ: Mapping[str, str] | None = None) -> tuple[str, ...]:
+    """Directories hostpath:// and file:// URIs may name: WEIGHTLIFT_MODEL_PATH_PREFIXES,
+    comma separated, each absolute and normalised (ValueError otherwise)."""
+    raw = (os.environ if environ is None else environ).get(MODEL_PATH_PREFIXES_ENV, "")
+    prefixes = tuple(p.strip() for p in raw.split(",") if p.strip())
+    for prefix in prefixes:
+        if not prefix.startswith("/") or prefix == "/" or posixpath.normpath(prefix) != prefix:
+            raise ValueError(
+                f"{MODEL_PATH_PREFIXES_ENV}: {prefix!r} is not an absolute, normalised directory "
+                "other than /"
+            )
+    return prefixes
 
 
 @dataclass
@@ -76,6 +93,7 @@ class OperatorState:
     awaited: dict[str, dict[str, float]] = field(default_factory=dict)
     node_gpus: tuple[float, int | None] = (0.0, None)
     _node_fetch: asyncio.Future[int | None] | None = None
+    model_path_prefixes: tuple[str, ...] = ()  # see planning.Observed
 
     @classmethod
     def from_environment(cls) -> OperatorState:
@@ -84,6 +102,7 @@ class OperatorState:
             core=client.CoreV1Api(api),
             custom=client.CustomObjectsApi(api),
             http=worker_client(),
+            model_path_prefixes=model_path_prefixes(),
         )
 
     def wake_event(self, uid: str) -> asyncio.Event:
@@ -349,6 +368,7 @@ async def reconcile(
         sibling_sources=_sibling_sources(published_sources, name),
         previous=_previous_status(state.status_of(uid, body)),
         max_node_gpus=max_gpus,
+        model_path_prefixes=state.model_path_prefixes,
     )
     result = plan(spec, observed)
     if not isinstance(spec, SpecError) and _starts_storage_load(spec, result):

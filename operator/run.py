@@ -8,6 +8,7 @@ import os
 import click
 
 from weightlift.operator.probes import PROBE_NETWORKS_ENV, allowed_networks
+from weightlift.operator.reconcile import MODEL_PATH_PREFIXES_ENV, model_path_prefixes
 
 
 @click.command("operator")
@@ -21,12 +22,20 @@ from weightlift.operator.probes import PROBE_NETWORKS_ENV, allowed_networks
     default=None,
     help=f"Only contact pod IPs in these CIDRs (comma separated; env {PROBE_NETWORKS_ENV}).",
 )
+@click.option(
+    "--model-path-prefix",
+    "path_prefixes",
+    multiple=True,
+    help="A directory below which hostpath:// and file:// model URIs are allowed (repeat; env "
+    f"{MODEL_PATH_PREFIXES_ENV}, comma separated). None given: such URIs are refused.",
+)
 @click.option("--verbose", "-v", is_flag=True, help="Debug logging.")
 def operator_command(
     namespaces: tuple[str, ...],
     all_namespaces: bool,
     liveness_port: int | None,
     probe_networks: str | None,
+    path_prefixes: tuple[str, ...],
     verbose: bool,
 ) -> None:
     """Run the weightlift operator against the current kubeconfig (or in-cluster config)."""
@@ -43,6 +52,12 @@ def operator_command(
         allowed_networks()
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--probe-networks") from exc
+    if path_prefixes:
+        os.environ[MODEL_PATH_PREFIXES_ENV] = ",".join(path_prefixes)
+    try:
+        model_path_prefixes()
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--model-path-prefix") from exc
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

@@ -66,11 +66,15 @@ def hook_log(e2e_dir: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
-def stack(e2e_dir: Path, hook_log: Path) -> Iterator[LocalStack]:
+def stack(
+    e2e_dir: Path, hook_log: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LocalStack]:
     _require_binaries()
     s = LocalStack(
         e2e_dir / "stack",
         node_name="e2e-node",
+        # hostpath:// models: the demo model and the tests' own copies, all below pytest's temp
+        model_path_prefixes=(str(tmp_path_factory.getbasetemp()),),
         worker_env={
             "WEIGHTLIFT_HOOK_LOG": str(hook_log),
             "CUDA_VISIBLE_DEVICES": "",

@@ -96,7 +96,9 @@ class OperatorProcess:
         env = {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
-                [str(REPO / ".venv" / "bin" / "weightlift"), "operator", "-n", self.namespace],
+                [str(REPO / ".venv" / "bin" / "weightlift"), "operator", "-n", self.namespace]
+                # the integration tests' models are file:///models/<name> (never read: kwok)
+                + ["--model-path-prefix", "/models"],
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,

@@ -128,6 +128,7 @@ def observe(
     siblings: list[SourceEndpoint] | None = None,
     max_node_gpus: int | None = 8,
     generation: int = 3,
+    model_path_prefixes: tuple[str, ...] = ("/models",),
 ) -> Observed:
     return Observed(
         name=NAME,
@@ -138,6 +139,7 @@ def observe(
         sibling_sources=list(siblings or []),
         previous=previous,
         max_node_gpus=max_node_gpus,
+        model_path_prefixes=model_path_prefixes,
     )
 
 

@@ -137,3 +137,38 @@ def test_values_schema_rejects_bad_values(helm: Path) -> None:
     )
     assert result.returncode != 0
     assert "livenessPort" in result.stderr
+
+
+def test_model_path_policy_follows_the_prefixes_value(helm: Path) -> None:
+    """Both checks get the same prefixes: the admission policy and the operator's flag."""
+    docs = template(helm, "--set", "modelPathPrefixes={/var/lib/models,/data}")
+    (policy,) = by_kind(docs, "ValidatingAdmissionPolicy")
+    (binding,) = by_kind(docs, "ValidatingAdmissionPolicyBinding")
+    assert binding["spec"]["policyName"] == policy["metadata"]["name"]
+    assert binding["spec"]["validationActions"] == ["Deny"]
+    assert policy["spec"]["failurePolicy"] == "Fail"
+    prefixes = {v["name"]: v["expression"] for v in policy["spec"]["variables"]}["prefixes"]
+    assert prefixes == '["/var/lib/models","/data"]'
+    (deployment,) = by_kind(docs, "Deployment")
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--model-path-prefix=/var/lib/models" in args and "--model-path-prefix=/data" in args
+
+
+def test_model_paths_disabled_by_default(helm: Path) -> None:
+    docs = template(helm)
+    (policy,) = by_kind(docs, "ValidatingAdmissionPolicy")
+    prefixes = {v["name"]: v["expression"] for v in policy["spec"]["variables"]}["prefixes"]
+    assert prefixes == "[]"
+    (deployment,) = by_kind(docs, "Deployment")
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert not [a for a in args if a.startswith("--model-path-prefix")]
+
+
+@pytest.mark.parametrize("prefix", ["/", "relative/dir", "/a/../b", "/a/./b", "/a/", "/a b"])
+def test_values_schema_refuses_bad_prefixes(helm: Path, prefix: str) -> None:
+    result = subprocess.run(
+        [str(helm), "template", "wl", str(CHART), "--set", f"modelPathPrefixes={{{prefix}}}"],
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode != 0 and "modelPathPrefixes" in result.stderr, result.stderr

@@ -214,6 +214,7 @@ async def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncItera
         monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
         # Made-up pod IPs below are never contacted.
         monkeypatch.setenv("WEIGHTLIFT_PROBE_NETWORKS", "127.0.0.0/8")
+        monkeypatch.setenv("WEIGHTLIFT_MODEL_PATH_PREFIXES", "/models")
         previous = client.Configuration.get_default_copy()
         try:
             yield Cluster(emulator=emulator, url=url)

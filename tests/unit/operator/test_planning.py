@@ -535,6 +535,13 @@ INVALID: list[tuple[dict[str, Any], str]] = [
     ({"uri": "pvc://models"}, "spec.model.uri"),
     ({"uri": "pvc://models/"}, "spec.model.uri"),
     ({"uri": "pvc:///llama"}, "spec.model.uri"),
+    # hostpath:// and file:// only below the allowed prefixes (observe(): /models)
+    ({"uri": "hostpath:///"}, "spec.model.uri"),
+    ({"uri": "hostpath:///etc"}, "spec.model.uri"),
+    ({"uri": "hostpath:///models/../etc"}, "spec.model.uri"),
+    ({"uri": "hostpath:///models-other/llama"}, "spec.model.uri"),
+    ({"uri": "hostpath:///dev/null"}, "spec.model.uri"),
+    ({"uri": "file:///etc/passwd"}, "spec.model.uri"),
     ({"tensor": 16}, "spec.parallelism.tensor"),
     ({"initHooks": {"library": "/usr/lib/libevil.so"}}, "spec.initHooks.library"),
     ({"initHooks": {"library": "../libx.so"}}, "spec.initHooks.library"),
@@ -825,3 +832,13 @@ def test_plan_does_not_mutate_its_inputs() -> None:
     before = (list(observed.pods), observed.previous)
     run(SPEC, observed)
     assert (observed.pods, observed.previous) == before
+
+
+def test_local_paths_need_an_allowed_prefix() -> None:
+    """The default (no prefixes configured) refuses every hostpath:// and file:// URI."""
+    spec = make_spec(uri="hostpath:///models/llama")
+    assert validate(spec, observe()) is None
+    problem = validate(spec, observe(model_path_prefixes=()))
+    assert problem is not None and problem.startswith("spec.model.uri: /models/llama is not below")
+    assert validate(make_spec(uri="pvc://models/llama"), observe(model_path_prefixes=())) is None
+    assert validate(spec, observe(model_path_prefixes=("/data", "/models/llama"))) is None
