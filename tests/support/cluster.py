@@ -94,11 +94,12 @@ class OperatorProcess:
     def start(self) -> None:
         assert self.proc is None or self.proc.poll() is not None, "already running"
         env = {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
+        exe = str(REPO / ".venv" / "bin" / "weightlift")
+        # The integration tests' models are file:///models/<name> (never read: kwok nodes).
+        argv = [exe, "operator", "-n", self.namespace, "--model-path-prefix", "/models"]
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
-                [str(REPO / ".venv" / "bin" / "weightlift"), "operator", "-n", self.namespace]
-                # the integration tests' models are file:///models/<name> (never read: kwok)
-                + ["--model-path-prefix", "/models"],
+                argv,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
