@@ -224,6 +224,8 @@ class BenchStack:
         liveness = free_port()
         argv = [sys.executable, "-m", "weightlift.operator.cli", "operator", "-n", NAMESPACE]
         argv += ["--liveness-port", str(liveness), "--probe-networks", POD_CIDR]
+        # bench/operator.py's models are file:///models/... (never read: kwok nodes)
+        argv += ["--model-path-prefix", "/models"]
         if self.profiler == "cprofile":
             argv = [sys.executable, "-m", "cProfile", "-o", str(self.profile_path), *argv[1:]]
         elif self.profiler == "py-spy":

@@ -530,7 +530,10 @@ INVALID: list[tuple[dict[str, Any], str]] = [
         {"model": {"uri": "pvc://models/llama", "credentials": {"name": "s3"}}},
         "spec.model.credentials",
     ),
-    ({"model": {"uri": "hostpath:///models/m", "endpoint": "http://minio:9000"}}, "spec.model.endpoint"),
+    (
+        {"model": {"uri": "hostpath:///models/m", "endpoint": "http://minio:9000"}},
+        "spec.model.endpoint",
+    ),
     ({"model": {"uri": "hf://meta/llama", "region": "eu-west-1"}}, "spec.model.region"),
     ({"uri": "pvc://models"}, "spec.model.uri"),
     ({"uri": "pvc://models/"}, "spec.model.uri"),
