@@ -372,24 +372,7 @@ async def reconcile(
     )
     result = plan(spec, observed)
     if not isinstance(spec, SpecError) and _starts_storage_load(spec, result):
-        # kopf's index trails the API server by a batch window or more: a sibling may already
-        # publish a Ready source of this identity that the index has not seen. A storage load
-        # is slow and a pull is fast, so ask the API server (a label-selected LIST of the few
-        # ModelDeployments that publish this identity) before deciding on one.
-        fresh = await asyncio.to_thread(
-            kube.list_deployments,
-            state.custom,
-            namespace,
-            f"{SOURCES_OF_LABEL}={result.status.model_identity}",
-        )
-        published = [raw for md in fresh for raw in (md.get("status") or {}).get("sources") or []]
-        siblings = _sibling_sources(published, name)
-        known = {(s.deployment, s.pod) for s in observed.sibling_sources}
-        if any((s.deployment, s.pod) not in known for s in siblings):
-            observed = dataclasses.replace(
-                observed, sibling_sources=[*observed.sibling_sources, *siblings]
-            )
-            result = plan(spec, observed)
+        result = await _replan_with_published_sources(state, spec, observed, result)
     if isinstance(spec, SpecError):
         logger.warning("invalid spec: %s", spec.message)
     await apply(state, body, spec, result, logger)
@@ -416,6 +399,31 @@ def _without_probe_times(status: Mapping[str, Any]) -> dict[str, Any]:
         for r in status.get("replicaStatuses") or []
     ]
     return {**status, "replicaStatuses": replicas}
+
+
+async def _replan_with_published_sources(
+    state: OperatorState, spec: ModelDeploymentSpec, observed: Observed, result: Plan
+) -> Plan:
+    """kopf's index trails the API server by a batch window or more: a sibling may already
+    publish a Ready source of this identity that the index has not seen. A storage load is slow
+    and a pull is fast, so before deciding on one, ask the API server: a label-selected LIST
+    of the few ModelDeployments that publish this identity."""
+    fresh = await asyncio.to_thread(
+        kube.list_deployments,
+        state.custom,
+        observed.namespace,
+        f"{SOURCES_OF_LABEL}={result.status.model_identity}",
+    )
+    published = [raw for md in fresh for raw in (md.get("status") or {}).get("sources") or []]
+    known = {(s.deployment, s.pod) for s in observed.sibling_sources}
+    unseen = [
+        s for s in _sibling_sources(published, observed.name) if (s.deployment, s.pod) not in known
+    ]
+    if not unseen:
+        return result
+    return plan(
+        spec, dataclasses.replace(observed, sibling_sources=[*observed.sibling_sources, *unseen])
+    )
 
 
 def _starts_storage_load(spec: ModelDeploymentSpec, result: Plan) -> bool:

@@ -127,6 +127,15 @@ class Cluster:
             if "OpenAPI-Generator" in request.headers.get("User-Agent", "")
         ]
 
+    def kopf_watches(self) -> set[str]:
+        """Resources kopf has opened a watch on."""
+        return {
+            request.url.path.rsplit("/", 1)[-1]
+            for request in list(self.emulator)
+            if request.action == kmock.action.WATCH
+            and "kopf" in request.headers.get("User-Agent", "")
+        }
+
     def request_count(self) -> int:
         return len(list(self.emulator))
 
@@ -249,6 +258,10 @@ async def operator(cluster: Cluster) -> AsyncIterator[Operator]:
     # Enter and exit off the loop: the operator's API calls are served by this loop.
     await asyncio.to_thread(runner.__enter__)
     try:
+        # Ready once kopf watches both resources (its indexes fill from these watches, and
+        # daemons start only after that): tests' deadlines then never include kopf's start-up,
+        # which takes seconds on a loaded machine.
+        await eventually(lambda: cluster.kopf_watches() >= {"pods", PLURAL}, 120, "kopf's watches")
         yield Operator(runner)
     finally:
         started = time.monotonic()
@@ -416,6 +429,38 @@ async def test_first_source_pod_status_and_event(
     # A spec change wakes the loop too: scaling to 1 shows in the status at once.
     await cluster.patch_md("llama", {"spec": {"replicas": 1}})
     await eventually(lambda: (status() or {}).get("ready") == "0/1", what="ready 0/1")
+
+
+async def test_a_failing_pass_posts_one_event_per_new_error(
+    cluster: Cluster, slow_timer: Passes, operator: Operator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    refusing = True
+    real_patch_status = kube.patch_status
+
+    def patch_status(*args: Any, **kwargs: Any) -> None:
+        if refusing:
+            raise RuntimeError("status write refused")
+        real_patch_status(*args, **kwargs)
+
+    monkeypatch.setattr(kube, "patch_status", patch_status)
+    await cluster.create_md("llama", SPEC)
+    pods = await eventually(lambda: cluster.pods(**{DEPLOYMENT_LABEL: "llama"}), what="a pod")
+    for i in range(3):  # three more failing passes over the same error
+        seen = slow_timer("llama")
+        await cluster.patch_pod(
+            pods[0]["metadata"]["name"], {"metadata": {"labels": {"n": str(i)}}}
+        )
+        await slow_timer.after("llama", seen)
+    assert ours(cluster.events("llama")) == ["ReconcileError"]
+    assert "status write refused" in cluster.events("llama")[0]["message"]
+
+    refusing = False  # the next pass gets through: status and the phase's Event follow
+    await cluster.patch_pod(pods[0]["metadata"]["name"], {"metadata": {"labels": {"n": "ok"}}})
+    await eventually(lambda: (cluster.md("llama") or {}).get("status"), what="a status")
+    await eventually(
+        lambda: ours(cluster.events("llama")) == ["ReconcileError", "PhasePending"],
+        what="the PhasePending event after the error",
+    )
 
 
 async def test_deleting_the_model_deployment_deletes_its_pods(
