@@ -299,3 +299,34 @@ def test_operator_restart_mid_reconcile_converges(env: Env, operator: OperatorPr
         lambda: (s := env.status("restart")).get("replicas") == 4 and s, 60, "status.replicas 4"
     )
     assert st["observedGeneration"] == env.md("restart")["metadata"]["generation"]
+
+
+def test_a_source_a_sibling_publishes_feeds_a_new_deployment_at_once(env: Env) -> None:
+    """Issue 12: a ModelDeployment created right after a sibling published a Ready source of its
+    identity pulls from it; none of its replicas loads from storage. The sibling's source is
+    written here the way the operator publishes one (label, then status.sources): kwok runs no
+    worker, so no replica of this cluster can pass an inference probe itself."""
+    shared = {"uri": "file:///models/shared"}
+    env.create("feeder", replicas=0, model=shared, parallelism={"tensor": 2})
+    identity = wait_for(lambda: env.status("feeder").get("modelIdentity"), 30, "feeder identity")
+    env.kubectl("label", "-n", NS, "md/feeder", f"weightlift.dev/sources-of={identity}")
+    source = {
+        "pod": "feeder-pod-0",
+        "deployment": "feeder",
+        "address": "10.99.0.1:8000",
+        "modelIdentity": identity,
+        "ranks": [0, 1],
+    }
+    env.custom.patch_namespaced_custom_object_status(
+        GROUP, VERSION, NS, PLURAL, "feeder", {"status": {"sources": [source]}}
+    )
+
+    env.create("eater", replicas=2, model=shared, parallelism={"tensor": 2})
+    pods = env.wait_pods("eater", 2, timeout=60)
+    assert {p.metadata.labels[ROLE_LABEL] for p in pods} == {"Target"}
+    for pod in pods:
+        env_vars = {e.name: e.value for e in pod.spec.containers[0].env}
+        plan = json.loads(env_vars["WEIGHTLIFT_PLAN"])
+        assert [(p["pod"], p["address"]) for p in plan["peers"]] == [
+            ("feeder-pod-0", "10.99.0.1:8000")
+        ]
