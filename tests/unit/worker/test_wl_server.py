@@ -240,7 +240,8 @@ def test_worker_process_sigterm(demo_tp1: DemoModel, tmp_path: Path) -> None:
     )
     try:
         url = f"http://127.0.0.1:{plan.runtime.port}"
-        deadline = time.monotonic() + 60
+        # A readiness wait, not a speed check: imports crawl on a busy 2-core box.
+        deadline = time.monotonic() + 180
         while time.monotonic() < deadline:
             try:
                 if httpx.get(url + "/v2/health/ready", timeout=1).status_code == 200:
