@@ -87,6 +87,11 @@ def test_stop_pid_checks_the_program_before_signalling() -> None:
         [sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True
     )
     try:
+        # Popen returns once exec has begun, but the kernel sets the new argv a moment later
+        # (/proc/PID/cmdline reads empty until then): wait for it, briefly.
+        deadline = time.monotonic() + 10
+        while not pid_runs(proc.pid, sys.executable) and time.monotonic() < deadline:
+            time.sleep(0.01)
         assert pid_runs(proc.pid, sys.executable)
         # A pid file that names another program: the pid is not ours, nothing is sent.
         assert not pid_runs(proc.pid, "/usr/bin/not-this-program")
