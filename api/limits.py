@@ -52,7 +52,7 @@ NAME_MAX = 256
 REQUEST_MAX_BYTES = 512 * 1024  # above what the CRD admits: a backstop for unadmitted specs
 REQUEST_MAX_DEPTH = 8
 REQUEST_ITEMS = 8
-REQUEST_VALUES = 512
+REQUEST_VALUES = 1024  # as many as an expected output holds; the demo probes 2 x 512
 
 
 def json_depth(value: object, limit: int) -> int:
