@@ -11,6 +11,8 @@ BENCHMARKS = {
     "p2p": "weightlift.bench.p2p:p2p_command",
     "operator": "weightlift.bench.operator:operator_command",
     "vllm": "weightlift.bench.vllm:vllm_command",
+    "chaos": "weightlift.bench.chaos:chaos_command",
+    "fuzz": "weightlift.bench.fuzz:fuzz_command",
 }
 
 
@@ -28,4 +30,4 @@ class _LazyBench(click.Group):
 
 @click.group(cls=_LazyBench)
 def bench_group() -> None:
-    """Benchmarks (tables, JSON and PNG): load, p2p, operator, vllm."""
+    """Benchmarks (tables, JSON and PNG): load, p2p, operator, vllm; chaos and fuzz (faults, hostile input)."""

@@ -42,7 +42,7 @@ import click
 import httpx
 import yaml
 
-from weightlift.local.procs import child_options, pid_runs, stop_pid
+from weightlift.local.procs import child_options, pid_runs, stop_group, stop_pid
 
 # Pinned versions. hack/build-controlplane.sh and hack/install_tools.py carry the same values
 # (tests/integration/test_cluster_live.py checks they agree).
@@ -338,6 +338,8 @@ class ControlPlane:
         self.pids_file = self.state_dir / "pids.json"
         self.info_file = self.state_dir / "cluster.json"
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
+        self._argv: dict[str, list[str]] = {}  # what each component was started with
+        self._info: ClusterInfo | None = None
 
     # -- context manager
     def __enter__(self) -> ClusterInfo:
@@ -505,6 +507,7 @@ class ControlPlane:
             self._save_pids()
             self.down()
             raise
+        self._info = info
         self.info_file.write_text(
             json.dumps(
                 {**info.to_json(), "upSeconds": round(time.monotonic() - started, 2)}, indent=2
@@ -536,6 +539,20 @@ class ControlPlane:
         with contextlib.suppress(FileNotFoundError):
             self.pids_file.unlink()
         return stopped
+
+    def restart(self, name: str, down_seconds: float = 0.0) -> None:
+        """Stop one component (SIGTERM, as a node reboot or an upgrade would), leave it down for
+        `down_seconds`, start it again with the same flags and wait until it answers (the chaos
+        bench restarts the kube-apiserver under a running operator)."""
+        proc, argv = self._procs.get(name), self._argv.get(name)
+        if proc is None or argv is None or self._info is None:
+            raise ControlPlaneError(f"{name} was not started by this ControlPlane")
+        stop_group(proc, grace=10.0)
+        time.sleep(down_seconds)
+        self._start(name, argv)
+        if name == "kube-apiserver":
+            info = self._info
+            self._wait_http(name, f"{info.server}/readyz", token=info.token)
 
     def running(self) -> dict[str, int]:
         """name -> pid of the components recorded in the state dir that are still alive."""
@@ -586,6 +603,7 @@ class ControlPlane:
         finally:
             log.close()
         self._procs[name] = proc
+        self._argv[name] = list(argv)
         self._save_pids()
 
     def _save_pids(self) -> None:

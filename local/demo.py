@@ -183,6 +183,42 @@ class LocalStack:
                 argv, **child_options(out, env=env, die_with=signal.SIGTERM)
             )
 
+    # -- faults (the chaos bench): each leaves the stack whole again, or says why not
+    @property
+    def operator_pid(self) -> int | None:
+        return self._operator.pid if self._operator is not None else None
+
+    def kill_operator(self) -> None:
+        """SIGKILL the operator (no cleanup, no kopf shutdown): what a node crash does."""
+        if self._operator is not None:
+            stop_group(self._operator, grace=0.0, first=signal.SIGKILL)
+            self._operator = None
+
+    def restart_operator(self) -> None:
+        if self._operator is not None:
+            stop_group(self._operator, grace=15.0)
+        self._start_operator()
+
+    def restart_apiserver(self, down_seconds: float = 2.0) -> None:
+        self._cluster.restart("kube-apiserver", down_seconds=down_seconds)
+
+    def replace_node(self, down_seconds: float = 2.0) -> None:
+        """Lose the process node (every worker process killed, its Node deleted), then bring a
+        fresh one up under the same name, as a rebooted machine rejoins."""
+        if self._node_started:
+            self.node.stop(timeout=20.0)
+            self._node_started = False
+        time.sleep(down_seconds)
+        self.node = ProcessNode(
+            self.kubeconfig,
+            self.node_name,
+            self.state_dir / "node",
+            gpus=self.gpus,
+            extra_env=dict(self.worker_env),
+        )
+        self.node.start()
+        self._node_started = True
+
     def operator_log_tail(self, lines: int = 40) -> str:
         try:
             text = (self.state_dir / "operator.log").read_text(errors="replace").splitlines()

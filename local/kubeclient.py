@@ -124,8 +124,8 @@ class Kube:
                 return None
             raise
 
-    def create(self, path: str, body: JSON) -> JSON:
-        return self._check(self._client.post(path, json=body), f"POST {path}")
+    def create(self, path: str, body: JSON, params: dict[str, str] | None = None) -> JSON:
+        return self._check(self._client.post(path, json=body, params=params), f"POST {path}")
 
     def replace(self, path: str, body: JSON) -> JSON:
         return self._check(self._client.put(path, json=body), f"PUT {path}")

@@ -39,7 +39,7 @@ from aiohttp import web
 from weightlift.api.model import Engine
 from weightlift.api.storage import ModelUri
 from weightlift.api.worker import HookReport, WorkerPhase, WorkerPlan
-from weightlift.worker.hooks import HookError, InitHookSession, run_init_hooks
+from weightlift.worker.hooks import INIT_SYMBOL, HookError, InitHookSession, run_init_hooks
 from weightlift.worker.loaders.base import Loader, LoadError, LoadProgress
 from weightlift.worker.loaders.files import shard_index
 from weightlift.worker.loaders.header import SafetensorsFormatError
@@ -224,17 +224,33 @@ class Worker:
         hooks = self.plan.init_hooks
         if hooks is not None:
             dev_indices = [r for r in self.plan.ranks]
+            limit = self.plan.loading.load_timeout_seconds
+            where = f"init hook {hooks.library} ({INIT_SYMBOL}, model dir {self.plan.model_dir})"
+            # Native code can kill the process (a segfault) before Python can say anything: the
+            # termination message names the library until the call returns.
+            _write_termination_log(f"the worker died inside {where}")
             try:
-                session: InitHookSession = await _in_daemon_thread(
-                    run_init_hooks, hooks, self.plan.model_dir, dev_indices
+                session: InitHookSession = await asyncio.wait_for(
+                    _in_daemon_thread(run_init_hooks, hooks, self.plan.model_dir, dev_indices),
+                    timeout=limit,
                 )
                 self.hooks = session
+            except TimeoutError:
+                # The thread stays stuck in native code; the process exits after the failure.
+                exc = HookError(f"{where} did not return within {limit}s (loadTimeoutSeconds)")
+                rep.hooks = [
+                    HookReport(library=hooks.library, device_index=d, ok=False, message=str(exc))
+                    for d in dev_indices
+                ]
+                raise exc from None
             except HookError as exc:
                 rep.hooks = [
                     HookReport(library=hooks.library, device_index=d, ok=False, message=str(exc))
                     for d in dev_indices
                 ]
                 raise
+            finally:
+                _write_termination_log("")
             rep.hooks = list(session.reports)
         rep.hooks_run = True
 

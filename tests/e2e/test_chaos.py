@@ -1,0 +1,30 @@
+"""The fast subset of `weightlift bench chaos` on the session's stack: each scenario injects a
+fault into the real control plane, operator or model files and must end converged, with no
+orphan pod or worker process and no replica Ready with wrong weights."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from weightlift.bench.chaos import SCENARIOS, Models, run_scenario, scenario
+from weightlift.local.demo import LocalStack
+
+FAST = [s.name for s in SCENARIOS if s.fast]
+
+
+@pytest.fixture(scope="module")
+def chaos_models(e2e_dir: Path, demo_model: tuple[Path, dict[str, Any]]) -> Models:
+    return Models(e2e_dir / "chaos", good=demo_model[0])
+
+
+@pytest.mark.parametrize("name", FAST)
+def test_fault_scenario_converges(stack: LocalStack, chaos_models: Models, name: str) -> None:
+    index, sc = scenario(name)
+    result = run_scenario(stack, chaos_models, sc, index)
+    assert result.converged, result
+    assert result.orphans == 0, result
+    assert result.wrong_weights == 0, result
+    stack.check_operator()

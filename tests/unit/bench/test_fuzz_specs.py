@@ -1,0 +1,50 @@
+"""The spec generator of `weightlift bench fuzz`: built from the CRD schema, mutations land where
+they say, and a refusal counts as naming the field only when it does."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from weightlift.api.model import ModelDeploymentSpec
+from weightlift.bench.fuzz_specs import (
+    FUZZ_SELECTOR,
+    Mutation,
+    base_spec,
+    leaves,
+    mutable_fields,
+    names_a_field,
+    spec_schema,
+    specs,
+)
+
+
+def test_fields_come_from_the_crd_schema() -> None:
+    paths = {f.path for f in leaves(spec_schema())}
+    assert ("model", "uri") in paths
+    assert ("template", "env", "[]", "name") in paths
+    assert ("loading", "preload", "threads") in paths
+    fuzzed = {f.path for f in mutable_fields(spec_schema())}
+    assert not any(p[:2] == ("template", "nodeSelector") for p in fuzzed)
+
+
+def test_the_base_spec_is_valid() -> None:
+    ModelDeploymentSpec.model_validate(base_spec("/m"))
+
+
+@settings(max_examples=200, deadline=None, database=None)
+@given(drawn=specs(mutable_fields(spec_schema()), "/m"))
+def test_generated_specs_keep_off_every_node(drawn: tuple[dict[str, Any], list[Mutation]]) -> None:
+    """A template the schema admits always carries the selector no node matches."""
+    spec, _ = drawn
+    if isinstance(spec.get("template"), dict):
+        assert spec["template"]["nodeSelector"] == FUZZ_SELECTOR
+
+
+def test_names_a_field() -> None:
+    muts = [Mutation(("template", "env", "[]", "name"), "LD_PRELOAD", False)]
+    assert names_a_field('spec.template.env[0].name: Invalid value: "LD_PRELOAD"', muts)
+    assert names_a_field("name: reserved for the worker", muts)
+    assert not names_a_field("Internal error occurred", muts)
