@@ -158,7 +158,9 @@ class WeightsWatch(threading.Thread):
             except httpx.HTTPError:
                 continue  # gone between the status read and the request: not a wrong answer
             self.checked.add(pod)
-            if r.status_code == 200 and not outputs_match(r.json().get("outputs") or [], self.probe):
+            if r.status_code == 200 and not outputs_match(
+                r.json().get("outputs") or [], self.probe
+            ):
                 self.wrong.add(pod)
 
 
@@ -382,9 +384,7 @@ class Run:
         return " | ".join(m for m in msgs if m)[:400]
 
     def _node_pods(self) -> list[str]:
-        return [
-            k for k in self.stack.node.pods() if k.split("/")[1].startswith(f"{self.name}-")
-        ]
+        return [k for k in self.stack.node.pods() if k.split("/")[1].startswith(f"{self.name}-")]
 
 
 @dataclass(frozen=True)
@@ -408,9 +408,14 @@ def _operator_killed(run: Run) -> None:
 def _source_signalled(sig: signal.Signals, stopped_for: float) -> Callable[[Run], None]:
     def inject(run: Run) -> None:
         run.deploy(replicas=3)
-        run.wait("a target pulling", lambda: run.pod_phase_seen({"Loading"}, 1) and bool(
-            [r for r in run.replicas() if r.get("role") == "Target"]
-        ) and run.worker_pid("Source", {"Ready", "Serving"}) is not None)
+        run.wait(
+            "a target pulling",
+            lambda: (
+                run.pod_phase_seen({"Loading"}, 1)
+                and bool([r for r in run.replicas() if r.get("role") == "Target"])
+                and run.worker_pid("Source", {"Ready", "Serving"}) is not None
+            ),
+        )
         pid = run.worker_pid("Source", {"Ready", "Serving"})
         assert pid is not None
         run.fault_at = time.monotonic()
@@ -522,8 +527,9 @@ def run_scenario(stack: LocalStack, models: Models, scenario: Scenario, index: i
     converged, seconds, detail = False, None, ""
     try:
         scenario.inject(run)
-        if scenario.refuses is not None:
-            run.wait(f"status naming {scenario.refuses!r}", lambda: run.refused(scenario.refuses))
+        what = scenario.refuses
+        if what is not None:
+            run.wait(f"status naming {what!r}", lambda: run.refused(what))
         else:
             run.wait(f"{scenario.replicas} Ready", lambda: run.converged(scenario.replicas))
         seconds = round(time.monotonic() - run.fault_at, 1)

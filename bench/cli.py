@@ -30,4 +30,4 @@ class _LazyBench(click.Group):
 
 @click.group(cls=_LazyBench)
 def bench_group() -> None:
-    """Benchmarks (tables, JSON and PNG): load, p2p, operator, vllm; chaos and fuzz (faults, hostile input)."""
+    """Benchmarks (tables, JSON and PNG): load, p2p, operator, vllm, chaos, fuzz."""

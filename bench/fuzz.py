@@ -59,7 +59,9 @@ def fuzz_headers(n: int, seed: int | None = 0, work: Path | None = None) -> Head
     return counts
 
 
-def fuzz_specs(stack: Any, n: int, seed: int | None = 0, model_prefix: str = "/models") -> SpecCounts:
+def fuzz_specs(
+    stack: Any, n: int, seed: int | None = 0, model_prefix: str = "/models"
+) -> SpecCounts:
     """`stack`: a LocalStack (kube, namespace, operator log). Admitted specs are deleted again in
     batches, after the operator had them for a while."""
     from weightlift.local.demo import md_path
@@ -93,9 +95,7 @@ def fuzz_specs(stack: Any, n: int, seed: int | None = 0, model_prefix: str = "/m
             "spec": spec,
         }
         try:
-            stack.kube.create(
-                md_path(stack.namespace), body, params={"fieldValidation": "Strict"}
-            )
+            stack.kube.create(md_path(stack.namespace), body, params={"fieldValidation": "Strict"})
         except KubeError as exc:
             if exc.status == 422 or exc.status == 400:
                 if names_a_field(exc.body, muts):

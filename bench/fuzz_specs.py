@@ -107,9 +107,7 @@ def _invalid(schema: JSON) -> st.SearchStrategy[Any]:
 def _type_of(v: Any) -> str:
     if isinstance(v, bool):
         return "boolean"
-    return {int: "integer", float: "number", str: "string", list: "array", dict: "object"}[
-        type(v)
-    ]
+    return {int: "integer", float: "number", str: "string", list: "array", dict: "object"}[type(v)]
 
 
 def _filler(schema: JSON) -> Any:

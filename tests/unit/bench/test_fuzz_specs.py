@@ -6,7 +6,6 @@ from __future__ import annotations
 from typing import Any
 
 from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from weightlift.api.model import ModelDeploymentSpec
 from weightlift.bench.fuzz_specs import (

@@ -19,9 +19,7 @@ EXIT_DEADLINE = 240
 
 
 def _run_worker(model: Path, library: str, tmp_path: Path) -> tuple[int, str]:
-    plan = make_plan(
-        model, initHooks={"library": library}, loading={"loadTimeoutSeconds": 10}
-    )
+    plan = make_plan(model, initHooks={"library": library}, loading={"loadTimeoutSeconds": 10})
     term = tmp_path / "termination-log"
     env = dict(
         os.environ,
