@@ -397,7 +397,7 @@ class Scenario:
 
 
 def _operator_killed(run: Run) -> None:
-    run.deploy(replicas=3)
+    run.deploy(replicas=2)
     run.wait("a replica loading", lambda: run.pod_phase_seen({"InitHooks", "Loading", "Serving"}))
     run.stack.kill_operator()
     time.sleep(2.0)
@@ -497,7 +497,7 @@ def _swapped_program(run: Run) -> None:
 
 
 SCENARIOS: tuple[Scenario, ...] = (
-    Scenario("operator-sigkill-mid-rollout", _operator_killed, replicas=3, fast=True),
+    Scenario("operator-sigkill-mid-rollout", _operator_killed, replicas=2, fast=True),
     Scenario("source-sigkill-while-pulling", _source_signalled(signal.SIGKILL, 0), replicas=3),
     Scenario("source-sigstop-while-pulling", _source_signalled(signal.SIGSTOP, 20), replicas=3),
     Scenario("apiserver-restart-while-loading", _apiserver_restarted, replicas=3),

@@ -139,11 +139,16 @@ def _set(spec: JSON, path: tuple[str, ...], value: Any, remove: bool) -> None:
         nxt = path[i + 1]
         if key == "[]":
             continue
+        if not isinstance(node, dict):  # an earlier mutation put a scalar here
+            return
         child = node.get(key)
         if nxt == "[]":
+            deeper = bool(path[i + 2 :])
             if not isinstance(child, list) or not child:
-                child = [{}] if path[i + 2 :] else [None]
+                child = [{}] if deeper else [None]
                 node[key] = child
+            if deeper and not isinstance(child[0], dict):
+                child[0] = {}
             node = child[0]
         else:
             if not isinstance(child, dict):

@@ -1210,6 +1210,11 @@ class ProcessNode:
             {int(p["containerPort"]) for c in pod["spec"]["containers"] for p in c.get("ports", [])}
         )
         used = set(self._ips.values())
+        # A pod's IPs are immutable once set: a node that comes back (a new ProcessNode under the
+        # same name) runs an already-started pod on the address it had.
+        recorded = (pod.get("status") or {}).get("podIP")
+        if recorded and recorded not in used:
+            return str(recorded)
         for _ in range(20000):
             ip = next(self._ip_iter)
             if ip in used:

@@ -47,3 +47,19 @@ def test_names_a_field() -> None:
     assert names_a_field('spec.template.env[0].name: Invalid value: "LD_PRELOAD"', muts)
     assert names_a_field("name: reserved for the worker", muts)
     assert not names_a_field("Internal error occurred", muts)
+
+
+def test_mutations_stack_on_earlier_ones() -> None:
+    """A later mutation below a field an earlier one turned into a scalar or a list of scalars
+    (the case that once crashed the generator)."""
+    from weightlift.bench.fuzz_specs import _set
+
+    spec: dict[str, Any] = {"template": {"env": [None]}}
+    _set(spec, ("template", "env", "[]", "name"), "A", False)
+    assert spec["template"]["env"] == [{"name": "A"}]
+    spec = {"template": 7}
+    _set(spec, ("template", "env", "[]", "name"), "A", False)
+    assert spec == {"template": {"env": [{"name": "A"}]}}
+    spec = {"probe": {"request": "x"}}
+    _set(spec, ("probe", "request", "inputs", "[]", "shape", "[]"), 1, False)
+    assert spec["probe"]["request"] == {"inputs": [{"shape": [None]}]}
