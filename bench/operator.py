@@ -28,8 +28,9 @@ from typing import Any
 
 import click
 
+from weightlift.api.labels import DEPLOYMENT_LABEL, ROLE_LABEL
 from weightlift.api.model import GROUP, PLURAL, VERSION
-from weightlift.bench import apiaudit, simworkers
+from weightlift.bench import apiaudit, memtrace, simworkers
 from weightlift.bench.operator_profile import top_functions
 from weightlift.bench.operator_stack import NAMESPACE, PROFILERS, BenchStack, ProcessMeter
 from weightlift.bench.watch import AsyncKube
@@ -47,6 +48,7 @@ class Timeline:
     pod_seen: dict[str, float] = field(default_factory=dict)
     pod_scheduled: dict[str, float] = field(default_factory=dict)
     pod_ready: dict[str, float] = field(default_factory=dict)
+    pod_owner: dict[str, tuple[str, str]] = field(default_factory=dict)  # -> (deployment, role)
 
     def on_md(self, event: dict[str, Any]) -> None:
         obj = event["object"]
@@ -57,11 +59,86 @@ class Timeline:
         obj, now = event["object"], time.time()
         name = obj["metadata"]["name"]
         self.pod_seen.setdefault(name, now)
+        labels = obj["metadata"].get("labels") or {}
+        if name not in self.pod_owner and DEPLOYMENT_LABEL in labels:
+            self.pod_owner[name] = (labels[DEPLOYMENT_LABEL], labels.get(ROLE_LABEL, ""))
         if (obj.get("spec") or {}).get("nodeName"):
             self.pod_scheduled.setdefault(name, now)
         conditions = (obj.get("status") or {}).get("conditions") or []
         if any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions):
             self.pod_ready.setdefault(name, now)
+
+    def phases(self) -> dict[str, list[float]]:
+        """Per deployment, the seconds each step of its way to Ready took, and who owns the
+        step: [operator] steps are the operator's reaction (from what it saw to what it wrote);
+        [scheduler] and [kwok] steps belong to the control plane (kwok plays the kubelets).
+        A step missing for a deployment (not reached in time) is left out."""
+        pods: dict[str, list[str]] = {}
+        for pod, (deployment, _role) in self.pod_owner.items():
+            pods.setdefault(deployment, []).append(pod)
+        steps: dict[str, list[float]] = {key: [] for key in PHASES}
+        for deployment, created in self.md_created.items():
+            mine = sorted(pods.get(deployment, []), key=lambda p: self.pod_seen[p])
+            if not mine:
+                continue
+            first = mine[0]  # the source: created first, alone
+            later = mine[1:]
+            self._step(steps, "first pod created [operator]", created, self.pod_seen.get(first))
+            self._pod_steps(steps, "first pod", [first])
+            if later:
+                first_ready = self.pod_ready.get(first)
+                rest_seen = max(self.pod_seen[p] for p in later)
+                self._step(
+                    steps, "first Ready -> others created [operator]", first_ready, rest_seen
+                )
+                self._pod_steps(steps, "other pods", later)
+            if all(p in self.pod_ready for p in mine):
+                last_ready = max(self.pod_ready[p] for p in mine)
+                ready = self.md_ready.get(deployment)
+                self._step(
+                    steps, "all pods Ready -> deployment Ready [operator]", last_ready, ready
+                )
+        return steps
+
+    def _pod_steps(self, steps: dict[str, list[float]], label: str, pods: list[str]) -> None:
+        """created -> scheduled -> Ready of a group of pods: its slowest pod's."""
+        for start, end, owner in (
+            (self.pod_seen, self.pod_scheduled, "scheduled [scheduler]"),
+            (self.pod_scheduled, self.pod_ready, "Ready in kwok [kwok]"),
+        ):
+            lags = [end[p] - start[p] for p in pods if p in start and p in end]
+            if len(lags) == len(pods):
+                steps[f"{label} {owner}"].append(max(lags))
+
+    @staticmethod
+    def _step(
+        steps: dict[str, list[float]], key: str, start: float | None, end: float | None
+    ) -> None:
+        if start is not None and end is not None:
+            steps[key].append(max(0.0, end - start))
+
+
+PHASES = (
+    "first pod created [operator]",
+    "first pod scheduled [scheduler]",
+    "first pod Ready in kwok [kwok]",
+    "first Ready -> others created [operator]",
+    "other pods scheduled [scheduler]",
+    "other pods Ready in kwok [kwok]",
+    "all pods Ready -> deployment Ready [operator]",
+)
+
+
+def spread(values: list[float]) -> dict[str, float | None]:
+    """Median, 90th percentile and maximum of per-object seconds."""
+    ordered = sorted(values)
+    if not ordered:
+        return {"p50": None, "p90": None, "max": None}
+
+    def at(frac: float) -> float:
+        return round(ordered[min(len(ordered) - 1, int(frac * len(ordered)))], 2)
+
+    return {"p50": at(0.5), "p90": at(0.9), "max": round(ordered[-1], 2)}
 
 
 def manifest(index: int, replicas: int, tensor: int, port: int, period: int) -> dict[str, Any]:
@@ -138,6 +215,8 @@ async def run_bench(
         await asyncio.sleep(0.5)  # both watches open before the first create
         load = MachineLoad()
         cpu0 = meter.cpu_seconds()
+        components = {name: ProcessMeter(pid) for name, pid in stack.component_pids().items()}
+        component_cpu0 = {name: m.cpu_seconds() for name, m in components.items()}
         start = time.time()
         port = stack.worker_port
         manifests = [manifest(i, replicas, tensor, port, period) for i in range(deployments)]
@@ -151,6 +230,9 @@ async def run_bench(
         ready_at = time.time()
         all_ready = len(timeline.md_ready) == deployments
         ramp_cpu = meter.cpu_seconds() - cpu0
+        component_cpu = {
+            name: round(m.cpu_seconds() - component_cpu0[name], 1) for name, m in components.items()
+        }
         ramp_load = load.busy()
         say(
             f"{len(timeline.md_ready)}/{deployments} Ready after {ready_at - start:.1f}s; "
@@ -203,6 +285,8 @@ async def run_bench(
             "pods_ready_in_kwok": quantiles(timeline.pod_ready, start, total_pods),
             "deployments_ready": quantiles(timeline.md_ready, start, deployments),
         },
+        "phases_seconds": {key: spread(v) for key, v in timeline.phases().items()},
+        "ramp_cpu_seconds_by_process": dict(sorted(component_cpu.items(), key=lambda kv: -kv[1])),
         "operator": {
             "ramp_cpu_seconds": round(ramp_cpu, 2),
             "ramp_cpu_cores": round(ramp_cpu / max(0.01, ready_at - start), 2),
@@ -212,6 +296,7 @@ async def run_bench(
         },
         "api_requests": {
             "ramp_total": len(ramp),
+            "ramp_per_deployment": round(len(ramp) / deployments, 2),
             "ramp_by_kind": dict(sorted(apiaudit.by_kind(ramp).items())),
             "steady_per_second": round(len(steady) / steady_span, 2),
             "steady_per_second_by_kind": rates(apiaudit.by_kind(steady)),
@@ -240,6 +325,12 @@ def render(result: dict[str, Any], command: str) -> str:
     for label, q in r["milestones_seconds"].items():
         cells = "".join(f"{'-' if v is None else v:>8}" for v in q.values())
         lines.append(f"{label.replace('_', ' '):<34}{cells}")
+    lines += ["", f"{'per deployment, seconds of each step':<52}{'50%':>8}{'90%':>8}{'max':>8}"]
+    for label, q in r["phases_seconds"].items():
+        cells = "".join(f"{'-' if v is None else v:>8}" for v in q.values())
+        lines.append(f"{label:<52}{cells}")
+    lines += ["", "CPU seconds in the ramp by process (all share the machine's cores):"]
+    lines += [f"  {name:<36}{cpu}" for name, cpu in r["ramp_cpu_seconds_by_process"].items()]
     ready = r["seconds_to_all_ready"]
     verdict = "not all Ready" if ready is None else f"{ready:.1f}s (target < {TARGET_SECONDS:.0f}s)"
     lines += [
@@ -248,8 +339,10 @@ def render(result: dict[str, Any], command: str) -> str:
         f"{r['ready_deployments']}/{r['deployments']} Ready",
         f"operator CPU, ramp            {op['ramp_cpu_seconds']} s ({op['ramp_cpu_cores']} cores)",
         f"operator CPU, steady          {op['steady_cpu_cores']} cores",
-        f"operator peak RSS             {op['peak_rss_mb']} MB (target < {TARGET_RSS_MB:.0f} MB)",
-        f"API requests, ramp            {api['ramp_total']}; errors in the run: {api['errors']}",
+        f"operator peak RSS             {op['peak_rss_mb']} MB (target < {TARGET_RSS_MB:.0f} MB; "
+        f"MALLOC_ARENA_MAX {op.get('malloc_arena_max', '?')})",
+        f"API requests, ramp            {api['ramp_total']} ({api['ramp_per_deployment']} per "
+        f"deployment); errors in the run: {api['errors']}",
         f"API requests/s, steady        {api['steady_per_second']}",
     ]
     for kind, rate in api["steady_per_second_by_kind"].items():
@@ -268,6 +361,9 @@ def render(result: dict[str, Any], command: str) -> str:
     if "profile_top" in r:
         lines += ["", "operator profile (self time, top functions):"]
         lines += [f"  {share:5.1f}%  {name}" for name, share in r["profile_top"]]
+    if "memory_top_mb" in r:
+        lines += ["", "operator heap at its largest (tracemalloc, MB):"]
+        lines += [f"  {mb:7.2f}  {where}" for where, mb in r["memory_top_mb"]]
     return "\n".join(lines)
 
 
@@ -281,12 +377,25 @@ def render(result: dict[str, Any], command: str) -> str:
 @click.option("--timeout", type=float, default=600.0, show_default=True, help="Ramp limit.")
 @click.option("--profile", type=click.Choice(PROFILERS), default="none", show_default=True)
 @click.option(
+    "--malloc-arena-max",
+    type=click.IntRange(0, 64),
+    default=2,
+    show_default=True,
+    help="The operator's MALLOC_ARENA_MAX, as the chart sets it (0: glibc's default).",
+)
+@click.option(
     "--state-dir",
     type=click.Path(file_okay=False, path_type=Path),
     default=Path(".state/bench-operator"),
     show_default=True,
 )
 @click.option("--json-out", type=click.Path(dir_okay=False, path_type=Path), default=None)
+@click.option(
+    "--floor",
+    is_flag=True,
+    help="No operator: the bench creates the operator's pods itself and times the control "
+    "plane alone (the floor under any operator on this machine).",
+)
 def operator_command(
     deployments: int,
     replicas: int,
@@ -296,8 +405,10 @@ def operator_command(
     steady_seconds: float,
     timeout: float,
     profile: str,
+    malloc_arena_max: int,
     state_dir: Path,
     json_out: Path | None,
+    floor: bool,
 ) -> None:
     """Time N ModelDeployments x R replicas to Ready against the real operator."""
     if tensor_parallel > gpus_per_node:
@@ -310,7 +421,19 @@ def operator_command(
         gpus_per_pod=tensor_parallel,
         gpus_per_node=gpus_per_node,
         profiler=profile,
+        malloc_arena_max=malloc_arena_max,
     )
+    if floor:
+        from weightlift.bench.operator_floor import render_floor, run_floor
+
+        with stack:
+            args = (stack, deployments, replicas, tensor_parallel, timeout, click.echo)
+            floor_result = asyncio.run(run_floor(*args))
+        floor_result["command"] = command
+        out = json_out or state_dir / "floor.json"
+        out.write_text(json.dumps(floor_result, indent=2) + "\n")
+        click.echo(render_floor(floor_result, command))
+        return
     with stack:
         click.echo(f"control plane up ({len(stack.info.nodes)} kwok nodes); starting the operator")
         stack.start_operator()
@@ -327,10 +450,14 @@ def operator_command(
             )
         )
         stack.stop_operator()
-    if profile != "none":
+    if profile == "tracemalloc":
+        result["memory_top_mb"] = memtrace.summary(stack.profile_path)
+        result["profile_file"] = str(stack.profile_path)
+    elif profile != "none":
         result["profile_top"] = top_functions(stack.profile_path, profile)
         result["profile_file"] = str(stack.profile_path)
     result["command"] = command
+    result["operator"]["malloc_arena_max"] = malloc_arena_max or "glibc default"
     out = json_out or state_dir / "result.json"
     out.write_text(json.dumps(result, indent=2) + "\n")
     click.echo(render(result, command))

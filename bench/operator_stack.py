@@ -31,7 +31,7 @@ from weightlift.local.procs import child_options, stop_group
 NAMESPACE = "wl-bench"
 OPERATOR_SA = "weightlift-operator"
 OPERATOR_USER = f"system:serviceaccount:{NAMESPACE}:{OPERATOR_SA}"
-PROFILERS = ("none", "py-spy", "cprofile")
+PROFILERS = ("none", "py-spy", "cprofile", "tracemalloc")
 # kwok plays every kubelet of the cluster; its default (4 pods at a time) made pods wait ~35 s
 # for Running at 400 pods, time no real cluster of 13+ nodes would spend.
 KWOK_POD_PARALLELISM = 64
@@ -91,6 +91,7 @@ class BenchStack:
     gpus_per_pod: int
     gpus_per_node: int
     profiler: str = "none"
+    malloc_arena_max: int = 0  # the operator's MALLOC_ARENA_MAX (0: glibc's default)
 
     worker_port: int = field(init=False, default=0)
     info: ClusterInfo = field(init=False)
@@ -106,7 +107,9 @@ class BenchStack:
 
     @property
     def profile_path(self) -> Path:
-        suffix = {"py-spy": "pyspy.txt", "cprofile": "prof"}.get(self.profiler, "none")
+        suffix = {"py-spy": "pyspy.txt", "cprofile": "prof", "tracemalloc": "tracemalloc"}.get(
+            self.profiler, "none"
+        )
         return self.state_dir / f"operator.{suffix}"
 
     def __enter__(self) -> BenchStack:
@@ -228,12 +231,17 @@ class BenchStack:
         argv += ["--model-path-prefix", "/models"]
         if self.profiler == "cprofile":
             argv = [sys.executable, "-m", "cProfile", "-o", str(self.profile_path), *argv[1:]]
+        elif self.profiler == "tracemalloc":
+            memtrace = [sys.executable, "-m", "weightlift.bench.memtrace", str(self.profile_path)]
+            argv = [*memtrace, *argv[2:]]
         elif self.profiler == "py-spy":
             spy = str(Path(sys.executable).parent / "py-spy")
             record = [spy, "record", "--format", "raw", "--full-filenames", "--nonblocking"]
             record += ["--rate", "50"]
             argv = [*record, "--output", str(self.profile_path), "--", *argv]
         env = {**os.environ, "KUBECONFIG": str(self.operator_kubeconfig), "PYTHONUNBUFFERED": "1"}
+        if self.malloc_arena_max:
+            env["MALLOC_ARENA_MAX"] = str(self.malloc_arena_max)
         self._operator = self._spawn(argv, self.state_dir / "operator.log", env)
         pid = self._operator.pid
         self.operator_pid = _python_descendant(pid) if self.profiler == "py-spy" else pid
@@ -245,6 +253,16 @@ class BenchStack:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"operator opened no watch on {wanted} within {timeout}s")
             time.sleep(0.2)
+
+    def component_pids(self) -> dict[str, int]:
+        """Every process of the benchmark by name: the operator, the simulated workers and the
+        control plane's components (for their CPU seconds)."""
+        assert self._cluster is not None
+        return {
+            "operator": self.operator_pid,
+            "simworkers": self.sim_pid,
+            **self._cluster.running(),
+        }
 
     def operator_alive(self) -> bool:
         return self._operator is not None and self._operator.poll() is None
