@@ -49,17 +49,20 @@ def _state(memo: Any) -> OperatorState:
     return state
 
 
+# The indexers are coroutines: kopf runs a plain function in a thread, one hop per watch event.
 @kopf.index(GROUP, VERSION, PLURAL)
-def published_sources(
+async def published_sources(
     namespace: str | None, status: kopf.Status, **_: Any
 ) -> dict[str | None, list[Any]]:
     """Every ModelDeployment's status.sources by namespace, kept current by kopf's watch: a
-    reconcile finds sibling sources without listing ModelDeployments each pass."""
-    return {namespace: list(status.get("sources") or [])}
+    reconcile finds sibling sources without listing ModelDeployments each pass. Deployments
+    publishing nothing are not in it."""
+    sources = list(status.get("sources") or [])
+    return {namespace: sources} if sources else {}
 
 
 @kopf.index("", "v1", "pods", labels=MANAGED_BY)
-def pods_by_owner(body: kopf.Body, **_: Any) -> dict[str, dict[str, Any]]:
+async def pods_by_owner(body: kopf.Body, **_: Any) -> dict[str, dict[str, Any]]:
     """Worker pods by their ModelDeployment's uid, kept current by kopf's pod watch: a reconcile
     pass reads its pods from memory instead of listing them."""
     owners = body.metadata.get("ownerReferences", [])

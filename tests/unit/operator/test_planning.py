@@ -30,6 +30,7 @@ from weightlift.api.model import (
 from weightlift.api.times import rfc3339
 from weightlift.api.worker import WorkerReport
 from weightlift.operator.planning import (
+    POLL_PENDING,
     POLL_WHILE_LOADING,
     Observed,
     Plan,
@@ -773,7 +774,20 @@ def test_unschedulable_pods_surface_the_scheduler_message() -> None:
     assert message in scheduled.message
     entry = result.status.replica_statuses[0]
     assert entry.phase == "Pending" and entry.message == message
-    assert result.requeue_after == POLL_WHILE_LOADING
+    # The scheduler's next word comes as a pod event, which wakes the loop: no fast poll.
+    assert result.requeue_after == min(POLL_PENDING, 7.0)  # SPEC's probe period is 7 s
+
+
+def test_only_what_pod_events_do_not_show_is_polled_fast() -> None:
+    spec = make_spec(3)
+    # The source is pending and the others wait for it: pod events say when it moves.
+    pending = run(spec, observe([mkpod(spec, 0, Role.SOURCE, state="scheduled")]))
+    assert pending.status.waiting_since is not None and not pending.create
+    assert pending.requeue_after == min(POLL_PENDING, 7.0)
+    # A running worker's loading progress and its probe show only when asked.
+    for state in ("loading", "loaded", "probe-failed"):
+        moving = run(spec, observe([mkpod(spec, 0, Role.SOURCE, state=state)]))
+        assert moving.requeue_after == POLL_WHILE_LOADING, state
 
 
 def test_probing_phase_when_only_the_probe_is_missing() -> None:

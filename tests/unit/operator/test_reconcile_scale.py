@@ -1,18 +1,27 @@
-"""What keeps the operator's API traffic flat at scale (measured by `weightlift bench operator`):
-passes wait for pods they created to reach the index, probe times alone do not rewrite a status
-every period, and one LIST of nodes serves every pass that needs it."""
+"""What keeps the operator's API traffic and memory flat at scale (measured by `weightlift bench
+operator`): passes wait for pods they created to reach the index, probe times alone do not
+rewrite a status every period, one LIST of nodes serves every pass that needs it, the pod index
+keeps only what a pass reads, a serving worker's report is read with its probe, and the
+operator's own labels do not make kopf rewrite its diff base."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import threading
 import time
 from typing import Any, cast
 
+import httpx
+import kopf
 import pytest
 
+from weightlift.api.labels import REPLICA_LABEL, ROLE_LABEL, SOURCES_OF_LABEL
+from weightlift.api.model import ProbeResult
 from weightlift.operator import kube, reconcile
+from weightlift.operator.diffbase import DigestDiffBaseStorage
+from weightlift.operator.planning import SpecError
 from weightlift.operator.reconcile import OperatorState
 
 UID = "3c1f7c3e-0000-4000-8000-000000000001"
@@ -93,3 +102,115 @@ async def test_one_node_list_serves_every_waiting_pass(monkeypatch: pytest.Monke
     assert await asyncio.gather(*waiting) == [8] * 20
     assert calls == ["nvidia.com/gpu"]
     assert await state.max_node_gpus() == 8 and len(calls) == 1  # cached now
+
+
+def _full_pod() -> dict[str, Any]:
+    """A pod as the API server sends it after kwok ran it (the parts that weigh)."""
+    stamp = "2026-01-01T00:00:00Z"
+    conditions = [
+        {"type": kind, "status": "True", "lastProbeTime": None, "lastTransitionTime": stamp}
+        for kind in ("Initialized", "ContainersReady", "PodReadyToStartContainers", "Ready")
+    ]
+    conditions.append({"type": "PodScheduled", "status": "True", "lastTransitionTime": stamp})
+    return {
+        "metadata": {
+            "name": "llama-abc-0",
+            "namespace": "ns",
+            "uid": "uid-0",
+            "resourceVersion": "42",
+            "labels": {REPLICA_LABEL: "0", ROLE_LABEL: "Source", "app": "x"},
+            "annotations": {"weightlift.dev/plan": "{...}" * 100},
+            "ownerReferences": [{"kind": "ModelDeployment", "uid": UID}],
+            "managedFields": [{"manager": "kwok", "fieldsV1": {"f:status": {}}}] * 5,
+        },
+        "spec": {"nodeName": "gpu-0", "containers": [{"name": "worker", "env": []}] * 3},
+        "status": {
+            "phase": "Running",
+            "podIP": "127.244.0.7",
+            "conditions": conditions,
+            "containerStatuses": [{"name": "worker", "state": {"running": {"startedAt": stamp}}}],
+        },
+    }
+
+
+def test_the_pod_index_keeps_only_what_a_pass_reads() -> None:
+    pod = _full_pod()
+    slim = reconcile.pod_essentials(pod)
+    assert slim["metadata"] == {
+        "name": "llama-abc-0",
+        "uid": "uid-0",
+        "labels": {REPLICA_LABEL: "0", ROLE_LABEL: "Source"},
+    }
+    assert slim["spec"] == {"nodeName": "gpu-0"}
+    assert slim["status"]["conditions"] == [
+        {"type": "Ready", "status": "True"},
+        {"type": "PodScheduled", "status": "True"},
+    ]
+    assert slim["status"]["containerStatuses"] == []
+    assert len(json.dumps(slim)) * 5 < len(json.dumps(pod))
+    # What a pass concludes from the slim copy is what it concludes from the whole pod.
+    assert reconcile._pod_ready(slim) and reconcile._pod_ready(pod)
+    unschedulable = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}
+    pod["status"]["conditions"] = [{**unschedulable, "message": "0/4 nodes", "lastProbeTime": 1}]
+    pod["metadata"]["deletionTimestamp"] = "2026-01-01T00:01:00Z"
+    slim = reconcile.pod_essentials(pod)
+    assert reconcile._unschedulable(slim) == "0/4 nodes"
+    assert slim["metadata"]["deletionTimestamp"] == "2026-01-01T00:01:00Z"
+
+
+def test_a_terminated_container_keeps_its_message() -> None:
+    pod = _full_pod()
+    terminated = {"exitCode": 3, "reason": "Error", "message": "boom", "containerID": "x" * 80}
+    pod["status"]["containerStatuses"] = [{"name": "worker", "state": {"terminated": terminated}}]
+    slim = reconcile.pod_essentials(pod)
+    assert reconcile._termination(slim) == reconcile._termination(pod)
+    assert reconcile._termination(slim)[0] == "worker exited with code 3: boom"
+
+
+SERVING = {"phase": "Serving", "bytesLoaded": 1, "bytesTotal": 1}
+
+
+async def test_a_serving_workers_report_is_read_once_per_probe_period(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    reads: list[str] = []
+
+    def worker(request: httpx.Request) -> httpx.Response:
+        reads.append(request.url.path)
+        return httpx.Response(200, json=SERVING)
+
+    state = _state()
+    state.http = httpx.AsyncClient(transport=httpx.MockTransport(worker))
+    spec = reconcile.parse_spec(_body()["spec"])
+    assert not isinstance(spec, SpecError)
+    address = "127.244.0.7:8000"
+    # Loading (pod not Ready): read on every pass.
+    for _ in range(2):
+        report = await reconcile._report(state, "uid-0", address, spec, pod_ready=False)
+    assert report is not None and len(reads) == 2
+    # Serving, probe passed just now: the report is reused until the probe is due again.
+    await reconcile._report(state, "uid-0", address, spec, pod_ready=True)
+    state.probes["uid-0"] = (time.monotonic(), ProbeResult(passed=True, message="ok"))
+    for _ in range(3):
+        report = await reconcile._report(state, "uid-0", address, spec, pod_ready=True)
+    assert report is not None and report.phase == "Serving" and len(reads) == 3
+    # The probe is due: read again with it. A pod no longer Ready is read at once.
+    state.probes["uid-0"] = (time.monotonic() - 3600, ProbeResult(passed=True, message="ok"))
+    await reconcile._report(state, "uid-0", address, spec, pod_ready=True)
+    assert len(reads) == 4
+    state.probes["uid-0"] = (time.monotonic(), ProbeResult(passed=True, message="ok"))
+    await reconcile._report(state, "uid-0", address, spec, pod_ready=False)
+    assert len(reads) == 5 and "uid-0" not in state.reports
+    await state.http.aclose()
+
+
+def test_the_diff_base_ignores_the_operators_own_labels() -> None:
+    storage = DigestDiffBaseStorage(prefix="weightlift.dev", key="last-handled-configuration")
+    body = _body()
+    before = storage.build(body=kopf.Body(body))
+    body["metadata"]["labels"] = {SOURCES_OF_LABEL: "abc"}
+    body["status"] = {"phase": "Ready"}
+    assert storage.build(body=kopf.Body(body)) == before
+    body["spec"]["replicas"] = 3
+    assert storage.build(body=kopf.Body(body))["spec"] != before["spec"]
+    assert set(before) == {"spec"}
