@@ -41,9 +41,21 @@ def _json(response: Any) -> Any:
     return json.loads(response.data)
 
 
+def _done(response: Any) -> None:
+    """Read the unread body of a `_preload_content=False` response: only then does urllib3 put
+    the connection back in the pool. Unread, each write closed its connection and the next one
+    paid a new TLS handshake (a quarter of the operator's CPU at 1000 deployments, and the API
+    server's)."""
+    response.drain_conn()
+    response.release_conn()
+
+
 def patch_status(api: client.CustomObjectsApi, namespace: str, name: str, status: Obj) -> None:
-    api.patch_namespaced_custom_object_status(
-        GROUP, VERSION, namespace, PLURAL, name, {"status": status}
+    # The answer (the whole object) is not decoded: nothing reads it.
+    _done(
+        api.patch_namespaced_custom_object_status(
+            GROUP, VERSION, namespace, PLURAL, name, {"status": status}, _preload_content=False
+        )
     )
 
 
@@ -70,15 +82,17 @@ def patch_deployment_labels(
     api: client.CustomObjectsApi, namespace: str, name: str, labels: dict[str, str | None]
 ) -> None:
     """Merge-patch labels; a None value removes the label."""
-    api.patch_namespaced_custom_object(
-        GROUP,
-        VERSION,
-        namespace,
-        PLURAL,
-        name,
-        {"metadata": {"labels": labels}},
-        _content_type="application/merge-patch+json",
-        _preload_content=False,
+    _done(
+        api.patch_namespaced_custom_object(
+            GROUP,
+            VERSION,
+            namespace,
+            PLURAL,
+            name,
+            {"metadata": {"labels": labels}},
+            _content_type="application/merge-patch+json",
+            _preload_content=False,
+        )
     )
 
 
@@ -104,7 +118,7 @@ def create_pod(core: client.CoreV1Api, namespace: str, manifest: Obj) -> bool:
     """Create; False when it already exists (a previous reconcile got there first)."""
     try:
         # The client accepts plain dicts (sent as-is); its stubs only name the model classes.
-        core.create_namespaced_pod(namespace, manifest, _preload_content=False)  # type: ignore[arg-type]
+        _done(core.create_namespaced_pod(namespace, manifest, _preload_content=False))  # type: ignore[arg-type]
         return True
     except ApiException as exc:
         if exc.status == 409:
@@ -114,7 +128,7 @@ def create_pod(core: client.CoreV1Api, namespace: str, manifest: Obj) -> bool:
 
 def delete_pod(core: client.CoreV1Api, namespace: str, name: str) -> None:
     try:
-        core.delete_namespaced_pod(name, namespace, _preload_content=False)
+        _done(core.delete_namespaced_pod(name, namespace, _preload_content=False))
     except ApiException as exc:
         if exc.status != 404:
             raise
@@ -125,12 +139,14 @@ def patch_pod_labels(
 ) -> None:
     # Without an explicit type the client picks application/json-patch+json for any body, which
     # the API server rejects for a dict; this is a merge patch.
-    core.patch_namespaced_pod(
-        name,
-        namespace,
-        {"metadata": {"labels": labels}},
-        _content_type="application/merge-patch+json",
-        _preload_content=False,
+    _done(
+        core.patch_namespaced_pod(
+            name,
+            namespace,
+            {"metadata": {"labels": labels}},
+            _content_type="application/merge-patch+json",
+            _preload_content=False,
+        )
     )
 
 
@@ -174,4 +190,4 @@ def post_event(
         "lastTimestamp": now,
         "count": 1,
     }
-    core.create_namespaced_event(meta["namespace"], event, _preload_content=False)  # type: ignore[arg-type]
+    _done(core.create_namespaced_event(meta["namespace"], event, _preload_content=False))  # type: ignore[arg-type]

@@ -49,8 +49,9 @@ from weightlift.operator.probes import (
 
 NODE_CACHE_SECONDS = 60.0
 # How long a pass waits for pods it created to show up in kopf's pod index (the pod watch wakes
-# the loop as soon as they do); after that the index is trusted again.
-CREATED_POD_WAIT_SECONDS = 10.0
+# the loop as soon as they do); after that the index is trusted again. Under load kopf's watch
+# lags by more than 10 s: each give-up was a create answered 409 (up to 7 a pod at 1000 x 4).
+CREATED_POD_WAIT_SECONDS = 60.0
 # Probe times change on every probe. When nothing else in the status did, they are written at
 # most this often: 1000 deployments probed every 10 s would otherwise patch 100 statuses a second
 # (and each patch comes back to kopf's watch). Any other change is written at once.

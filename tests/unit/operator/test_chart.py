@@ -71,6 +71,7 @@ def test_operator_deployment_is_single_recreate_nonroot(helm: Path) -> None:
     assert container["securityContext"]["capabilities"]["drop"] == ["ALL"]
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert "--all-namespaces" in container["args"]
+    assert {"name": "MALLOC_ARENA_MAX", "value": "2"} in container["env"]
 
 
 def rules(role: dict[str, Any]) -> dict[tuple[str, str], set[str]]:

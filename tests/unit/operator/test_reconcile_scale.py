@@ -214,3 +214,51 @@ def test_the_diff_base_ignores_the_operators_own_labels() -> None:
     body["spec"]["replicas"] = 3
     assert storage.build(body=kopf.Body(body))["spec"] != before["spec"]
     assert set(before) == {"spec"}
+
+
+class _Response:
+    """What urllib3 returns for `_preload_content=False`: the body still unread."""
+
+    def __init__(self) -> None:
+        self.drained = self.released = False
+        self.data = b"{}"
+
+    def drain_conn(self) -> None:
+        self.drained = True
+
+    def release_conn(self) -> None:
+        self.released = True
+
+
+class _Api:
+    """Any kubernetes client method: records the response it handed out."""
+
+    def __init__(self) -> None:
+        self.responses: list[_Response] = []
+
+    def __getattr__(self, name: str) -> Any:
+        def call(*args: Any, **kwargs: Any) -> _Response:
+            assert kwargs.get("_preload_content") is False, f"{name} decodes a body nobody reads"
+            self.responses.append(_Response())
+            return self.responses[-1]
+
+        return call
+
+
+def test_every_write_gives_its_connection_back() -> None:
+    """An unread response keeps its connection out of the pool: the next call opened a new
+    one (a TLS handshake on both sides)."""
+    api = _Api()
+    md = {"metadata": {"name": "llama", "namespace": "ns", "uid": UID}}
+    writes = [
+        lambda: kube.create_pod(cast(Any, api), "ns", {"metadata": {"name": "p"}}),
+        lambda: kube.delete_pod(cast(Any, api), "ns", "p"),
+        lambda: kube.patch_pod_labels(cast(Any, api), "ns", "p", {"a": "b"}),
+        lambda: kube.patch_deployment_labels(cast(Any, api), "ns", "llama", {"a": None}),
+        lambda: kube.patch_status(cast(Any, api), "ns", "llama", {"phase": "Ready"}),
+        lambda: kube.post_event(cast(Any, api), md, "Normal", "PhaseReady", "ready"),
+    ]
+    for write in writes:
+        write()
+    assert len(api.responses) == len(writes)
+    assert all(r.drained and r.released for r in api.responses)
