@@ -433,6 +433,8 @@ def operator_command(
         out = json_out or state_dir / "floor.json"
         out.write_text(json.dumps(floor_result, indent=2) + "\n")
         click.echo(render_floor(floor_result, command))
+        if not floor_result["all_ready"]:
+            raise SystemExit(1)
         return
     with stack:
         click.echo(f"control plane up ({len(stack.info.nodes)} kwok nodes); starting the operator")

@@ -258,11 +258,8 @@ class BenchStack:
         """Every process of the benchmark by name: the operator, the simulated workers and the
         control plane's components (for their CPU seconds)."""
         assert self._cluster is not None
-        return {
-            "operator": self.operator_pid,
-            "simworkers": self.sim_pid,
-            **self._cluster.running(),
-        }
+        ours = {"operator": self.operator_pid, "simworkers": self.sim_pid}
+        return {**{name: pid for name, pid in ours.items() if pid}, **self._cluster.running()}
 
     def operator_alive(self) -> bool:
         return self._operator is not None and self._operator.poll() is None

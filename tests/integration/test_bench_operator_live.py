@@ -40,3 +40,30 @@ def test_bench_operator_small_scale(state_root: Path) -> None:
     assert result["simulated_workers"]["pod_addresses"] == 10
     assert result["operator"]["peak_rss_mb"] > 20
     assert "apply -> all Ready" in run.stdout
+    # Each deployment's way to Ready, step by step: all 5 went through every step, and the
+    # steps' owners add up to no more than the whole run.
+    phases = result["phases_seconds"]
+    assert phases["first pod created [operator]"]["max"] is not None
+    assert phases["all pods Ready -> deployment Ready [operator]"]["max"] is not None
+    assert phases["other pods Ready in kwok [kwok]"]["max"] <= result["seconds_to_all_ready"]
+    cpu = result["ramp_cpu_seconds_by_process"]
+    assert cpu["operator"] > 0 and cpu["kube-apiserver"] > 0 and "kwok" in cpu
+    assert result["api_requests"]["ramp_per_deployment"] >= 2  # its two pods at least
+
+
+def test_bench_operator_floor_small_scale(state_root: Path) -> None:
+    """--floor: no operator; the bench's own pods (the operator's manifests) get Ready."""
+    if missing_binaries():
+        pytest.skip("control plane binaries missing (see test_cluster_live for the failure)")
+    state = state_root / "bench-operator-floor"
+    out = state / "floor.json"
+    argv = [str(REPO / ".venv" / "bin" / "weightlift"), "bench", "operator", "--floor"]
+    argv += ["--deployments", "5", "--replicas", "2", "--timeout", "180"]
+    argv += ["--state-dir", str(state), "--json-out", str(out)]
+    run = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, f"{run.stdout}\n{run.stderr}"
+    result = json.loads(out.read_text())
+    assert result["pods"] == 10 and result["all_ready"]
+    assert "operator" not in result["cpu_seconds_by_process"]
+    assert result["cpu_seconds_by_process"]["kube-apiserver"] > 0
+    assert "control plane alone" in run.stdout
