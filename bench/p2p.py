@@ -402,10 +402,15 @@ def print_table(result: dict[str, Any]) -> None:
         ">= 1: a target pulls faster than it could reload from disk",
     )
     if p2p.get("phases"):
-        steps = ", ".join(f"{k} {v:.3f}" for k, v in p2p["phases"].items())
-        table.add_row(
-            "p2p breakdown (s)", "", "", "", f"{sum(p2p['phases'].values()):.3f}", "", steps
-        )
+        from weightlift.worker.p2p.target import OVERLAPPED_PHASES, PULL_PHASES
+
+        phases = p2p["phases"]
+        steps = ", ".join(f"{k} {phases[k]:.3f}" for k in PULL_PHASES if k in phases)
+        beside = ", ".join(f"{k} {phases[k]:.3f}" for k in OVERLAPPED_PHASES if k in phases)
+        if beside:
+            steps += f" (beside them: {beside})"
+        total = sum(phases[k] for k in PULL_PHASES if k in phases)
+        table.add_row("p2p breakdown (s)", "", "", "", f"{total:.3f}", "", steps)
     fb = fault["seconds_to_fallback"]
     table.add_row(
         "fault: source killed",

@@ -98,7 +98,7 @@ class PeerToPeerLoader:
                 raise LoadError(f"rank {rank}: {exc}") from exc
             self.last_result = result
             progress.loaded_from = f"peer:{cand.pod}"
-            progress.phases = result.phases()
+            progress.phases = {**result.phases(), **result.overlapped()}
             progress.finish()
             log.info(
                 "rank %d: %d bytes from peer %s in %.3fs (%.2f GB/s), %d checksums verified; "

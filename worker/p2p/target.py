@@ -40,6 +40,9 @@ from weightlift.worker.p2p.nixl_compat import nixl
 log = logging.getLogger(__name__)
 
 ALIGNMENT = 256
+# PullResult.phases() (consecutive, they add up to the pull) and .overlapped() (beside them).
+PULL_PHASES = ("manifest", "alloc", "agent", "transfer", "verify")
+OVERLAPPED_PHASES = ("prefault", "memory_wait")
 # Buffers whose READs could not be cancelled: kept alive so a late write lands in memory nobody
 # uses, never in a reallocation.
 _QUARANTINE: list[torch.Tensor] = []
@@ -66,9 +69,12 @@ class PullOptions:
     liveness_interval_s: float = 0.5
     liveness_failures: int = 2
     http_timeout_s: float = 3.0
-    # Touch the local buffer before the READs (page faults then happen in a fast memset,
-    # not one by one inside the transport). Only matters for host memory.
+    # Fault the local host buffer in with a memset in a thread, front to back, and post each
+    # READ once the memory it lands in is faulted: page faults happen in a fast memset, not one
+    # by one inside the transport, and they overlap the manifest, the agent set-up and the READs
+    # of the part already faulted. Only matters for host memory.
     prefault: bool = True
+    prefault_chunk_bytes: int = 16 << 20
     # Test/bench hook: pause this long after posting each batch (simulates a slow link).
     throttle_s: float = 0.0
 
@@ -85,10 +91,11 @@ class PullResult:
     timings: dict[str, float] = field(default_factory=dict)
 
     def phases(self) -> dict[str, float]:
-        """Seconds spent in each step: manifest (fetch + check), alloc (the local buffer
-        faulted in, beyond what overlapped the manifest), agent (NIXL agent, remote added,
-        connected), transfer (session + READs), verify (checksums not yet done when the last
-        READ landed)."""
+        """Seconds spent in each step, one after the other: manifest (fetch + check), alloc (the
+        local buffer allocated; it is faulted in by a thread meanwhile), agent (NIXL agent,
+        buffer registered, remote added, connected), transfer (session + READs, including any
+        wait for memory not yet faulted: see `overlapped`), verify (checksums not yet done when
+        the last READ landed)."""
         marks = ["manifest", "alloc", "agent", "transfer_done", "verified"]
         out: dict[str, float] = {}
         prev = 0.0
@@ -100,6 +107,12 @@ class PullResult:
                 prev = self.timings[mark]
         return out
 
+    def overlapped(self) -> dict[str, float]:
+        """Work that ran beside the steps above (not to be added to them): `prefault` (seconds
+        the thread faulting the local buffer in took) and `memory_wait` (seconds the READs
+        waited for it, inside `transfer`: the part of the faulting the pull could not hide)."""
+        return {k: round(self.timings[k], 4) for k in OVERLAPPED_PHASES if k in self.timings}
+
 
 @dataclass
 class _Batch:
@@ -109,6 +122,9 @@ class _Batch:
     nbytes: int
     # tensor index -> bytes of it in this batch
     parts: dict[int, int]
+    # Bytes of the local buffer up to the end of this batch's last READ (the buffer is filled
+    # front to back: a READ may be posted once the prefault has passed this offset).
+    end: int = 0
 
 
 def _layout_size(expected: dict[str, ExpectedTensor]) -> int | None:
@@ -126,10 +142,59 @@ def _layout_size(expected: dict[str, ExpectedTensor]) -> int | None:
     return total
 
 
-def _faulted_host_buffer(nbytes: int) -> torch.Tensor:
-    buf = torch.empty(max(nbytes, 1), dtype=torch.uint8)
-    buf.zero_()
-    return buf
+class _Prefault:
+    """Faults a fresh host buffer in, front to back, in a thread (torch's zero_ drops the GIL).
+
+    Fresh memory costs a page fault per 4 KiB on first touch (~1 GB/s a thread on a VM, the
+    slowest part of a pull on one host). READs are posted only into the prefix already faulted
+    (`wait_until`), so the faulting overlaps the manifest fetch, the agent set-up and the READs
+    already posted; the memset never runs over bytes a READ has written.
+    """
+
+    def __init__(self, buf: torch.Tensor, chunk_bytes: int) -> None:
+        self.buf = buf
+        self.chunk = max(chunk_bytes, 4096)
+        self.error: BaseException | None = None
+        self.seconds = 0.0
+        self._faulted = 0
+        self._stop = False
+        self._cond = threading.Condition()
+        self._thread = threading.Thread(target=self._run, name="p2p-prefault", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        t0 = time.monotonic()
+        n = self.buf.numel()
+        offset = 0
+        try:
+            while offset < n and not self._stop:
+                end = min(n, offset + self.chunk)
+                self.buf[offset:end].zero_()
+                offset = end
+                with self._cond:
+                    self._faulted = offset
+                    self._cond.notify_all()
+        except BaseException as exc:  # MemoryError and friends: the pull reports it
+            self.error = exc
+        finally:
+            self.seconds = time.monotonic() - t0
+            with self._cond:
+                self._stop = True
+                self._cond.notify_all()
+
+    def wait_until(self, end: int, timeout: float) -> bool:
+        """True once bytes [0, end) are faulted in (False on timeout, error or stop)."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._faulted >= end or self._stop, timeout)
+            return self._faulted >= end
+
+    def ready(self, end: int) -> bool:
+        return self._faulted >= end
+
+    def close(self) -> None:
+        """Stop and join: after this nothing but the READs writes into the buffer."""
+        self._stop = True
+        self._thread.join()
 
 
 def _base_url(address: str) -> str:
@@ -212,6 +277,7 @@ def _plan_batches(
             cur.remote.append((region.addr + t.offset + done, n, region.device_id))
             cur.nbytes += n
             cur.parts[i] = cur.parts.get(i, 0) + n
+            cur.end = max(cur.end, local_offsets[i] + done + n)
             done += n
             if cur.nbytes >= opts.batch_bytes:
                 batches.append(cur)
@@ -247,16 +313,17 @@ def pull_from_peer(
     reg: Any = None
     handles: list[Any] = []
     buf: torch.Tensor | None = None
+    prefault: _Prefault | None = None
     agent_future: Future[Any] | None = None
-    early_buf: Future[torch.Tensor] | None = None
+    host = device.type == "cpu"
     try:
         # With the model's own headers the buffer size is known before the manifest arrives:
-        # fault the buffer in (torch's zero_ drops the GIL) while the manifest is fetched.
+        # allocate it and start faulting it in now (see _Prefault).
         early_size = _layout_size(expected) if expected is not None else None
-        if early_size is not None and opts.prefault and device.type == "cpu":
-            alloc_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="p2p-alloc")
-            early_buf = alloc_pool.submit(_faulted_host_buffer, early_size)
-            alloc_pool.shutdown(wait=False)
+        if early_size is not None:
+            buf = torch.empty(max(early_size, 1), dtype=torch.uint8, device=device)
+            if opts.prefault and host:
+                prefault = _Prefault(buf, opts.prefault_chunk_bytes)
         manifest = fetch_manifest(client, address, identity=identity, rank=rank, peer=pod)
         try:
             check_manifest(manifest, identity=identity, rank=rank, expected=expected, peer=pod)
@@ -268,8 +335,8 @@ def pull_from_peer(
 
         # The agent: a spare one made by prewarm_nixl, else a new one (UCX context and worker:
         # ~20 ms, ~0.5 s for the first in a process, holding the GIL), made in a thread while
-        # this one faults in the local buffer. Started after the manifest fetch so it cannot
-        # starve that request.
+        # this one lays out the buffer. Started after the manifest fetch so it cannot starve
+        # that request.
         setup = ThreadPoolExecutor(max_workers=1, thread_name_prefix="p2p-agent")
         agent_future = setup.submit(_take_agent, _agent_name(f"{reader}-r{rank}"))
         setup.shutdown(wait=False)
@@ -280,16 +347,19 @@ def pull_from_peer(
         for t in manifest.tensors:
             offsets.append(total)
             total = align_up(total + t.nbytes, ALIGNMENT)
-        if early_buf is not None and early_size == total:
-            buf = early_buf.result()
-        else:
+        if buf is None or early_size != total:
+            if prefault is not None:
+                prefault.close()
+                prefault = None
             buf = torch.empty(max(total, 1), dtype=torch.uint8, device=device)
-            if opts.prefault and device.type == "cpu":
-                buf.zero_()
+            if opts.prefault and host:
+                prefault = _Prefault(buf, opts.prefault_chunk_bytes)
         local_dev = (device.index or 0) if device.type == "cuda" else 0
         mem_type = "VRAM" if device.type == "cuda" else "DRAM"
         timings["alloc"] = time.monotonic() - t0
 
+        # Registered while the prefault runs: one region for the whole buffer, so every READ
+        # of this pull shares one registration (with RDMA NICs, registering pins the pages).
         agent = agent_future.result()
         reg = agent.register_memory([(buf.data_ptr(), buf.numel(), local_dev, "")], mem_type)
         try:
@@ -337,11 +407,26 @@ def pull_from_peer(
         inflight: list[tuple[Any, _Batch, float]] = []
         last_progress = time.monotonic()
         done_batches = 0
+        memory_wait = 0.0
         try:
             with _Liveness(address, pod, opts) as live:
                 while pending or inflight:
+                    if pending and not inflight and prefault is not None:
+                        # Nothing in flight: block until the next READ's memory is faulted.
+                        waited = time.monotonic()
+                        prefault.wait_until(pending[0].end, timeout=0.05)
+                        memory_wait += time.monotonic() - waited
+                        last_progress = time.monotonic()  # a stall is READs in flight not moving
+                        if prefault.error is not None:
+                            raise PeerFailed(
+                                pod, f"cannot fault in the local buffer: {prefault.error!r}"
+                            )
                     try:
-                        while pending and len(inflight) < opts.max_in_flight:
+                        while (
+                            pending
+                            and len(inflight) < opts.max_in_flight
+                            and (prefault is None or prefault.ready(pending[0].end))
+                        ):
                             b = pending.popleft()
                             local = agent.get_xfer_descs(b.local, mem_type)
                             remote = agent.get_xfer_descs(b.remote, manifest.mem_type)
@@ -407,6 +492,10 @@ def pull_from_peer(
                         time.sleep(0.0005)
             transfer_seconds = time.monotonic() - t_xfer
             timings["transfer_done"] = time.monotonic() - t0
+            timings["memory_wait"] = memory_wait
+            if prefault is not None:
+                prefault.close()
+                timings["prefault"] = prefault.seconds
             for i, t in enumerate(manifest.tensors):
                 got = hashes[i].result()
                 if got != t.checksum:
@@ -430,6 +519,8 @@ def pull_from_peer(
             timings=timings,
         )
     finally:
+        if prefault is not None:
+            prefault.close()  # before the buffer is quarantined or freed
         if agent is None and agent_future is not None:
             with contextlib.suppress(Exception):
                 agent = agent_future.result(timeout=30)
@@ -467,6 +558,9 @@ def prewarm_nixl(agents: int = 2) -> threading.Thread:
     global _PREWARM_THREAD
 
     def run() -> None:
+        # The first httpx.Client of a process builds its SSL machinery (~0.05-0.2 s of CPU, even
+        # with verify=False); later ones take ~1 ms. Pay it here, not in the manifest fetch.
+        httpx.Client(verify=False).close()
         for _ in range(max(agents, 1)):
             try:
                 agent = _new_agent(_agent_name("spare"))
