@@ -9,9 +9,14 @@ accept any of the three here.
 from __future__ import annotations
 
 import importlib
+import logging
 import os
 from functools import cache
 from types import ModuleType
+
+from weightlift.worker.p2p.transport import transport_warning
+
+log = logging.getLogger(__name__)
 
 _CANDIDATES = ("nixl_cu12", "nixl_cu13", "nixl._api", "nixl")
 
@@ -31,6 +36,9 @@ def _load() -> tuple[ModuleType | None, str]:
             errors.append(f"{name}: {type(exc).__name__}: {exc}")
             continue
         if hasattr(module, "nixl_agent") and hasattr(module, "nixl_agent_config"):
+            warning = transport_warning(os.environ)
+            if warning:
+                log.warning("%s", warning)
             return module, ""
         errors.append(f"{name}: has no nixl_agent")
     return None, "; ".join(errors)

@@ -136,7 +136,9 @@ class RankSource:
             regions=regions,
             tensors=entries,
         )
-        self.manifest_json = self.manifest.model_dump(mode="json")
+        # Serialized once: every target's request gets these bytes (checksums were computed
+        # above, at publish time, never per request).
+        self.manifest_body = self.manifest.model_dump_json().encode()
         self._busy = busy
         self._stop = threading.Event()
         self._poller = threading.Thread(
@@ -310,7 +312,7 @@ class SourcePublisher:
         source = self._check(request.query.get("identity"), request.query.get("rank"))
         if isinstance(source, web.Response):
             return source
-        return web.json_response(source.manifest_json)
+        return web.Response(body=source.manifest_body, content_type="application/json")
 
     async def _open_session(self, request: web.Request) -> web.Response:
         try:
