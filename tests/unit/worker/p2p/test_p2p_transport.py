@@ -9,7 +9,19 @@ from weightlift.worker.p2p.transport import transport_warning
 
 
 @pytest.mark.parametrize(
-    "value", ["", "tcp,cma", "cma,tcp", "shm,tcp", "sm,tcp", "rc,cma", "rc,tcp", "all", "^ud", "tcp,cma,self"]
+    "value",
+    [
+        "",
+        "tcp,cma",
+        "cma,tcp",
+        "shm,tcp",
+        "sm,tcp",
+        "rc,cma",
+        "rc,tcp",
+        "all",
+        "^ud",
+        "tcp,cma,self",
+    ],
 )
 def test_fast_or_unset_transports_pass(value: str) -> None:
     assert transport_warning({"UCX_TLS": value} if value else {}) is None
