@@ -26,10 +26,11 @@ What mattered when tuning on one host (2 vCPUs, UCX from the nixl-cu12 wheel):
 - Fresh destination memory costs page faults (~3 GB/s a thread on this VM, ~1.2 us per 4 KiB
   page; they scale with threads): faulting the buffer in with one memset before the READs beat
   letting the kernel fault it page by page inside process_vm_readv. The target starts that
-  memset before the manifest fetch when the model's own headers give the size. Tried and
-  dropped: (a) a thread faulting the buffer (MADV_POPULATE_WRITE) in chunks while READs land in
-  the part already faulted: no gain on 2 cores (the faulting, the copy and the source all want
-  the same CPUs, and add_remote_agent took ~0.1 s instead of ~0.01 s next to it); (b)
+  memset (target._Prefault, a thread, front to back) before the manifest fetch when the model's
+  own headers give the size, and posts each READ once its memory is faulted. A/B in one
+  process (256 MB, 2 ranks, 2 cores): 0.160 s pipelined vs 0.162 s fault-all-first, i.e.
+  neutral here (both ranks' faulting and copies already fill the 2 cores); it pays off where
+  cores are spare. Tried and dropped: (a) MADV_POPULATE_WRITE instead of the memset; (b)
   transparent huge pages (MADV_HUGEPAGE, 2 MiB aligned): 24 GB/s when the kernel hands back
   recently freed memory, but 0.44 GB/s on memory this VM returned to its host (virtio-balloon
   free page reporting, page_reporting_order=11), which is what a fresh process gets; on bare
