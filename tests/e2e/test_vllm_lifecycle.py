@@ -4,12 +4,15 @@ completion matched the text transformers generated for the same weights."""
 
 from __future__ import annotations
 
+import os
+import signal
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.support.e2e import alive, pids_of
 from tests.support.vllm import (
     ENGINE_ARGS,
     ENGINE_ENV,
@@ -18,7 +21,8 @@ from tests.support.vllm import (
     require_vllm_python,
     tiny_llm,
 )
-from weightlift.local.demo import LocalStack, Observer, complete
+from weightlift.local.demo import LocalStack, Observer, complete, md_path
+from weightlift.local.kubeclient import MERGE
 
 JSON = dict[str, Any]
 Deploy = Callable[..., Observer]
@@ -72,3 +76,54 @@ def test_vllm_source_from_storage_target_by_p2p_both_answer(
     assert _texts(obs, probe) == [probe["completion"]["expectedText"]] * 2
     sources = {s["pod"] for s in obs.status().get("sources", [])}
     assert sources == {source["name"], target["name"]}, obs.status().get("sources")
+
+
+@pytest.mark.timeout(TEST_TIMEOUT)
+def test_vllm_source_dies_while_target_loads_target_falls_back_to_storage(
+    stack: LocalStack, deployments: Deploy, llm: tuple[Path, JSON]
+) -> None:
+    """The source freezes (SIGSTOP) as soon as the target pod exists and is then killed: the
+    target's pull inside vLLM meets a dead peer, falls back to storage and answers correctly."""
+    _, probe = llm
+    obs = _deploy(deployments, "vllmkill", llm, replicas=1)
+    obs.wait_ready(READY_TIMEOUT)
+    assert obs.replica_statuses()[0]["loadedFrom"] == "storage:hostpath"
+    source_uid = obs.pods[0]["metadata"]["uid"]
+    source_pids = pids_of(stack, "vllmkill")
+    assert source_pids
+    stack.kube.patch(
+        md_path(stack.namespace, "vllmkill"),
+        {"spec": {"replicas": 2, "loading": {"peerToPeer": {"transferTimeoutSeconds": 3}}}},
+        content_type=MERGE,
+    )
+    obs.wait(lambda o: len(o.pods) >= 2, READY_TIMEOUT, "a target pod")
+    target_name = next(
+        p["metadata"]["name"] for p in obs.pods if p["metadata"]["uid"] != source_uid
+    )
+    for pid in source_pids:  # the worker and vLLM (same process group)
+        os.killpg(pid, signal.SIGSTOP)
+    obs.wait(
+        lambda o: any(
+            r["name"] == target_name and r.get("phase") == "Loading" for r in o.replica_statuses()
+        ),
+        READY_TIMEOUT,
+        "the target to start loading",
+    )
+    for pid in source_pids:
+        os.killpg(pid, signal.SIGKILL)
+    obs.wait(
+        lambda o: any(r["name"] == target_name and r.get("ready") for r in o.replica_statuses()),
+        2 * READY_TIMEOUT,
+        "the target Ready after losing its source",
+    )
+    target = next(r for r in obs.replica_statuses() if r["name"] == target_name)
+    assert target["role"] == "Target", target
+    assert target["loadedFrom"] == "storage:hostpath", target
+    assert target["bytesLoaded"] == target["bytesTotal"] > 0
+    endpoint = next(
+        r["openaiEndpoint"] for r in obs.summary()["replicas"] if r["name"] == target_name
+    )
+    assert (
+        complete(endpoint, "vllmkill", probe["completion"]) == probe["completion"]["expectedText"]
+    )
+    assert not any(alive(p) for p in source_pids)
