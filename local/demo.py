@@ -318,7 +318,8 @@ def model_deployment(
 ) -> JSON:
     """A ModelDeployment for a local demo model, pinned to process nodes. `model` overrides
     spec.model fields (another uri, endpoint, credentials: see local/storage.py). engine "vLLM":
-    an HF model directory served by vLLM with weightlift loading (no init hook)."""
+    an HF model directory served by vLLM with weightlift loading (the init hook runs in each
+    vLLM rank's process)."""
     vllm = engine == "vLLM"
     spec: JSON = {
         "model": {
@@ -349,7 +350,7 @@ def model_deployment(
         }
     if env:
         spec["template"]["env"] = [{"name": k, "value": v} for k, v in env.items()]
-    if hook_library and not vllm:
+    if hook_library:
         spec["initHooks"] = {"library": hook_library, "required": True}
     if probe is not None:
         keep = ("request", "expectedOutputs", "tolerance", "completion")
@@ -517,14 +518,19 @@ class Observer:
 # Where a replica's seconds went, in order: each step ends at the named mark. Marks from the
 # demo's own polling (0.25 s resolution): created, scheduled, ready; from the worker's report:
 # the rest (its process start, HTTP up, model fetched, hooks run, weights loaded, bound, serving).
+# vLLM replicas: "engine" (vLLM started and initialized up to its weight load; it then runs the
+# hooks and loads inside each rank) and "processed" (vLLM's load_weights and post-processing)
+# instead of "bind"; steps a replica lacks are left out.
 TIMELINE_STEPS = (
     ("scheduling", "scheduled"),
     ("process start", "process"),
     ("imports + server", "server"),
     ("fetch", "fetch"),
+    ("engine start", "engine"),
     ("hooks", "hooks"),
     ("load", "load"),
     ("bind", "bind"),
+    ("vLLM processing", "processed"),
     ("serve", "serving"),
     ("probe", "ready"),
 )
@@ -789,6 +795,17 @@ def demo_command(
             console.print("[green]✓[/] everything stopped")
 
 
+def add_hook_library(model_dir: Path) -> Path:
+    """The demo's recording init hook (gcc) in `model_dir`/hooks, as the PT2 demo model has."""
+    from weightlift.local.models import build_hook_library
+
+    lib = model_dir / "hooks" / "libinit.so"
+    if not lib.is_file():
+        lib.parent.mkdir(parents=True, exist_ok=True)
+        build_hook_library(lib)
+    return lib
+
+
 def _prepare_vllm(console: Any, stack: LocalStack, model_dir: Path) -> JSON:
     """The vLLM environment (built on first use) and the tiny Llama; returns its probe."""
     from weightlift.local.llm import ensure_vllm_env, make_in_engine_env, vllm_python
@@ -802,6 +819,7 @@ def _prepare_vllm(console: Any, stack: LocalStack, model_dir: Path) -> JSON:
             ensure_vllm_env()
     with console.status("making the tiny Llama (HF layout, random weights, local tokenizer)"):
         probe = make_in_engine_env(python, model_dir)
+        add_hook_library(model_dir)
     stack.worker_env.update({"WEIGHTLIFT_VLLM_PYTHON": str(python)})
     return probe
 

@@ -95,7 +95,9 @@ class NodeConfig:
     # Host environment variables passed through (a container would not see the host env).
     passthrough_env: tuple[str, ...] = ("HOME", "LANG", "LC_ALL", "TMPDIR", "USER")
     delete_node_on_stop: bool = True
-    # Third octet range for pod IPs 127.0.x.y; the start is derived from the node name.
+    # Third octet range for pod IPs 127.0.x.y; the start is derived from the node name and this
+    # process, so two stacks on one machine (parallel test runs) rarely hand out the same IP: the
+    # free-address check at allocation cannot see a pod the other stack is about to start.
     ip_octets: tuple[int, int] = (16, 250)
 
 
@@ -1198,7 +1200,8 @@ class ProcessNode:
 
     def _ip_candidates(self) -> Iterator[str]:
         lo, hi = self.config.ip_octets
-        start = int(hashlib.sha1(self.config.name.encode()).hexdigest(), 16) % (hi - lo)
+        seed = f"{self.config.name}/{os.getpid()}".encode()
+        start = int(hashlib.sha1(seed).hexdigest(), 16) % (hi - lo)
         while True:
             for i in range(hi - lo):
                 x = lo + (start + i) % (hi - lo)

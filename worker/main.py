@@ -5,9 +5,10 @@ init hooks per local rank/device (fail-closed) -> load every local rank concurre
 way loaders/select.py picks (PeerToPeer with storage fallback, Preload or Direct) -> bind the
 weights into model.pt2 -> phase Serving, ready 200 -> publish this replica as a P2P source
 when the P2P module is importable.
-With runtime.engine vLLM the load, bind and publish steps happen inside vLLM (its `weightlift`
-load format, weightlift.worker.engines.vllm): the worker starts vLLM after the init hooks, is
-Ready when vLLM is, and fronts it (status, P2P manifest, /v1). vLLM exiting fails the worker.
+With runtime.engine vLLM the hooks, load, bind and publish steps happen inside vLLM (its
+`weightlift` load format, weightlift.worker.engines.vllm, in each rank's process): the worker
+starts vLLM, is Ready when vLLM is, and fronts it (status, P2P manifest, /v1). vLLM exiting
+fails the worker.
 SIGTERM/SIGINT: not ready, close the publisher, release hooks, exit 0.
 
 On failure the phase is Failed with a message naming file/tensor/library/symbol and
@@ -393,15 +394,18 @@ class Worker:
     async def _bring_up(self, app: web.Application) -> None:
         await self.fetch_model()
         self._stamp("fetch")
-        await self.init_hooks()
-        self._stamp("hooks")
         if self.plan.runtime.engine == Engine.VLLM:
             from weightlift.worker.engines.vllm.engine import VllmEngine
 
+            # The init hooks run inside vLLM, in each rank's process before its weights load
+            # (the load format does it): a hook's per-device state must live where the rank's
+            # device is driven, not in this front process.
             self.engine = VllmEngine.for_worker(self.plan)
             await self.engine.bring_up(self.state, app)
             self.published = True
             return
+        await self.init_hooks()
+        self._stamp("hooks")
         bound = await self.load_and_bind()
         for p in self.state.progress.values():
             if p.finished is None:

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from tests.support.e2e import alive, pids_of
@@ -21,7 +22,7 @@ from tests.support.vllm import (
     require_vllm_python,
     tiny_llm,
 )
-from weightlift.local.demo import LocalStack, Observer, complete, md_path
+from weightlift.local.demo import LocalStack, Observer, add_hook_library, complete, md_path
 from weightlift.local.kubeclient import MERGE
 
 JSON = dict[str, Any]
@@ -36,7 +37,12 @@ def llm(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, JSON]:
 
 
 def _deploy(
-    deployments: Deploy, name: str, llm: tuple[Path, JSON], replicas: int, **env: str
+    deployments: Deploy,
+    name: str,
+    llm: tuple[Path, JSON],
+    replicas: int,
+    hook_library: str | None = None,
+    **env: str,
 ) -> Observer:
     model, probe = llm
     return deployments(
@@ -47,7 +53,7 @@ def _deploy(
         engine="vLLM",
         engine_args=ENGINE_ARGS,
         env={**ENGINE_ENV, **env},
-        hook_library=None,
+        hook_library=hook_library,
     )
 
 
@@ -78,22 +84,39 @@ def test_vllm_source_from_storage_target_by_p2p_both_answer(
     assert sources == {source["name"], target["name"]}, obs.status().get("sources")
 
 
+def _worker_status(obs: Observer, pod: str) -> JSON:
+    """The worker's own report (timeline, message) through its pod endpoint."""
+    row = next(r for r in obs.summary()["replicas"] if r["name"] == pod)
+    if not row["endpoint"]:
+        return {}
+    try:
+        doc: JSON = httpx.get(row["endpoint"] + "/weightlift/v1/status", timeout=5).json()
+    except (httpx.HTTPError, ValueError):
+        return {}
+    return doc
+
+
 @pytest.mark.timeout(TEST_TIMEOUT)
-def test_vllm_source_dies_while_target_loads_target_falls_back_to_storage(
-    stack: LocalStack, deployments: Deploy, llm: tuple[Path, JSON]
+def test_vllm_source_dies_while_target_pulls_target_falls_back_to_storage(
+    stack: LocalStack, deployments: Deploy, llm: tuple[Path, JSON], hook_log: Path
 ) -> None:
-    """The source freezes (SIGSTOP) as soon as the target pod exists and is then killed: the
-    target's pull inside vLLM meets a dead peer, falls back to storage and answers correctly."""
-    _, probe = llm
-    obs = _deploy(deployments, "vllmkill", llm, replicas=1)
+    """The source freezes (SIGSTOP) as soon as the target pod exists and is killed once the
+    target's vLLM has run its init hook and begun its weight load (the pull meets the frozen
+    peer): the target falls back to storage and answers correctly. Also: the init hook runs in
+    each replica's vLLM rank before its weights, and the status says where the seconds went."""
+    model, probe = llm
+    add_hook_library(model)
+    obs = _deploy(deployments, "vllmkill", llm, replicas=1, hook_library="hooks/libinit.so")
     obs.wait_ready(READY_TIMEOUT)
-    assert obs.replica_statuses()[0]["loadedFrom"] == "storage:hostpath"
+    source = obs.replica_statuses()[0]
+    assert source["loadedFrom"] == "storage:hostpath" and source["hooksRun"], source
+    assert source["loadSeconds"] is not None and source["gbps"] is not None, source
     source_uid = obs.pods[0]["metadata"]["uid"]
     source_pids = pids_of(stack, "vllmkill")
     assert source_pids
     stack.kube.patch(
         md_path(stack.namespace, "vllmkill"),
-        {"spec": {"replicas": 2, "loading": {"peerToPeer": {"transferTimeoutSeconds": 3}}}},
+        {"spec": {"replicas": 2, "loading": {"peerToPeer": {"transferTimeoutSeconds": 20}}}},
         content_type=MERGE,
     )
     obs.wait(lambda o: len(o.pods) >= 2, READY_TIMEOUT, "a target pod")
@@ -102,12 +125,11 @@ def test_vllm_source_dies_while_target_loads_target_falls_back_to_storage(
     )
     for pid in source_pids:  # the worker and vLLM (same process group)
         os.killpg(pid, signal.SIGSTOP)
+    # The rank reports "hooks" right before it asks its peer for the manifest.
     obs.wait(
-        lambda o: any(
-            r["name"] == target_name and r.get("phase") == "Loading" for r in o.replica_statuses()
-        ),
+        lambda o: "hooks" in _worker_status(o, target_name).get("timeline", {}),
         READY_TIMEOUT,
-        "the target to start loading",
+        "the target's vLLM to reach its weight load",
     )
     for pid in source_pids:
         os.killpg(pid, signal.SIGKILL)
@@ -120,10 +142,20 @@ def test_vllm_source_dies_while_target_loads_target_falls_back_to_storage(
     assert target["role"] == "Target", target
     assert target["loadedFrom"] == "storage:hostpath", target
     assert target["bytesLoaded"] == target["bytesTotal"] > 0
-    endpoint = next(
-        r["openaiEndpoint"] for r in obs.summary()["replicas"] if r["name"] == target_name
-    )
+    assert target["hooksRun"] and target["loadSeconds"] is not None, target
+    worker = _worker_status(obs, target_name)
+    assert "peer-to-peer failed" in worker["message"] and source["name"] in worker["message"]
+    steps = worker["timeline"]
+    order = ["server", "engine", "hooks", "load", "processed", "serving"]
+    assert [steps[s] for s in order] == sorted(steps[s] for s in order), steps
+    row = next(r for r in obs.summary()["replicas"] if r["name"] == target_name)
+    assert {"engine start", "hooks", "load", "vLLM processing"} <= set(row["timeline"]), row
     assert (
-        complete(endpoint, "vllmkill", probe["completion"]) == probe["completion"]["expectedText"]
+        complete(row["openaiEndpoint"], "vllmkill", probe["completion"])
+        == probe["completion"]["expectedText"]
     )
     assert not any(alive(p) for p in source_pids)
+    # The hook ran in each vLLM rank (one per replica here), device index = rank 0.
+    inits = [ln.split() for ln in hook_log.read_text().splitlines() if ln.startswith("init ")]
+    mine = [ln for ln in inits if Path(ln[1]).resolve() == model.resolve() and ln[2] == "0"]
+    assert len(mine) >= 2, inits

@@ -17,6 +17,7 @@ from tests.support.p2p import NIXL_MISSING
 from weightlift.api.model import ModelFormat, ModelSource, Role, RuntimeSpec
 from weightlift.api.worker import PeerCandidate, WorkerPlan
 from weightlift.worker.engines.vllm.engine import vllm_command, vllm_environment
+from weightlift.worker.engines.vllm.serve import NOT_INSTALLED_EXIT
 from weightlift.worker.engines.vllm.weights import (
     EngineRankReport,
     ModelDirError,
@@ -155,5 +156,5 @@ def test_serve_without_vllm_says_so_and_where() -> None:
         text=True,
         timeout=60,
     )
-    assert done.returncode == 1
+    assert done.returncode == NOT_INSTALLED_EXIT
     assert "vLLM is not installed" in done.stderr and sys.executable in done.stderr

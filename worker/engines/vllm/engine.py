@@ -30,7 +30,8 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from weightlift.api.worker import WorkerPhase, WorkerPlan
+from weightlift.api.worker import WorkerPhase, WorkerPlan, WorkerReport
+from weightlift.worker.engines.vllm.serve import NOT_INSTALLED_EXIT
 from weightlift.worker.engines.vllm.weights import (
     LOAD_FORMAT,
     EngineLoadOptions,
@@ -53,6 +54,10 @@ _HOP_HEADERS = {"host", "content-length", "transfer-encoding", "connection"}
 
 class EngineFailed(LoadError):
     """vLLM exited or never became healthy; the message carries its reason or its log's tail."""
+
+    def __init__(self, message: str, *, permanent: bool = False) -> None:
+        super().__init__(message)
+        self.permanent = permanent
 
 
 def engine_python() -> str:
@@ -133,7 +138,9 @@ class VllmEngine:
     def _failure(self, what: str) -> EngineFailed:
         failed = [r for r in self.reports() if not r.ok]
         if failed:
-            return EngineFailed(f"vLLM {what}: {failed[0].message}")
+            return EngineFailed(f"vLLM {what}: {failed[0].message}", permanent=failed[0].permanent)
+        if self.process is not None and self.process.poll() == NOT_INSTALLED_EXIT:
+            return EngineFailed(self.log_tail().strip().splitlines()[-1], permanent=True)
         return EngineFailed(f"vLLM {what}; last lines of {self.log_path}:\n{self.log_tail()}")
 
     def log_tail(self) -> str:
@@ -143,20 +150,26 @@ class VllmEngine:
             return ""
         return "\n".join(lines[-LOG_TAIL_LINES:])
 
-    async def wait_ready(self, timeout: float, poll: float = 0.5) -> list[EngineRankReport]:
-        """Until vLLM's /health answers 200 and every rank has reported; EngineFailed if vLLM
-        exits, a rank reports a failure, or `timeout` passes."""
+    async def wait_ready(
+        self, timeout: float, report: WorkerReport | None = None, poll: float = 0.5
+    ) -> list[EngineRankReport]:
+        """Until vLLM's /health answers 200 and every rank has reported its load done;
+        EngineFailed if vLLM exits, a rank reports a failure, or `timeout` passes. Meanwhile
+        the ranks' steps so far go into `report` (the worker's status shows where vLLM is)."""
         assert self.process is not None
         deadline = time.monotonic() + timeout
         session = self.session()
         while True:
+            reports = self.reports()
+            if report is not None:
+                fold_steps(report, reports)
             code = self.process.poll()
             if code is not None:
                 raise self._failure(f"exited with code {code} before it was ready")
-            reports = self.reports()
             if any(not r.ok for r in reports):
                 raise self._failure("failed to load")
-            if len(reports) == self.plan.tensor_parallel:
+            done = [r for r in reports if r.stage == "done"]
+            if len(done) == self.plan.tensor_parallel:
                 with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError):
                     async with session.get(self.url + "/health") as resp:
                         if resp.status == 200:
@@ -209,7 +222,11 @@ class VllmEngine:
         check_model_dir(self.plan.model_dir)  # fail fast and permanently on a wrong directory
         self.start()
         state.engine = self
-        reports = await self.wait_ready(float(self.plan.loading.load_timeout_seconds))
+        reports = await self.wait_ready(float(self.plan.loading.load_timeout_seconds), rep)
+        fold_steps(rep, reports)
+        rep.hooks = [h for r in sorted(reports, key=lambda r: r.rank) for h in r.hooks]
+        rep.hooks_run = True
+        rep.load_phases = max((r.load_phases for r in reports), key=lambda p: sum(p.values()))
         rep.strategy = ",".join(sorted({r.strategy for r in reports}))
         rep.loaded_from = ",".join(sorted({r.loaded_from for r in reports}))
         rep.bytes_loaded = sum(r.bytes_loaded for r in reports)
@@ -221,6 +238,7 @@ class VllmEngine:
         if failures:
             rep.message = "peer-to-peer failed, loaded from storage: " + "; ".join(failures)
         rep.phase = WorkerPhase.SERVING
+        rep.timeline["serving"] = round(time.time(), 3)
         state.ready = True
         address = next(
             (r.manifest_address for r in reports if r.rank == 0 and r.manifest_address), None
@@ -296,6 +314,15 @@ class VllmEngine:
         return web.json_response(
             {"model_name": self.plan.served_model_name, "model_version": "1", "text_output": text}
         )
+
+
+def fold_steps(report: WorkerReport, ranks: list[EngineRankReport]) -> None:
+    """Each vLLM step's end (engine, hooks, load, processed) into the worker's timeline: the
+    slowest rank's, so a step counts until every rank is past it."""
+    for step in ("engine", "hooks", "load", "processed"):
+        marks = [r.timeline[step] for r in ranks if step in r.timeline]
+        if marks and len(marks) == len(ranks):
+            report.timeline[step] = max(marks)
 
 
 class ManifestProxy:

