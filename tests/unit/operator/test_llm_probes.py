@@ -151,3 +151,31 @@ def test_vllm_engine_rules() -> None:
         RuntimeSpec(engine="vLLM", port=8001, engine_port=8001)
     with pytest.raises(ValidationError, match="not External"):
         RuntimeSpec(type="External", command=["x"], engine="vLLM")
+
+
+async def test_a_completion_that_never_matches_keeps_the_replica_out_of_ready(
+    server: tuple[str, Fake],
+) -> None:
+    """The probe's failure reaches the status: phase Probing (never Ready), a message naming the
+    pod and both texts, and the replica is not a source."""
+    from tests.support.planning import make_spec, mkpod, observe
+    from weightlift.api.model import Phase, Role
+    from weightlift.operator.planning import plan
+
+    address, fake = server
+    fake.text = "something else"
+    async with httpx.AsyncClient() as client:
+        result = await probe_inference(client, address, "llm", probe(expectedText=TEXT), None)
+    spec = make_spec(
+        1,
+        uri="hostpath:///models/llama",
+        fmt="safetensors",
+        runtime={"engine": "vLLM"},
+        probe={"completion": {"prompt": "hello world", "maxTokens": 8, "expectedText": TEXT}},
+    )
+    pod = mkpod(spec, 0, Role.SOURCE, state="loaded", probe=result)
+    status = plan(spec, observe([pod])).status
+    assert status.phase == Phase.PROBING and status.ready_replicas == 0
+    assert pod.name in status.message and "something else" in status.message
+    assert repr(TEXT) in status.message
+    assert status.sources == [] and not status.replica_statuses[0].ready
