@@ -18,7 +18,8 @@ def test_steps_are_differences_of_consecutive_marks() -> None:
         "serving": 105.5,
     }
     got = replica_timeline(seen, worker)
-    assert list(got) == [step for step, _ in TIMELINE_STEPS]
+    vllm_only = {"engine start", "vLLM processing"}
+    assert list(got) == [step for step, _ in TIMELINE_STEPS if step not in vllm_only]
     assert got["scheduling"] == 0.5
     assert got["process start"] == 0.5
     assert got["imports + server"] == 2.0
@@ -26,6 +27,27 @@ def test_steps_are_differences_of_consecutive_marks() -> None:
     assert got["load"] == 2.0
     assert got["probe"] == 3.5
     assert sum(got.values()) == 9.0  # created -> ready
+
+
+def test_a_vllm_replica_shows_engine_start_hooks_load_and_processing() -> None:
+    """vLLM's marks: engine (started and initialized up to its weight load), hooks and load
+    inside the rank, processed (vLLM's own loading and post-processing); no bind."""
+    seen = ReplicaTimes(first_seen=100.0, scheduled_at=100.5, ready_at=140.0)
+    worker = {
+        "process": 101.0,
+        "server": 103.0,
+        "fetch": 103.0,
+        "engine": 128.0,
+        "hooks": 128.5,
+        "load": 129.0,
+        "processed": 129.25,
+        "serving": 139.0,
+    }
+    got = replica_timeline(seen, worker)
+    assert "bind" not in got
+    assert got["engine start"] == 25.0 and got["hooks"] == 0.5 and got["load"] == 0.5
+    assert got["vLLM processing"] == 0.25 and got["serve"] == 9.75 and got["probe"] == 1.0
+    assert sum(got.values()) == 40.0
 
 
 def test_missing_marks_are_skipped_not_invented() -> None:
