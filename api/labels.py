@@ -7,6 +7,8 @@ IDENTITY_LABEL = "weightlift.dev/identity"
 ROLE_LABEL = "weightlift.dev/role"
 REPLICA_LABEL = "weightlift.dev/replica"
 PEERS_ANNOTATION = "weightlift.dev/peers"
+# On worker pods and plan ConfigMaps: the first characters of the plan's sha256.
+PLAN_LABEL = "weightlift.dev/plan"
 # On a ModelDeployment while its status.sources publishes Ready sources: the model identity they
 # hold. Lets a reconcile find published sources of one identity with a label-selected LIST.
 SOURCES_OF_LABEL = "weightlift.dev/sources-of"

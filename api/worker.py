@@ -1,12 +1,15 @@
-"""The worker's plan: everything the operator tells one worker process (JSON in WEIGHTLIFT_PLAN).
+"""The worker's plan: everything the operator tells one worker process.
 
 The contract between operator and worker: the operator builds the plan, the worker reports back.
+The plan travels in two parts (see operator/plans.py for why): the large part every replica of a
+ModelDeployment revision shares (`SharedPlan`: model, loading, hooks, runtime, probe) as a file
+from a ConfigMap, checked against the sha256 the pod carries in WEIGHTLIFT_PLAN_SHA256; and the
+small per-replica `Assignment` (pod, role, peers, model dir) as JSON in WEIGHTLIFT_ASSIGNMENT.
 """
 
 from __future__ import annotations
 
-import json
-import os
+import hashlib
 from enum import StrEnum
 from pathlib import Path
 
@@ -23,12 +26,60 @@ from weightlift.api.model import (
     RuntimeSpec,
 )
 
-PLAN_ENV = "WEIGHTLIFT_PLAN"
+# The shared plan's file (the ConfigMap's key, mounted), its sha256 and the ConfigMap's name.
+PLAN_FILE_ENV = "WEIGHTLIFT_PLAN_FILE"
+PLAN_SHA256_ENV = "WEIGHTLIFT_PLAN_SHA256"
+PLAN_CONFIGMAP_ENV = "WEIGHTLIFT_PLAN_CONFIGMAP"
+PLAN_KEY = "plan.json"
+ASSIGNMENT_ENV = "WEIGHTLIFT_ASSIGNMENT"
+# The P2P token of the model identity (a Secret's key, as env): targets send it, sources check it.
+PEER_TOKEN_ENV = "WEIGHTLIFT_PEER_TOKEN"
+PEER_TOKEN_KEY = "token"
 
 
 class PeerCandidate(ApiModel):
     pod: str = Field(description="Source pod name.")
     address: str = Field(description="host:port of the source worker's HTTP endpoint.")
+
+
+def plan_digest(text: str) -> str:
+    """sha256 (hex) of the shared plan exactly as the ConfigMap holds it."""
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+class SharedPlan(ApiModel):
+    """What every replica of one ModelDeployment revision is told alike (spec-derived)."""
+
+    namespace: str = "default"
+    deployment: str
+    model_identity: str
+    model: ModelSource
+    served_model_name: str
+    tensor_parallel: int = 1
+    ranks: list[int] = Field(default_factory=lambda: [0])
+    device: str = "auto"
+    loading: LoadingSpec = Field(default_factory=LoadingSpec)
+    init_hooks: InitHooks | None = None
+    runtime: RuntimeSpec = Field(default_factory=RuntimeSpec)
+    probe: InferenceProbe | None = None
+    host: str = "0.0.0.0"
+
+    def to_text(self) -> str:
+        return self.model_dump_json(by_alias=True, exclude_none=True)
+
+
+class Assignment(ApiModel):
+    """One replica's part: small, so it stays in the pod's env. model_dir is here because it is
+    a path in this pod's mounts (the local process node rewrites mount paths in env values)."""
+
+    pod_name: str
+    replica: int = 0
+    role: Role = Role.SOURCE
+    model_dir: str
+    peers: list[PeerCandidate] = Field(default_factory=list)
+
+    def to_text(self) -> str:
+        return self.model_dump_json(by_alias=True, exclude_none=True)
 
 
 class WorkerPlan(ApiModel):
@@ -59,19 +110,24 @@ class WorkerPlan(ApiModel):
     def strategy(self) -> LoadStrategy:
         return LoadStrategy(self.loading.strategy)
 
-    def to_env(self) -> str:
-        return json.dumps(self.wire(), separators=(",", ":"))
-
     @classmethod
-    def from_env(cls, environ: dict[str, str] | None = None) -> WorkerPlan:
-        env = os.environ if environ is None else environ
-        if PLAN_ENV not in env:
-            raise ValueError(f"{PLAN_ENV} is not set and no --plan file was given")
-        return cls.model_validate_json(env[PLAN_ENV])
+    def compose(cls, shared: SharedPlan, assignment: Assignment) -> WorkerPlan:
+        return cls.model_validate({**shared.wire(), **assignment.wire()})
+
+    def split(self) -> tuple[SharedPlan, Assignment]:
+        doc = self.wire()
+        shared = {k: v for k, v in doc.items() if k in _SHARED_KEYS}
+        return SharedPlan.model_validate(shared), Assignment.model_validate(
+            {k: v for k, v in doc.items() if k not in _SHARED_KEYS}
+        )
 
     @classmethod
     def from_file(cls, path: Path) -> WorkerPlan:
         return cls.model_validate_json(path.read_text())
+
+
+_SHARED_KEYS = {info.alias or name for name, info in SharedPlan.model_fields.items()}
+_SHARED_KEYS |= set(SharedPlan.model_fields)
 
 
 class WorkerPhase(StrEnum):

@@ -11,7 +11,8 @@ real scheduler binds to it, and runs each container's command as a local process
 - volumes: hostPath -> the same path, persistentVolumeClaim -> its bound hostPath/local PV's
   directory, emptyDir -> a dir under the state dir, configMap/secret/
   projected -> files under the state dir; a mountPath that differs from the local dir is rewritten
-  in env values (also inside JSON values such as WEIGHTLIFT_PLAN) since there is no mount namespace;
+  in env values (also inside JSON values such as WEIGHTLIFT_ASSIGNMENT) since there is no mount
+  namespace (configMap volume files are written as they are: the worker checks their digest);
 - probes: readiness/liveness (httpGet, tcpSocket, exec) as the pod declares them;
 - status: phase, podIP(s), hostIP, containerStatuses (waiting/running/terminated, exit code and a
   log-tail message, ready, restartCount), Initialized/ContainersReady/Ready conditions;

@@ -191,3 +191,53 @@ def post_event(
         "count": 1,
     }
     _done(core.create_namespaced_event(meta["namespace"], event, _preload_content=False))  # type: ignore[arg-type]
+
+
+def create_configmap(core: client.CoreV1Api, namespace: str, manifest: Obj) -> bool:
+    """Create; False when it already exists."""
+    try:
+        _done(core.create_namespaced_config_map(namespace, manifest, _preload_content=False))  # type: ignore[arg-type]
+        return True
+    except ApiException as exc:
+        if exc.status == 409:
+            return False
+        raise
+
+
+def delete_configmaps(core: client.CoreV1Api, namespace: str, selector: str) -> None:
+    """One DELETE of every ConfigMap the label selector matches (deletecollection)."""
+    _done(
+        core.delete_collection_namespaced_config_map(
+            namespace, label_selector=selector, _preload_content=False
+        )
+    )
+
+
+def ensure_owned_secret(core: client.CoreV1Api, namespace: str, manifest: Obj) -> None:
+    """Create the Secret, or add this manifest's owner to the one that exists (a strategic
+    merge patch merges ownerReferences by uid: concurrent owners do not overwrite each other).
+    Its data is never read or replaced."""
+    name = manifest["metadata"]["name"]
+    owners = {"metadata": {"ownerReferences": manifest["metadata"]["ownerReferences"]}}
+    for _ in range(3):  # create / patch, racing the garbage collector deleting the last owner
+        try:
+            _done(core.create_namespaced_secret(namespace, manifest, _preload_content=False))  # type: ignore[arg-type]
+            return
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+        try:
+            _done(
+                core.patch_namespaced_secret(
+                    name,
+                    namespace,
+                    owners,
+                    _content_type="application/strategic-merge-patch+json",
+                    _preload_content=False,
+                )
+            )
+            return
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+    raise RuntimeError(f"secret {namespace}/{name} kept vanishing while being created")

@@ -8,14 +8,27 @@ from weightlift.api.labels import (
     DEPLOYMENT_LABEL,
     IDENTITY_LABEL,
     PEERS_ANNOTATION,
+    PLAN_LABEL,
     REPLICA_LABEL,
     ROLE_LABEL,
     WORKER_LABELS,
 )
 from weightlift.api.model import GROUP, KIND, VERSION, ModelDeploymentSpec, Role, RuntimeType
 from weightlift.api.storage import REMOTE_SCHEMES, ModelUri
-from weightlift.api.worker import PeerCandidate, WorkerPlan
+from weightlift.api.worker import (
+    ASSIGNMENT_ENV,
+    PEER_TOKEN_ENV,
+    PEER_TOKEN_KEY,
+    PLAN_CONFIGMAP_ENV,
+    PLAN_FILE_ENV,
+    PLAN_KEY,
+    PLAN_SHA256_ENV,
+    Assignment,
+    PeerCandidate,
+    SharedPlan,
+)
 from weightlift.operator.planning import DesiredPod
+from weightlift.operator.plans import PlanConfigMap, plan_configmap, token_secret_name
 
 GPU_RESOURCE = "nvidia.com/gpu"
 PVC_MOUNT_ROOT = "/mnt/models"
@@ -27,6 +40,7 @@ CREDENTIAL_KEYS = {
     "hf": ("HF_TOKEN",),
 }
 WORKER_UID = 1000
+PLAN_MOUNT = "/etc/weightlift/plan"
 
 
 def model_mount(
@@ -77,36 +91,67 @@ def credential_env(spec: ModelDeploymentSpec) -> list[dict[str, Any]]:
     ]
 
 
-def worker_plan(
-    name: str, namespace: str, spec: ModelDeploymentSpec, desired: DesiredPod
-) -> WorkerPlan:
-    model_dir, _, _ = model_mount(spec)
-    return WorkerPlan(
+def shared_plan(name: str, namespace: str, spec: ModelDeploymentSpec, identity: str) -> SharedPlan:
+    """What every replica of this revision is told (the plan ConfigMap's content)."""
+    return SharedPlan(
         namespace=namespace,
         deployment=name,
-        pod_name=desired.name,
-        replica=desired.replica,
-        role=desired.role,
-        model_identity=desired.identity,
+        model_identity=identity,
         model=spec.model,
-        model_dir=model_dir,
         served_model_name=spec.model.name or name,
         tensor_parallel=spec.parallelism.tensor,
         ranks=list(range(spec.parallelism.tensor)),
         loading=spec.loading,
-        peers=[PeerCandidate(pod=s.pod, address=s.address) for s in desired.peers],
         init_hooks=spec.init_hooks,
         runtime=spec.runtime,
         probe=spec.probe,
     )
 
 
+def assignment(spec: ModelDeploymentSpec, desired: DesiredPod) -> Assignment:
+    model_dir, _, _ = model_mount(spec)
+    return Assignment(
+        pod_name=desired.name,
+        replica=desired.replica,
+        role=desired.role,
+        model_dir=model_dir,
+        peers=[PeerCandidate(pod=s.pod, address=s.address) for s in desired.peers],
+    )
+
+
+def plan_for(name: str, namespace: str, spec: ModelDeploymentSpec, identity: str) -> PlanConfigMap:
+    return plan_configmap(name, shared_plan(name, namespace, spec, identity))
+
+
+def plan_env(
+    plan: PlanConfigMap, spec: ModelDeploymentSpec, desired: DesiredPod
+) -> list[dict[str, Any]]:
+    """Where the worker finds its plan and the digest it must have; the P2P token for workers
+    that serve or pull peer-to-peer (an External runtime does neither)."""
+    env: list[dict[str, Any]] = [
+        {"name": PLAN_FILE_ENV, "value": f"{PLAN_MOUNT}/{PLAN_KEY}"},
+        {"name": PLAN_SHA256_ENV, "value": plan.digest},
+        {"name": PLAN_CONFIGMAP_ENV, "value": plan.name},
+        {"name": ASSIGNMENT_ENV, "value": assignment(spec, desired).to_text()},
+    ]
+    if spec.runtime.type != RuntimeType.EXTERNAL:
+        ref = {"name": token_secret_name(desired.identity), "key": PEER_TOKEN_KEY}
+        env.append({"name": PEER_TOKEN_ENV, "valueFrom": {"secretKeyRef": ref}})
+    return env
+
+
 def render_pod(
-    name: str, namespace: str, uid: str, spec: ModelDeploymentSpec, desired: DesiredPod
+    name: str,
+    namespace: str,
+    uid: str,
+    spec: ModelDeploymentSpec,
+    desired: DesiredPod,
+    plan: PlanConfigMap | None = None,
 ) -> dict[str, Any]:
+    """`plan`: the revision's plan ConfigMap (computed once per pass by the caller)."""
     _, model_volumes, model_mounts = model_mount(spec)
     template = spec.template
-    plan = worker_plan(name, namespace, spec, desired)
+    plan = plan or plan_for(name, namespace, spec, desired.identity)
     gpus = str(spec.parallelism.tensor)
     limits = {**template.resources.limits, GPU_RESOURCE: gpus}
     requests = {**template.resources.requests, GPU_RESOURCE: gpus}
@@ -115,7 +160,7 @@ def render_pod(
         limits[template.rdma_resource] = requests[template.rdma_resource] = "1"
         capabilities["add"] = ["IPC_LOCK"]  # RDMA registers (pins) memory
     env = [
-        {"name": "WEIGHTLIFT_PLAN", "value": plan.to_env()},
+        *plan_env(plan, spec, desired),
         {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
         {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
         {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
@@ -153,6 +198,7 @@ def render_pod(
         "volumeMounts": [
             {"name": "dshm", "mountPath": "/dev/shm"},
             {"name": "tmp", "mountPath": "/tmp"},
+            {"name": "plan", "mountPath": PLAN_MOUNT, "readOnly": True},
             *model_mounts,
         ],
         "terminationMessagePolicy": "FallbackToLogsOnError",
@@ -163,6 +209,7 @@ def render_pod(
         IDENTITY_LABEL: desired.identity,
         ROLE_LABEL: str(desired.role),
         REPLICA_LABEL: str(desired.replica),
+        PLAN_LABEL: plan.label,
     }
     return {
         "apiVersion": "v1",
@@ -206,6 +253,7 @@ def render_pod(
             "volumes": [
                 {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": template.shm_size}},
                 {"name": "tmp", "emptyDir": {}},
+                {"name": "plan", "configMap": {"name": plan.name}},
                 *model_volumes,
             ],
         },

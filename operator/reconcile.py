@@ -18,12 +18,19 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
-from weightlift.api.labels import IDENTITY_LABEL, REPLICA_LABEL, ROLE_LABEL, SOURCES_OF_LABEL
+from weightlift.api.labels import (
+    IDENTITY_LABEL,
+    PLAN_LABEL,
+    REPLICA_LABEL,
+    ROLE_LABEL,
+    SOURCES_OF_LABEL,
+)
 from weightlift.api.model import (
     ModelDeploymentSpec,
     ModelDeploymentStatus,
     ProbeResult,
     Role,
+    RuntimeType,
     SourceEndpoint,
     pulls_from_peers,
 )
@@ -39,7 +46,13 @@ from weightlift.operator.planning import (
     host_port,
     plan,
 )
-from weightlift.operator.pods import GPU_RESOURCE, render_pod, role_of
+from weightlift.operator.plans import (
+    PlanConfigMap,
+    configmap_manifest,
+    sweep_selector,
+    token_secret_manifest,
+)
+from weightlift.operator.pods import GPU_RESOURCE, plan_for, render_pod, role_of
 from weightlift.operator.probes import (
     fetch_report,
     may_contact,
@@ -96,6 +109,14 @@ class OperatorState:
     node_gpus: tuple[float, int | None] = (0.0, None)
     _node_fetch: asyncio.Future[int | None] | None = None
     model_path_prefixes: tuple[str, ...] = ()  # see planning.Observed
+    # What exists beside the pods (operator/plans.py), so each is created once per operator
+    # life, not once per pod: (uid, plan ConfigMap name) and (uid, identity of a token Secret).
+    plan_maps: set[tuple[str, str]] = field(default_factory=set)
+    tokens: set[tuple[str, str]] = field(default_factory=set)
+    # Deployments (uids) on which pods of two plans were seen: the older plan ConfigMaps are
+    # swept when only pods of the current plan are left. uid -> the plan label last seen.
+    stale_plans: set[str] = field(default_factory=set)
+    plan_labels: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def from_environment(cls) -> OperatorState:
@@ -120,6 +141,10 @@ class OperatorState:
         self.errors.pop(uid, None)
         self.written_at.pop(uid, None)
         self.awaited.pop(uid, None)
+        self.stale_plans.discard(uid)
+        self.plan_labels.pop(uid, None)
+        self.plan_maps = {k for k in self.plan_maps if k[0] != uid}
+        self.tokens = {k for k in self.tokens if k[0] != uid}
 
     def await_pod(self, uid: str, name: str) -> None:
         self.awaited.setdefault(uid, {})[name] = time.monotonic() + CREATED_POD_WAIT_SECONDS
@@ -372,8 +397,8 @@ def pod_essentials(pod: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-# The pod labels planning reads (observe_pod, pods.role_of).
-POD_LABELS_READ = (REPLICA_LABEL, IDENTITY_LABEL, ROLE_LABEL)
+# The pod labels a pass reads (observe_pod, pods.role_of, _sweep_plans).
+POD_LABELS_READ = (REPLICA_LABEL, IDENTITY_LABEL, ROLE_LABEL, PLAN_LABEL)
 
 
 def _slim_termination(terminated: Mapping[str, Any]) -> dict[str, Any]:
@@ -426,7 +451,7 @@ async def reconcile(
         result = await _replan_with_published_sources(state, spec, observed, result)
     if isinstance(spec, SpecError):
         logger.warning("invalid spec: %s", spec.message)
-    await apply(state, body, spec, result, logger)
+    await apply(state, body, spec, result, logger, pods)
     return result.requeue_after
 
 
@@ -496,12 +521,69 @@ def _surface_rejection(result: Plan, message: str, previous: dict[str, Any]) -> 
         result.events.append(Event("Warning", "FailedCreate", message))
 
 
+async def _ensure_beside_pods(
+    state: OperatorState,
+    meta: Mapping[str, Any],
+    spec: ModelDeploymentSpec,
+    identity: str,
+    plan: PlanConfigMap,
+) -> None:
+    """The plan ConfigMap and the P2P token Secret exist before a pod that mounts them."""
+    namespace, name, uid = meta["namespace"], meta["name"], meta["uid"]
+    if (uid, plan.name) not in state.plan_maps:
+        manifest = configmap_manifest(plan, namespace, name, uid)
+        await asyncio.to_thread(kube.create_configmap, state.core, namespace, manifest)
+        state.plan_maps.add((uid, plan.name))
+    if spec.runtime.type != RuntimeType.EXTERNAL and (uid, identity) not in state.tokens:
+        secret = token_secret_manifest(identity, namespace, name, uid)
+        await asyncio.to_thread(kube.ensure_owned_secret, state.core, namespace, secret)
+        state.tokens.add((uid, identity))
+
+
+async def _sweep_plans(
+    state: OperatorState,
+    meta: Mapping[str, Any],
+    pods: list[dict[str, Any]],
+    spec: ModelDeploymentSpec,
+    identity: str | None,
+    logger: logging.Logger | logging.LoggerAdapter[Any],
+) -> None:
+    """Delete older revisions' plan ConfigMaps once no pod of this deployment uses them (one
+    deletecollection per rollover; nothing at all while no older plan was seen)."""
+    uid = meta["uid"]
+    in_use: set[str] = {
+        str(label)
+        for p in pods
+        if (label := (p["metadata"].get("labels") or {}).get(PLAN_LABEL)) is not None
+    }
+    if len(in_use) != 1 or not identity:
+        if len(in_use) > 1:
+            state.stale_plans.add(uid)
+        return
+    (label,) = in_use
+    if state.plan_labels.setdefault(uid, label) != label:
+        state.plan_labels[uid] = label
+        state.stale_plans.add(uid)
+    if uid not in state.stale_plans:
+        return  # cheap: the plan is not recomputed on every pass
+    if label != plan_for(meta["name"], meta["namespace"], spec, identity).label:
+        return  # only pods of an older revision are left; its successors are on their way
+    state.stale_plans.discard(uid)
+    selector = sweep_selector(meta["name"], {label})
+    try:
+        await asyncio.to_thread(kube.delete_configmaps, state.core, meta["namespace"], selector)
+    except ApiException as exc:
+        state.stale_plans.add(uid)  # the next pass tries again
+        logger.warning("sweeping old plan ConfigMaps: %s", kube.api_error(exc))
+
+
 async def apply(
     state: OperatorState,
     body: dict[str, Any],
     spec: ModelDeploymentSpec | SpecError,
     result: Plan,
     logger: logging.Logger | logging.LoggerAdapter[Any],
+    pods: list[dict[str, Any]] | None = None,
 ) -> None:
     meta = body["metadata"]
     namespace, name, uid = meta["namespace"], meta["name"], meta["uid"]
@@ -513,9 +595,20 @@ async def apply(
             kube.patch_pod_labels, state.core, namespace, pod, {ROLE_LABEL: str(role)}
         )
     rejected: list[str] = []
+    plans: dict[str, PlanConfigMap] = {}  # identity -> this revision's plan
     for desired in result.create:
         assert not isinstance(spec, SpecError)  # plan creates nothing from an unparsable spec
-        manifest = render_pod(name, namespace, uid, spec, desired)
+        plan = plans.get(desired.identity)
+        if plan is None:
+            plan = plans[desired.identity] = plan_for(name, namespace, spec, desired.identity)
+        try:
+            await _ensure_beside_pods(state, meta, spec, desired.identity, plan)
+        except ApiException as exc:
+            rejected.append(
+                f"creating {plan.name} for pod {desired.name} was rejected: {kube.api_error(exc)}"
+            )
+            break
+        manifest = render_pod(name, namespace, uid, spec, desired, plan)
         try:
             created = await asyncio.to_thread(kube.create_pod, state.core, namespace, manifest)
             state.await_pod(uid, desired.name)  # new, or already there (409): it exists
@@ -523,6 +616,8 @@ async def apply(
                 logger.info("created %s pod %s", desired.role, desired.name)
         except ApiException as exc:
             rejected.append(f"creating pod {desired.name} was rejected: {kube.api_error(exc)}")
+    if not isinstance(spec, SpecError) and pods:
+        await _sweep_plans(state, meta, pods, spec, result.status.model_identity, logger)
     previous = state.status_of(uid, body) or {}
     if rejected:
         _surface_rejection(result, rejected[0], previous)

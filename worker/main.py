@@ -39,7 +39,7 @@ from aiohttp import web
 
 from weightlift.api.model import Engine
 from weightlift.api.storage import ModelUri
-from weightlift.api.worker import HookReport, WorkerPhase, WorkerPlan
+from weightlift.api.worker import HookReport, WorkerPhase, WorkerPlan, WorkerReport
 from weightlift.worker.hooks import INIT_SYMBOL, HookError, InitHookSession, run_init_hooks
 from weightlift.worker.loaders.base import Loader, LoadError, LoadProgress
 from weightlift.worker.loaders.files import shard_index
@@ -49,6 +49,8 @@ from weightlift.worker.loaders.select import (
     load_from_peers,
     wants_peer_to_peer,
 )
+from weightlift.worker.peer_auth import RedactingFilter, warn_if_open
+from weightlift.worker.plan import read_plan
 from weightlift.worker.runtime import BindError, Pt2Runtime
 from weightlift.worker.server import WorkerState, build_app, set_p2p_handler
 from weightlift.worker.storage.fetch import Fetched, is_remote, materialize
@@ -320,6 +322,7 @@ class Worker:
             log.warning("cannot publish as a P2P source: %s", exc)
             return
         set_p2p_handler(app, self.publisher)
+        warn_if_open(self.state.peer_token)
 
     async def shutdown(self, app: web.Application | None) -> None:
         self.state.ready = False
@@ -445,16 +448,26 @@ async def run_worker(
     "--plan",
     "plan_file",
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    help="WorkerPlan JSON file (default: the WEIGHTLIFT_PLAN environment variable).",
+    help="WorkerPlan JSON file (default: the operator's plan ConfigMap, see worker/plan.py).",
 )
 @click.option("--log-level", default="INFO", show_default=True)
 def worker_command(plan_file: Path | None, log_level: str) -> None:
     """Run the model worker (init hooks, load, serve KServe v2)."""
     logging.basicConfig(level=log_level.upper(), format=LOG_FORMAT)
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(RedactingFilter())
     try:
-        plan = WorkerPlan.from_file(plan_file) if plan_file else WorkerPlan.from_env()
-    except Exception as exc:  # pydantic ValidationError or a missing env var
-        _write_termination_log(f"invalid worker plan: {exc}")
+        plan = WorkerPlan.from_file(plan_file) if plan_file else read_plan()
+    except Exception as exc:  # PlanRefused, pydantic's ValidationError, an unreadable file
+        log.error("invalid worker plan: %s", exc)
+        # A report, so the operator shows why and does not recreate the pod: another pod would
+        # get the same plan.
+        refused = WorkerReport(
+            phase=WorkerPhase.FAILED,
+            message=f"invalid worker plan: {exc}"[:2000],
+            permanent_failure=True,
+        )
+        _write_termination_log(refused.model_dump_json(by_alias=True))
         raise click.ClickException(f"invalid worker plan: {exc}") from exc
     bind_host = os.environ.get("WEIGHTLIFT_BIND_HOST")
     if bind_host:  # the local process node: this pod's 127.0.x.y stands in for its netns

@@ -10,6 +10,10 @@ forwarded to the P2P source publisher's `handle(request)` once one is installed 
 (Triton's generate extension) is answered through it; without one those answer 404. The
 handlers live in the WorkerState (mutable) rather than as app keys: aiohttp deprecates changing
 a started app.
+
+Every request body is bounded per route (`body_limit`): more is refused with a 413 naming the
+limit. The P2P routes answer only requests bearing the model identity's peer token
+(peer_auth.py). The status never carries secret env values (redacted from its messages).
 """
 
 from __future__ import annotations
@@ -28,10 +32,15 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from weightlift.api.worker import WorkerPlan, WorkerReport
 from weightlift.worker.loaders.base import LoadProgress
+from weightlift.worker.peer_auth import peer_token, redact, refusal, secret_values
 from weightlift.worker.runtime import V2_TO_NUMPY, InferError, Pt2Runtime
 
 HEADER_LEN = "Inference-Header-Content-Length"
+# Request body limits: tensors for infer, a prompt (or chat) for generate and the OpenAI API,
+# small JSON for P2P sessions and everything else.
 MAX_REQUEST_BYTES = 256 << 20
+MAX_TEXT_REQUEST_BYTES = 8 << 20
+MAX_SMALL_REQUEST_BYTES = 64 << 10
 NUMPY_TO_V2 = {np.dtype(v).str: k for k, v in V2_TO_NUMPY.items()}
 
 
@@ -83,6 +92,9 @@ class WorkerState:
     # The engine serving the model when it is not the builtin runtime (vLLM), else None.
     engine: EngineFront | None = None
     infer_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    # The bearer token P2P clients must present (None: open; see peer_auth.py).
+    peer_token: str | None = field(default_factory=peer_token)
+    secrets: list[str] = field(default_factory=secret_values)
 
     @classmethod
     def for_plan(cls, plan: WorkerPlan) -> WorkerState:
@@ -230,8 +242,33 @@ def set_p2p_handler(app: web.Application, handler: P2PHandler | None) -> None:
     app[STATE_KEY].p2p = handler
 
 
+def body_limit(path: str) -> int:
+    if path.startswith("/v2/models/") and path.endswith("/infer"):
+        return MAX_REQUEST_BYTES
+    if path.startswith("/v1/") or (path.startswith("/v2/models/") and path.endswith("/generate")):
+        return MAX_TEXT_REQUEST_BYTES
+    return MAX_SMALL_REQUEST_BYTES
+
+
+def _too_large(path: str, size: int | None, limit: int) -> web.Response:
+    got = f"{size} bytes" if size is not None else "more"
+    return _error(f"request body of {got} exceeds the {limit}-byte limit of {path}", 413)
+
+
+@web.middleware
+async def bounded_bodies(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Refuse a body over the route's limit: at once by Content-Length, else while reading."""
+    limit = body_limit(request.path)
+    if request.content_length is not None and request.content_length > limit:
+        return _too_large(request.path, request.content_length, limit)
+    try:
+        return await handler(request.clone(client_max_size=limit))
+    except web.HTTPRequestEntityTooLarge:
+        return _too_large(request.path, None, limit)
+
+
 def build_app(state: WorkerState) -> web.Application:
-    app = web.Application(client_max_size=MAX_REQUEST_BYTES)
+    app = web.Application(client_max_size=MAX_REQUEST_BYTES, middlewares=[bounded_bodies])
     app[STATE_KEY] = state
     name = state.plan.served_model_name
 
@@ -309,9 +346,15 @@ def build_app(state: WorkerState) -> web.Application:
         )
 
     async def status(request: web.Request) -> web.Response:
-        return _json(state.snapshot().wire())
+        doc = state.snapshot().wire()
+        if state.secrets:  # messages quote exceptions; none may quote a secret
+            doc = json.loads(redact(json.dumps(doc), state.secrets))
+        return _json(doc)
 
     async def p2p(request: web.Request) -> web.StreamResponse:
+        denied = refusal(request, state.peer_token)
+        if denied is not None:
+            return denied
         handler = state.p2p
         if handler is None:
             return _error("not a source yet", 503)

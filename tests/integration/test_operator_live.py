@@ -7,6 +7,8 @@ pass: these tests assert roles, scheduling, phases, conditions and pod counts, n
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 from collections.abc import Iterator
 from typing import Any, cast
@@ -326,7 +328,72 @@ def test_a_source_a_sibling_publishes_feeds_a_new_deployment_at_once(env: Env) -
     assert {p.metadata.labels[ROLE_LABEL] for p in pods} == {"Target"}
     for pod in pods:
         env_vars = {e.name: e.value for e in pod.spec.containers[0].env}
-        plan = json.loads(env_vars["WEIGHTLIFT_PLAN"])
+        plan = json.loads(env_vars["WEIGHTLIFT_ASSIGNMENT"])  # peers: the per-replica part
         assert [(p["pod"], p["address"]) for p in plan["peers"]] == [
             ("feeder-pod-0", "10.99.0.1:8000")
         ]
+
+
+def _plan_maps(env: Env, name: str) -> list[client.V1ConfigMap]:
+    selector = f"{DEPLOYMENT_LABEL}={name},weightlift.dev/plan"
+    return list(env.core.list_namespaced_config_map(NS, label_selector=selector).items)
+
+
+def test_plans_and_peer_tokens_live_beside_the_pods_and_go_with_their_owners(env: Env) -> None:
+    """One immutable plan ConfigMap per revision (the pods' digest matches it, the garbage
+    collector removes it with its ModelDeployment); one token Secret per model identity, owned
+    by every ModelDeployment of that identity, referenced by the pods, never in the plan."""
+    shared = {"uri": "file:///models/planned"}
+    env.create("planner", replicas=2, model=shared, loading={"waitForSourceSeconds": 0})
+    pods = env.wait_pods("planner", 2)
+    (plan,) = wait_for(lambda: _plan_maps(env, "planner"), 30, "the plan ConfigMap")
+    assert plan.immutable is True
+    text = plan.data["plan.json"]
+    digest = hashlib.sha256(text.encode()).hexdigest()
+    identity = (
+        env.status("planner").get("modelIdentity")
+        or pods[0].metadata.labels["weightlift.dev/identity"]
+    )
+    token_name = f"weightlift-peer-{identity}"
+    for pod in pods:
+        env_vars = {e.name: e for e in pod.spec.containers[0].env}
+        assert env_vars["WEIGHTLIFT_PLAN_SHA256"].value == digest
+        assert env_vars["WEIGHTLIFT_PLAN_CONFIGMAP"].value == plan.metadata.name
+        assert env_vars["WEIGHTLIFT_PEER_TOKEN"].value_from.secret_key_ref.name == token_name
+        volume = next(v for v in pod.spec.volumes if v.name == "plan")
+        assert volume.config_map.name == plan.metadata.name
+    secret = env.core.read_namespaced_secret(token_name, NS)
+    token = base64.b64decode(secret.data["token"]).decode()
+    assert len(token) >= 40 and token not in text
+    planner_uid = env.md("planner")["metadata"]["uid"]
+    assert [o.uid for o in secret.metadata.owner_references] == [planner_uid]
+    # The ConfigMap cannot be edited in place.
+    with pytest.raises(client.ApiException) as refused:
+        env.core.patch_namespaced_config_map(plan.metadata.name, NS, {"data": {"plan.json": "{}"}})
+    assert refused.value.status == 422
+
+    env.create("sibling", replicas=1, model=shared, loading={"waitForSourceSeconds": 0})
+    env.wait_pods("sibling", 1)
+    sibling_uid = env.md("sibling")["metadata"]["uid"]
+
+    def owners() -> set[str]:
+        found = env.core.read_namespaced_secret(token_name, NS).metadata.owner_references
+        return {o.uid for o in found or []}
+
+    wait_for(lambda: owners() == {planner_uid, sibling_uid}, 30, "both owners on the token")
+    token_again = base64.b64decode(env.core.read_namespaced_secret(token_name, NS).data["token"])
+    assert token_again.decode() == token  # shared, not replaced
+
+    env.kubectl("delete", "-n", NS, "md/planner", "--timeout=60s")
+    wait_for(lambda: _plan_maps(env, "planner") == [], 60, "plan ConfigMap collected")
+    wait_for(lambda: owners() == {sibling_uid}, 60, "the token outlives one of its owners")
+    env.kubectl("delete", "-n", NS, "md/sibling", "--timeout=60s")
+
+    def token_gone() -> bool:
+        try:
+            env.core.read_namespaced_secret(token_name, NS)
+            return False
+        except client.ApiException as exc:
+            return exc.status == 404
+
+    wait_for(token_gone, 60, "token collected with its last owner")

@@ -41,6 +41,10 @@ NEEDED: list[tuple[str, str]] = [
     ("delete", "pods"),
     ("patch", "pods"),  # role label on promotion
     ("create", "events"),
+    ("create", "configmaps"),  # the plan of each revision
+    ("deletecollection", "configmaps"),  # older revisions' plans
+    ("create", "secrets"),  # the P2P token of each model identity
+    ("patch", "secrets"),  # another owner of that token
 ]
 NEEDED_CLUSTER: list[tuple[str, str]] = [
     ("list", "nodes"),
@@ -51,8 +55,11 @@ FORBIDDEN: list[tuple[str, str]] = [
     ("create", "modeldeployments.weightlift.dev"),  # users own their specs
     ("update", "modeldeployments.weightlift.dev"),
     ("delete", "modeldeployments.weightlift.dev"),
-    ("get", "secrets"),
+    ("get", "secrets"),  # tokens and credentials reach workers by secretKeyRef, not through it
     ("list", "secrets"),
+    ("watch", "secrets"),
+    ("get", "configmaps"),
+    ("update", "configmaps"),
     ("create", "pods/exec"),
     ("update", "pods/status"),
     ("create", "deployments.apps"),

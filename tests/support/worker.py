@@ -16,7 +16,14 @@ from typing import Any
 
 import httpx
 
-from weightlift.api.worker import WorkerPlan
+from weightlift.api.worker import (
+    ASSIGNMENT_ENV,
+    PLAN_CONFIGMAP_ENV,
+    PLAN_FILE_ENV,
+    PLAN_SHA256_ENV,
+    WorkerPlan,
+    plan_digest,
+)
 from weightlift.worker.main import Worker
 
 
@@ -59,6 +66,21 @@ def make_plan(model_dir: Path, tp: int = 1, **extra: Any) -> WorkerPlan:
     }
     doc.update(extra)
     return WorkerPlan.model_validate(doc)
+
+
+def plan_env(plan: WorkerPlan, folder: Path, configmap: str = "md-plan-test") -> dict[str, str]:
+    """The environment (and plan file) the operator gives a worker pod: the shared plan in a
+    file standing in for the ConfigMap, its sha256, and the per-replica assignment."""
+    shared, assignment = plan.split()
+    text = shared.to_text()
+    path = folder / "plan.json"
+    path.write_text(text)
+    return {
+        PLAN_FILE_ENV: str(path),
+        PLAN_SHA256_ENV: plan_digest(text),
+        PLAN_CONFIGMAP_ENV: configmap,
+        ASSIGNMENT_ENV: assignment.to_text(),
+    }
 
 
 class RunningWorker:

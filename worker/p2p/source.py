@@ -42,6 +42,7 @@ from weightlift.worker.p2p.manifest import (
     checksum,
 )
 from weightlift.worker.p2p.nixl_compat import nixl
+from weightlift.worker.peer_auth import peer_token, refusal
 
 if TYPE_CHECKING:
     from weightlift.api.worker import WorkerPlan
@@ -372,11 +373,16 @@ PUBLISHER_KEY: web.AppKey[SourcePublisher | None] = web.AppKey("p2p")
 
 
 def p2p_app(publisher: SourcePublisher | None) -> web.Application:
-    """A minimal aiohttp app that forwards the p2p prefix like the worker's server does."""
-    app = web.Application()
+    """A minimal aiohttp app that forwards the p2p prefix like the worker's server does (the
+    same peer token check; small bodies only)."""
+    app = web.Application(client_max_size=64 << 10)
     app[PUBLISHER_KEY] = publisher
+    token = peer_token()
 
     async def forward(request: web.Request) -> web.StreamResponse:
+        denied = refusal(request, token)
+        if denied is not None:
+            return denied
         pub = request.app[PUBLISHER_KEY]
         if pub is None:
             return _error(503, "not_a_source", "this worker is not a source yet")

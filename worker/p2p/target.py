@@ -36,6 +36,7 @@ from weightlift.worker.p2p import P2P_PREFIX
 from weightlift.worker.p2p.expected import ExpectedTensor, ShapeMismatch, check_manifest
 from weightlift.worker.p2p.manifest import RankManifest, align_up, checksum, element_size
 from weightlift.worker.p2p.nixl_compat import nixl
+from weightlift.worker.peer_auth import auth_headers, peer_token
 
 log = logging.getLogger(__name__)
 
@@ -245,7 +246,8 @@ class _Liveness:
     def _run(self) -> None:
         failures = 0
         timeout = max(self.opts.liveness_interval_s * 2, 0.5)
-        with httpx.Client(timeout=timeout, verify=False) as client:
+        headers = auth_headers(peer_token())
+        with httpx.Client(timeout=timeout, verify=False, headers=headers) as client:
             while not self._stop.wait(self.opts.liveness_interval_s):
                 try:
                     ok = client.get(self.url).status_code == 200
@@ -305,7 +307,10 @@ def pull_from_peer(
     # Seconds since the start at which each phase ended: manifest, alloc (buffer faulted in),
     # agent (NIXL agent ready, remote added, connected), transfer_done, verified.
     timings: dict[str, float] = {}
-    client = httpx.Client(timeout=opts.http_timeout_s, verify=False)  # plain http, no CA load
+    # plain http, no CA load; the peer token (if this pod has one) on every request
+    client = httpx.Client(
+        timeout=opts.http_timeout_s, verify=False, headers=auth_headers(peer_token())
+    )
     session: str | None = None
     verified = False
     agent: Any = None

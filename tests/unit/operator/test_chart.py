@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -91,6 +92,8 @@ def test_operator_rbac_is_least_privilege(helm: Path) -> None:
         ("weightlift.dev", "modeldeployments/status"): {"get", "patch"},
         ("", "pods"): {"get", "list", "watch", "create", "delete", "patch"},
         ("", "events"): {"create"},
+        ("", "configmaps"): {"create", "deletecollection"},
+        ("", "secrets"): {"create", "patch"},
     }
     assert cluster == {
         ("", "nodes"): {"list"},
@@ -99,7 +102,7 @@ def test_operator_rbac_is_least_privilege(helm: Path) -> None:
     }
     everything = [v for table in roles.values() for v in table.values()]
     assert not any("*" in verbs or "escalate" in verbs or "bind" in verbs for verbs in everything)
-    assert all(("", "secrets") not in table for table in roles.values())
+    assert all(table.get(("", "secrets"), set()) <= {"create", "patch"} for table in roles.values())
 
 
 def test_watch_namespaces_bind_per_namespace(helm: Path) -> None:
@@ -173,3 +176,53 @@ def test_values_schema_refuses_bad_prefixes(helm: Path, prefix: str) -> None:
         text=True,
     )
     assert result.returncode != 0 and "modelPathPrefixes" in result.stderr, result.stderr
+
+
+def test_operator_writes_plans_and_tokens_but_never_reads_them(helm: Path) -> None:
+    roles = {r["metadata"]["name"]: rules(r) for r in by_kind(template(helm), "ClusterRole")}
+    namespaced = roles["wl-operator"]
+    assert namespaced[("", "configmaps")] == {"create", "deletecollection"}
+    assert namespaced[("", "secrets")] == {"create", "patch"}
+
+
+def test_no_network_policy_unless_enabled(helm: Path) -> None:
+    assert by_kind(template(helm), "NetworkPolicy") == []
+
+
+def test_network_policy_admits_only_worker_pods_and_the_operator(helm: Path) -> None:
+    gateway = json.dumps([{"namespaceSelector": {"matchLabels": {"gw": "yes"}}}])
+    docs = template(
+        helm,
+        "--set", "networkPolicy.enabled=true",
+        "--set", "watchNamespaces={models,staging}",
+        "--set-json", f"networkPolicy.servingFrom={gateway}",
+        "--set-json", "networkPolicy.servingPorts=[8000,8001]",
+    )  # fmt: skip
+    policies = by_kind(docs, "NetworkPolicy")
+    assert {p["metadata"]["namespace"] for p in policies} == {"models", "staging"}
+    worker = {
+        "app.kubernetes.io/name": "weightlift-worker",
+        "app.kubernetes.io/managed-by": "weightlift",
+    }
+    for policy in policies:
+        spec = policy["spec"]
+        assert spec["podSelector"] == {"matchLabels": worker}
+        assert spec["policyTypes"] == ["Ingress"]
+        peers, serving = spec["ingress"]
+        assert "ports" not in peers  # P2P: the HTTP port and UCX's, from these peers only
+        assert peers["from"][0] == {"podSelector": {"matchLabels": worker}}
+        operator = peers["from"][1]
+        assert operator["namespaceSelector"]["matchLabels"] == {
+            "kubernetes.io/metadata.name": "weightlift"
+        }
+        assert operator["podSelector"]["matchLabels"]["app.kubernetes.io/name"] == "weightlift"
+        assert serving["from"] == [{"namespaceSelector": {"matchLabels": {"gw": "yes"}}}]
+        assert serving["ports"] == [
+            {"protocol": "TCP", "port": 8000},
+            {"protocol": "TCP", "port": 8001},
+        ]
+    # The operator's pod carries the labels the policy admits.
+    (deployment,) = by_kind(docs, "Deployment")
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert labels["app.kubernetes.io/name"] == "weightlift"
+    assert labels["app.kubernetes.io/instance"] == "wl"

@@ -36,7 +36,16 @@ from weightlift.api.labels import (
     SOURCES_OF_LABEL,
 )
 from weightlift.api.model import GROUP, KIND, PLURAL, VERSION, ProbeResult
-from weightlift.api.worker import PLAN_ENV, WorkerPlan
+from weightlift.api.worker import (
+    ASSIGNMENT_ENV,
+    PLAN_CONFIGMAP_ENV,
+    PLAN_KEY,
+    PLAN_SHA256_ENV,
+    Assignment,
+    SharedPlan,
+    WorkerPlan,
+    plan_digest,
+)
 from weightlift.operator import handlers, kube
 from weightlift.operator.identity import model_identity
 from weightlift.operator.planning import SpecError
@@ -47,6 +56,7 @@ NS = "wl-test"
 MD_RESOURCE = kmock.resource(GROUP, VERSION, PLURAL)
 PODS = kmock.resource("", "v1", "pods")
 EVENTS = kmock.resource("", "v1", "events")
+CONFIGMAPS = kmock.resource("", "v1", "configmaps")
 MD_PATH = f"/apis/{GROUP}/{VERSION}/namespaces/{NS}/{PLURAL}"
 
 
@@ -115,6 +125,17 @@ class Cluster:
             if resource == EVENTS and not obj.deleted
             if obj.raw.get("involvedObject", {}).get("name") == involved
         ]
+
+    def plan_of(self, pod: dict[str, Any]) -> WorkerPlan:
+        """The plan this pod's worker reads: its plan ConfigMap (digest checked) + assignment."""
+        env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
+        key = (CONFIGMAPS, NS, env[PLAN_CONFIGMAP_ENV])
+        text = self.emulator.objects[key].raw["data"][PLAN_KEY]
+        assert plan_digest(text) == env[PLAN_SHA256_ENV]
+        return WorkerPlan.compose(
+            SharedPlan.model_validate_json(text),
+            Assignment.model_validate_json(env[ASSIGNMENT_ENV]),
+        )
 
     def operator_requests(self, since: int = 0) -> list[str]:
         """ "VERB path" (GET, LIST, POST, PATCH ...) of the requests the operator's kubernetes
@@ -353,8 +374,7 @@ async def test_first_source_pod_status_and_event(
     assert pod["spec"]["nodeSelector"] == {"gpu": "h100"}
     worker = pod["spec"]["containers"][0]
     assert worker["resources"]["limits"]["nvidia.com/gpu"] == "2"
-    env = {e["name"]: e.get("value") for e in worker["env"]}
-    plan = WorkerPlan.from_env({PLAN_ENV: env[PLAN_ENV]})
+    plan = cluster.plan_of(pod)
     assert (plan.role, plan.deployment, plan.namespace, plan.ranks) == (
         "Source",
         "llama",
@@ -629,7 +649,7 @@ def _assert_fed_by_feeder(pods: list[dict[str, Any]]) -> None:
     for pod in pods:
         assert pod["metadata"]["labels"][ROLE_LABEL] == "Target"
         env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
-        plan = WorkerPlan.model_validate_json(env[PLAN_ENV])
+        plan = Assignment.model_validate_json(env[ASSIGNMENT_ENV])
         assert [(p.pod, p.address) for p in plan.peers] == [("feeder-pod-0", "127.0.9.9:8000")]
 
 

@@ -15,14 +15,25 @@ from pydantic import ValidationError
 
 from weightlift.api.labels import DEPLOYMENT_LABEL, IDENTITY_LABEL, REPLICA_LABEL, ROLE_LABEL
 from weightlift.api.model import GROUP, KIND, VERSION, ModelDeploymentSpec, Role, SourceEndpoint
-from weightlift.api.worker import PLAN_ENV, WorkerPlan
+from weightlift.api.worker import (
+    ASSIGNMENT_ENV,
+    PEER_TOKEN_ENV,
+    PLAN_FILE_ENV,
+    PLAN_SHA256_ENV,
+    Assignment,
+    SharedPlan,
+    WorkerPlan,
+    plan_digest,
+)
 from weightlift.operator.identity import model_identity
 from weightlift.operator.planning import DesiredPod, pod_name
 from weightlift.operator.pods import (
     DOWNLOAD_DIR,
     GPU_RESOURCE,
+    PLAN_MOUNT,
     PVC_MOUNT_ROOT,
     model_mount,
+    plan_for,
     render_pod,
 )
 
@@ -74,8 +85,19 @@ def env_of(pod: dict[str, Any]) -> dict[str, Any]:
     return {e["name"]: e for e in container(pod)["env"]}
 
 
-def plan_of(pod: dict[str, Any]) -> WorkerPlan:
-    return WorkerPlan.from_env({PLAN_ENV: env_of(pod)[PLAN_ENV]["value"]})
+def plan_of(pod: dict[str, Any], spec: ModelDeploymentSpec | None = None) -> WorkerPlan:
+    """The plan a worker of this pod reads: the ConfigMap's text (checked against the pod's
+    digest) and the assignment in its env."""
+    env = env_of(pod)
+    identity = pod["metadata"]["labels"][IDENTITY_LABEL]
+    configmap = plan_for(NAME, NAMESPACE, spec or make_spec(), identity)
+    assert plan_digest(configmap.text) == env[PLAN_SHA256_ENV]["value"]
+    volume = next(v for v in pod["spec"]["volumes"] if v["name"] == "plan")
+    assert volume == {"name": "plan", "configMap": {"name": configmap.name}}
+    return WorkerPlan.compose(
+        SharedPlan.model_validate_json(configmap.text),
+        Assignment.model_validate_json(env[ASSIGNMENT_ENV]["value"]),
+    )
 
 
 def volume(pod: dict[str, Any], name: str) -> dict[str, Any]:
@@ -209,7 +231,7 @@ def test_owner_reference_makes_the_model_deployment_the_controller() -> None:
 def test_worker_plan_env_parses_back_for_a_source() -> None:
     spec = make_spec(parallelism={"tensor": 2}, model={"uri": "hostpath:///m", "name": "served"})
     want = desired(spec, replica=0)
-    plan = plan_of(render(spec, want))
+    plan = plan_of(render(spec, want), spec)
     assert plan.role == Role.SOURCE
     assert plan.deployment == NAME
     assert plan.namespace == NAMESPACE
@@ -227,7 +249,7 @@ def test_worker_plan_env_carries_the_peers_of_a_target_in_order() -> None:
     spec = make_spec()
     peers = [source_endpoint("llama-a-0", "10.0.0.5"), source_endpoint("other-b-0", "10.0.0.6")]
     pod = render(spec, desired(spec, replica=2, role=Role.TARGET, peers=peers))
-    plan = plan_of(pod)
+    plan = plan_of(pod, spec)
     assert plan.role == Role.TARGET
     assert plan.replica == 2
     assert [(p.pod, p.address) for p in plan.peers] == [
@@ -241,12 +263,19 @@ def test_worker_plan_defaults_the_served_name_to_the_deployment() -> None:
     assert plan_of(render(make_spec())).served_model_name == NAME
 
 
-def test_worker_plan_is_compact_json_and_user_env_is_appended() -> None:
+def test_the_plan_is_a_mounted_file_and_only_the_assignment_is_env() -> None:
     spec = make_spec(template={"env": [{"name": "HF_HOME", "value": "/tmp/hf"}]})
-    env = env_of(render(spec))
-    raw = env[PLAN_ENV]["value"]
-    assert json.loads(raw)["deployment"] == NAME
-    assert json.dumps(json.loads(raw), separators=(",", ":")) == raw  # compact: env is small
+    pod = render(spec)
+    env = env_of(pod)
+    assert env[PLAN_FILE_ENV]["value"] == f"{PLAN_MOUNT}/plan.json"
+    assert {"name": "plan", "mountPath": PLAN_MOUNT, "readOnly": True} in container(pod)[
+        "volumeMounts"
+    ]
+    raw = env[ASSIGNMENT_ENV]["value"]
+    assert set(json.loads(raw)) == {"podName", "replica", "role", "modelDir", "peers"}
+    assert len(raw) < 300
+    token = env[PEER_TOKEN_ENV]["valueFrom"]["secretKeyRef"]
+    assert token == {"name": f"weightlift-peer-{model_identity(spec)}", "key": "token"}
     assert env["HF_HOME"] == {"name": "HF_HOME", "value": "/tmp/hf"}
     assert env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
     assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
@@ -305,7 +334,7 @@ def test_hostpath_is_mounted_read_only_at_the_same_path() -> None:
     assert volume_mounts == [{"name": "model", "mountPath": "/data/models/llama", "readOnly": True}]
     pod = render(spec)
     assert mounts(pod)["/data/models/llama"]["readOnly"] is True
-    assert plan_of(pod).model_dir == "/data/models/llama"
+    assert plan_of(pod, spec).model_dir == "/data/models/llama"
 
 
 def test_pvc_mounts_the_claim_and_the_model_dir_includes_the_sub_path() -> None:
@@ -317,15 +346,15 @@ def test_pvc_mounts_the_claim_and_the_model_dir_includes_the_sub_path() -> None:
         {"name": "model", "persistentVolumeClaim": {"claimName": "weights", "readOnly": True}}
     ]
     assert volume_mounts == [{"name": "model", "mountPath": root, "readOnly": True}]
-    assert plan_of(render(spec)).model_dir == f"{root}/llama-3/8b"
+    assert plan_of(render(spec), spec).model_dir == f"{root}/llama-3/8b"
 
 
 def test_file_uri_is_a_path_in_the_image_without_a_volume() -> None:
     spec = make_spec(model={"uri": "file:///opt/models/demo"})
     assert model_mount(spec) == ("/opt/models/demo", [], [])
     pod = render(spec)
-    assert {v["name"] for v in pod["spec"]["volumes"]} == {"dshm", "tmp"}
-    assert plan_of(pod).model_dir == "/opt/models/demo"
+    assert {v["name"] for v in pod["spec"]["volumes"]} == {"dshm", "tmp", "plan"}
+    assert plan_of(pod, spec).model_dir == "/opt/models/demo"
 
 
 def test_s3_downloads_into_an_empty_dir_with_secret_refs_for_credentials() -> None:
@@ -333,18 +362,20 @@ def test_s3_downloads_into_an_empty_dir_with_secret_refs_for_credentials() -> No
         model={"uri": "s3://models/llama", "credentials": {"name": "s3-creds"}, "region": "eu-1"}
     )
     pod = render(spec)
-    assert plan_of(pod).model_dir == DOWNLOAD_DIR
+    assert plan_of(pod, spec).model_dir == DOWNLOAD_DIR
     assert volume(pod, "model") == {"name": "model", "emptyDir": {}}
     assert mounts(pod)[DOWNLOAD_DIR].get("readOnly") is not True
     creds = {
-        e["name"]: e for e in container(pod)["env"] if "secretKeyRef" in e.get("valueFrom", {})
+        e["name"]: e
+        for e in container(pod)["env"]
+        if "secretKeyRef" in e.get("valueFrom", {}) and e["name"] != PEER_TOKEN_ENV
     }
     assert sorted(creds) == ["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"]
     for name, e in creds.items():
         assert e["valueFrom"]["secretKeyRef"] == {"name": "s3-creds", "key": name, "optional": True}
         assert "value" not in e
     # The plan names the Secret, never a value.
-    assert plan_of(pod).model.credentials is not None
+    assert plan_of(pod, spec).model.credentials is not None
     assert "model-cache" not in {v["name"] for v in pod["spec"]["volumes"]}
 
 
@@ -355,13 +386,13 @@ def test_hf_token_ref_and_the_node_cache_is_a_host_path_at_the_same_path() -> No
     )
     pod = render(spec)
     refs = [e["name"] for e in container(pod)["env"] if "secretKeyRef" in e.get("valueFrom", {})]
-    assert refs == ["HF_TOKEN"]
+    assert refs == [PEER_TOKEN_ENV, "HF_TOKEN"]
     assert volume(pod, "model-cache")["hostPath"] == {
         "path": "/var/cache/wl",
         "type": "DirectoryOrCreate",
     }
     assert mounts(pod)["/var/cache/wl"]["name"] == "model-cache"
-    assert plan_of(pod).loading.cache.max_size_gib == 5
+    assert plan_of(pod, spec).loading.cache.max_size_gib == 5
 
 
 # ----------------------------------------------------------------- the real Kubernetes schema

@@ -19,7 +19,7 @@ import tritonclient.http as triton
 from aiohttp import web
 from safetensors.torch import load_file, save_file
 
-from tests.support.worker import copy_model, make_plan, running_worker
+from tests.support.worker import copy_model, make_plan, plan_env, running_worker
 from weightlift.local.models import DemoModel, build_hook_library
 from weightlift.worker.server import set_p2p_handler
 
@@ -231,7 +231,7 @@ def test_failure_exits_after_linger(tmp_path: Path, monkeypatch: pytest.MonkeyPa
 def test_worker_process_sigterm(demo_tp1: DemoModel, tmp_path: Path) -> None:
     plan = make_plan(demo_tp1.out, initHooks={"library": "hooks/libinit.so"})
     hook_log = tmp_path / "hook.log"
-    env = dict(os.environ, WEIGHTLIFT_PLAN=plan.to_env(), WEIGHTLIFT_HOOK_LOG=str(hook_log))
+    env = {**os.environ, **plan_env(plan, tmp_path), "WEIGHTLIFT_HOOK_LOG": str(hook_log)}
     proc = subprocess.Popen(
         [sys.executable, "-m", "weightlift.operator.cli", "worker"],
         env=env,
