@@ -539,9 +539,9 @@ def run_scenario(stack: LocalStack, models: Models, scenario: Scenario, index: i
         detail = f"{exc} [{run.status_text()}]"
     finally:
         watch.stop()
-    orphans, gone = _clean_up(run, before)
-    if not gone:
-        detail += f" [cleanup: {gone}]"
+    orphans, left = _clean_up(run, before)
+    if orphans:
+        detail += f" [cleanup: {left}]"
     return Result(scenario.name, converged, seconds, orphans, len(watch.wrong), detail.strip())
 
 
