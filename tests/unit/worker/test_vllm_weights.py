@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -158,3 +161,59 @@ def test_serve_without_vllm_says_so_and_where() -> None:
     )
     assert done.returncode == NOT_INSTALLED_EXIT
     assert "vLLM is not installed" in done.stderr and sys.executable in done.stderr
+
+
+_GRANDCHILD = """
+import os, sys, time
+from weightlift.worker.engines.vllm.plugin import die_with_parent_if_asked
+die_with_parent_if_asked()
+print(os.getpid(), flush=True)
+time.sleep(120)
+"""
+
+_PARENT = f"""
+import subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c", {_GRANDCHILD!r}])
+time.sleep(120)
+"""
+
+
+def _grandchild_after_parent_killed(env: dict[str, str]) -> bool:
+    """Start parent -> grandchild (the grandchild stands for vLLM's engine core, which the worker
+    cannot arm itself), SIGKILL the parent, and say whether the grandchild is still alive."""
+    parent = subprocess.Popen([sys.executable, "-c", _PARENT], env=env, stdout=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 60
+        grandchild = 0
+        while time.monotonic() < deadline and not grandchild:
+            kids = Path(f"/proc/{parent.pid}/task/{parent.pid}/children").read_text().split()
+            grandchild = int(kids[0]) if kids else 0
+            time.sleep(0.05)
+        assert grandchild, "the parent never started its child"
+        # The child arms the signal before it prints its pid: wait for that line.
+        assert parent.stdout is not None
+        assert int(parent.stdout.readline()) == grandchild
+        parent.kill()
+        parent.wait()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                state = Path(f"/proc/{grandchild}/stat").read_text().split()[2]
+            except FileNotFoundError:
+                return False
+            if state == "Z":
+                return False
+            time.sleep(0.05)
+        os.kill(grandchild, signal.SIGKILL)
+        return True
+    finally:
+        parent.kill()
+
+
+def test_vllm_processes_started_by_the_worker_die_with_their_parent() -> None:
+    env = vllm_environment(dict(os.environ))
+    assert env["WEIGHTLIFT_VLLM_DIE_WITH_PARENT"] == "1"
+    assert not _grandchild_after_parent_killed(env)
+    # Outside the worker (a user's own `vllm serve`) nothing is armed: the orphan lives on.
+    env.pop("WEIGHTLIFT_VLLM_DIE_WITH_PARENT")
+    assert _grandchild_after_parent_killed(env)

@@ -31,6 +31,7 @@ import aiohttp
 from aiohttp import web
 
 from weightlift.api.worker import WorkerPhase, WorkerPlan, WorkerReport
+from weightlift.worker.engines.vllm.plugin import DIE_WITH_PARENT_ENV
 from weightlift.worker.engines.vllm.serve import NOT_INSTALLED_EXIT
 from weightlift.worker.engines.vllm.weights import (
     LOAD_FORMAT,
@@ -95,6 +96,7 @@ def vllm_environment(base: dict[str, str] | None = None) -> dict[str, str]:
     if plugins and LOAD_FORMAT not in plugins:  # an allow-list that would drop our load format
         env["VLLM_PLUGINS"] = ",".join([*plugins, LOAD_FORMAT])
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    env[DIE_WITH_PARENT_ENV] = "1"  # every vLLM process arms it in plugin.register()
     env.pop(PYTHON_ENV, None)
     return env
 
