@@ -87,7 +87,9 @@ def test_vllm_source_from_storage_target_by_p2p_both_answer(
 
 def _worker_status(obs: Observer, pod: str) -> JSON:
     """The worker's own report (timeline, message) through its pod endpoint."""
-    row = next(r for r in obs.summary()["replicas"] if r["name"] == pod)
+    row = next((r for r in obs.summary()["replicas"] if r["name"] == pod), None)
+    if row is None:  # the operator has not listed the pod in status yet
+        return {}
     if not row["endpoint"]:
         return {}
     try:

@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.support.worker import copy_model, make_plan
+from tests.support.worker import copy_model, make_plan, plan_env
 from weightlift.bench.chaos import HANGING_HOOK, SEGFAULT_HOOK
 from weightlift.local.models import DemoModel, build_hook_library
 
@@ -23,7 +23,7 @@ def _run_worker(model: Path, library: str, tmp_path: Path) -> tuple[int, str]:
     term = tmp_path / "termination-log"
     env = dict(
         os.environ,
-        WEIGHTLIFT_PLAN=plan.to_env(),
+        **plan_env(plan, tmp_path),
         WEIGHTLIFT_TERMINATION_LOG=str(term),
         WEIGHTLIFT_FAIL_LINGER_SECONDS="0",
     )
