@@ -114,16 +114,20 @@ def api_error(exc: ApiException) -> str:
     return f"{exc.status} {exc.reason}: {message or exc.body or ''}".strip()
 
 
-def create_pod(core: client.CoreV1Api, namespace: str, manifest: Obj) -> bool:
-    """Create; False when it already exists (a previous reconcile got there first)."""
+def _create_if_absent(create: Any, namespace: str, manifest: Obj) -> bool:
+    """Create; False when it already exists (a previous reconcile got there first). The client
+    accepts plain dicts (sent as-is); its stubs only name the model classes."""
     try:
-        # The client accepts plain dicts (sent as-is); its stubs only name the model classes.
-        _done(core.create_namespaced_pod(namespace, manifest, _preload_content=False))  # type: ignore[arg-type]
+        _done(create(namespace, manifest, _preload_content=False))
         return True
     except ApiException as exc:
         if exc.status == 409:
             return False
         raise
+
+
+def create_pod(core: client.CoreV1Api, namespace: str, manifest: Obj) -> bool:
+    return _create_if_absent(core.create_namespaced_pod, namespace, manifest)
 
 
 def delete_pod(core: client.CoreV1Api, namespace: str, name: str) -> None:
@@ -194,14 +198,7 @@ def post_event(
 
 
 def create_configmap(core: client.CoreV1Api, namespace: str, manifest: Obj) -> bool:
-    """Create; False when it already exists."""
-    try:
-        _done(core.create_namespaced_config_map(namespace, manifest, _preload_content=False))  # type: ignore[arg-type]
-        return True
-    except ApiException as exc:
-        if exc.status == 409:
-            return False
-        raise
+    return _create_if_absent(core.create_namespaced_config_map, namespace, manifest)
 
 
 def delete_configmaps(core: client.CoreV1Api, namespace: str, selector: str) -> None:
