@@ -6,13 +6,14 @@ from __future__ import annotations
 import hashlib
 import json
 
-from weightlift.api.model import ModelDeploymentSpec
+from weightlift.api.model import Engine, ModelDeploymentSpec
 
 IDENTITY_LENGTH = 16
 
 
 def model_identity(spec: ModelDeploymentSpec) -> str:
-    """Hash of what determines the bytes on each rank: uri, revision, format, dtype, TP layout."""
+    """Hash of what determines the bytes on each rank: uri, revision, format, dtype, TP layout
+    (and, for vLLM, the engine and its args)."""
     material = {
         "uri": spec.model.uri.rstrip("/"),
         "revision": spec.model.revision,
@@ -22,5 +23,11 @@ def model_identity(spec: ModelDeploymentSpec) -> str:
     }
     if spec.model.endpoint:  # the same bucket/repo name on another store is other bytes
         material["endpoint"] = spec.model.endpoint.rstrip("/")
+    if spec.runtime.engine == Engine.VLLM:
+        # vLLM replicas exchange vLLM's own per-rank parameters (worker/engines/vllm/weights.py),
+        # which its engine args can change (--dtype, --quantization, ...): only replicas
+        # started alike meet. Builtin identities stay as they were.
+        material["engine"] = str(spec.runtime.engine)
+        material["engineArgs"] = list(spec.runtime.engine_args)
     digest = hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
     return digest[:IDENTITY_LENGTH]

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from weightlift.worker.loaders.base import LoadError, LoadProgress
-from weightlift.worker.p2p.expected import expected_for_rank
+from weightlift.worker.p2p.expected import ExpectedTensor, expected_for_rank
 from weightlift.worker.p2p.nixl_compat import NixlUnavailable
 from weightlift.worker.p2p.select import rendezvous_order
 from weightlift.worker.p2p.target import PeerFailed, PullOptions, PullResult, pull_from_peer
@@ -56,9 +56,14 @@ class PeerToPeerLoader:
         self,
         options: PullOptions | None = None,
         on_batch: Callable[[int, int], None] | None = None,
+        expected: dict[str, ExpectedTensor] | None = None,
     ) -> None:
+        """`expected`: what the rank must receive, when the caller knows it better than the
+        model's files do (an engine publishing its own per-rank parameters); by default it
+        comes from the safetensors headers of the rank's shard."""
         self.options = options
         self.on_batch = on_batch
+        self.expected = expected
         self.last_result: PullResult | None = None
         self.failures: list[PeerFailed] = []
 
@@ -67,10 +72,12 @@ class PeerToPeerLoader:
     ) -> dict[str, torch.Tensor]:
         if not plan.peers:
             raise LoadError(f"rank {rank}: no peer candidates to pull from")
+        expected = self.expected
         try:
-            expected = expected_for_rank(
-                plan.model_dir, rank, plan.tensor_parallel, plan.model.dtype
-            )
+            if expected is None:
+                expected = expected_for_rank(
+                    plan.model_dir, rank, plan.tensor_parallel, plan.model.dtype
+                )
         except (LoadError, ValueError, OSError) as exc:
             raise LoadError(f"rank {rank}: cannot read the model's shard headers: {exc}") from exc
         opts = self.options or options_for(plan)

@@ -71,24 +71,28 @@ def realign(tensors: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], 
     if not moved:
         return tensors, 0
     out = dict(tensors)
-    copied = 0
     by_device: dict[torch.device, list[str]] = {}
     for k in moved:
         by_device.setdefault(tensors[k].device, []).append(k)
     for device, names in by_device.items():
-        offsets: list[int] = []
-        total = 0
-        for k in names:
-            offsets.append(total)
-            t = tensors[k]
-            total += -(-t.numel() * t.element_size() // TENSOR_ALIGNMENT) * TENSOR_ALIGNMENT
-        buf = torch.empty(total, dtype=torch.uint8, device=device)
-        assert buf.data_ptr() % TENSOR_ALIGNMENT == 0, "torch's allocator is aligned"
-        for k, off in zip(names, offsets, strict=True):
-            t = tensors[k]
-            n = t.numel() * t.element_size()
-            dst = buf[off : off + n].view(t.dtype).view(t.shape)
-            dst.copy_(t)
-            out[k] = dst
-            copied += n
-    return out, copied
+        out.update(pack({k: tensors[k] for k in names}, device))
+    return out, sum(t.numel() * t.element_size() for k, t in tensors.items() if k in moved)
+
+
+def pack(tensors: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
+    """Copies of `tensors` as aligned views of one fresh buffer on `device` (one allocation, one
+    memory region to register for P2P)."""
+    offsets: list[int] = []
+    total = 0
+    for t in tensors.values():
+        offsets.append(total)
+        total += -(-t.numel() * t.element_size() // TENSOR_ALIGNMENT) * TENSOR_ALIGNMENT
+    buf = torch.empty(max(total, 1), dtype=torch.uint8, device=device)
+    assert buf.data_ptr() % TENSOR_ALIGNMENT == 0, "torch's allocator is aligned"
+    out: dict[str, torch.Tensor] = {}
+    for (k, t), off in zip(tensors.items(), offsets, strict=True):
+        n = t.numel() * t.element_size()
+        dst = buf[off : off + n].view(t.dtype).view(t.shape)
+        dst.copy_(t.detach())
+        out[k] = dst
+    return out

@@ -539,7 +539,8 @@ def pull_from_peer(
                 client.request(
                     "DELETE",
                     f"{_base_url(address)}{P2P_PREFIX}/sessions/{session}",
-                    json={"verified": verified},
+                    # The rank routes the close where a source has one process per rank (vLLM).
+                    json={"verified": verified, "rank": rank},
                     timeout=1.0,
                 )
         client.close()

@@ -81,6 +81,20 @@ def test_identity_ignores_everything_else(changes: dict[str, Any]) -> None:
     assert model_identity(spec(**changes)) == model_identity(spec())
 
 
+def test_vllm_replicas_meet_only_when_started_alike() -> None:
+    llm = {"model": {"format": "safetensors"}}
+    vllm = spec(**llm, runtime={"engine": "vLLM", "engineArgs": ["--enforce-eager"]})
+    external = spec(**llm, runtime={"type": "External", "command": ["x"]})
+    assert model_identity(vllm) != model_identity(external)  # vLLM's tensors, not the files'
+    assert model_identity(external) == model_identity(
+        spec(model={"format": "safetensors"}, runtime={"type": "External", "command": ["y"]})
+    )
+    same = spec(**llm, runtime={"engine": "vLLM", "engineArgs": ["--enforce-eager"], "port": 9000})
+    assert model_identity(same) == model_identity(vllm)
+    other = spec(**llm, runtime={"engine": "vLLM", "engineArgs": ["--dtype", "float16"]})
+    assert model_identity(other) != model_identity(vllm)
+
+
 def test_trailing_slash_in_uri_is_the_same_model() -> None:
     assert model_identity(spec(model={"uri": "pvc://models/llama-3/"})) == model_identity(spec())
 

@@ -1,5 +1,6 @@
-"""The vLLM load format's weight path without vLLM: checkpoint from storage, from a real NIXL
-peer (a PublishedCheckpoint in this process), fallback when the peer is gone, reports, command."""
+"""The vLLM load format's weight path without vLLM: a rank's parameters from storage through a
+stand-in for vLLM's load_weights, from a real NIXL peer's same rank (a PublishedRank in this
+process), fallback when the peer is gone or holds other tensors, reports, command."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -24,9 +26,10 @@ from weightlift.worker.engines.vllm.serve import NOT_INSTALLED_EXIT
 from weightlift.worker.engines.vllm.weights import (
     EngineRankReport,
     ModelDirError,
-    PublishedCheckpoint,
+    PublishedRank,
     check_model_dir,
     load_checkpoint,
+    load_rank,
     read_report,
     write_report,
 )
@@ -98,31 +101,94 @@ def test_source_loads_the_checkpoint_as_stored_whatever_tp_and_dtype(hf_dir: Pat
     # tp 2 and a bfloat16 serving dtype: the checkpoint is still one 'rank' with stored dtypes;
     # vLLM slices and casts in its own load_weights.
     loaded = load_checkpoint(plan_for(hf_dir, "src", tp=2))
-    assert loaded.progress.loaded_from == "storage:file" and loaded.peer_failures == []
+    assert loaded.progress.loaded_from == "storage:file"
     assert all_bit_equal(loaded.tensors, load_file(str(hf_dir / "model.safetensors")))
     assert loaded.progress.bytes_loaded == sum(
         t.numel() * t.element_size() for t in loaded.tensors.values()
     )
 
 
+def rank_params(tp: int, rank: int) -> dict[str, torch.Tensor]:
+    """What vLLM's model would hold on `rank` of `tp` for hf_dir: bfloat16, q_proj's rows split
+    across ranks, embed and lm_head fused into one parameter (a stand-in for qkv stacking)."""
+    return {
+        "embed_head.weight": torch.zeros(2, 64, 32, dtype=torch.bfloat16),
+        "q.weight": torch.zeros(32 // tp, 32, dtype=torch.bfloat16),
+        "norm.weight": torch.zeros(32, dtype=torch.bfloat16),
+    }
+
+
+def feeder(params: dict[str, torch.Tensor], tp: int, rank: int, calls: list[int]) -> Any:
+    """A stand-in for vLLM's model.load_weights: stack, slice this rank's rows, cast."""
+
+    def feed(ckpt: dict[str, torch.Tensor]) -> None:
+        calls.append(rank)
+        rows = 32 // tp
+        with torch.no_grad():
+            params["embed_head.weight"].copy_(
+                torch.stack([ckpt["model.embed_tokens.weight"], ckpt["lm_head.weight"]])
+            )
+            q = ckpt["model.layers.0.self_attn.q_proj.weight"]
+            params["q.weight"].copy_(q[rank * rows : (rank + 1) * rows])
+            params["norm.weight"].copy_(ckpt["model.norm.weight"])
+
+    return feed
+
+
 @pytest.mark.skipif(NIXL_MISSING is not None, reason=f"NIXL: {NIXL_MISSING}")
-def test_target_pulls_from_a_published_checkpoint_then_falls_back(hf_dir: Path) -> None:
-    source = load_checkpoint(plan_for(hf_dir, "src"))
-    published = PublishedCheckpoint(plan_for(hf_dir, "src"), source.tensors)
+def test_target_rank_pulls_only_its_parameters_then_falls_back(hf_dir: Path) -> None:
+    tp, rank = 2, 1
+    src_params, calls = rank_params(tp, rank), []
+    source = load_rank(
+        plan_for(hf_dir, "src", tp=tp), rank, src_params, feeder(src_params, tp, rank, calls)
+    )
+    assert source.progress.loaded_from == "storage:file" and calls == [rank]
+    assert all_bit_equal(source.published, src_params)
+    expected = {k: v.clone() for k, v in src_params.items()}
+    for p in src_params.values():  # vLLM's processing repacks and empties the parameters
+        p.zero_()
+    published = PublishedRank(plan_for(hf_dir, "src", tp=tp), rank, source.published)
     try:
         peers = [PeerCandidate(pod="src", address=published.address)]
-        pulled = load_checkpoint(plan_for(hf_dir, "tgt", Role.TARGET, peers))
-        assert pulled.strategy == "p2p"
-        assert pulled.progress.loaded_from == "peer:src"
-        assert all_bit_equal(pulled.tensors, source.tensors)
+        tgt_params, tgt_calls = rank_params(tp, rank), []
+        target = load_rank(
+            plan_for(hf_dir, "tgt", Role.TARGET, peers, tp=tp),
+            rank,
+            tgt_params,
+            feeder(tgt_params, tp, rank, tgt_calls),
+        )
+        assert target.strategy == "p2p" and tgt_calls == []
+        assert target.progress.loaded_from == "peer:src"
+        assert all_bit_equal(tgt_params, expected)  # the pre-processing values, not the zeros
+        assert all_bit_equal(target.published, expected)  # and it publishes what it pulled
+        # Only this rank's parameters moved: half of q_proj, not the checkpoint.
+        assert target.progress.bytes_loaded == sum(
+            t.numel() * t.element_size() for t in expected.values()
+        )
         assert published.publisher.health()["completed_reads"] == 1
+        # A target whose parameters differ (another TP size) refuses the peer's, loads storage.
+        other, other_calls = rank_params(1, 0), []
+        mismatch = load_rank(
+            plan_for(hf_dir, "tgt", Role.TARGET, peers, tp=1),
+            0,
+            other,
+            feeder(other, 1, 0, other_calls),
+        )
+        assert mismatch.progress.loaded_from == "storage:file" and other_calls == [0]
+        assert mismatch.peer_failures and "src" in mismatch.peer_failures[0]
     finally:
         published.close()
     # The source is gone: the target still loads, from storage, and says why.
-    fallback = load_checkpoint(plan_for(hf_dir, "tgt", Role.TARGET, peers))
-    assert fallback.progress.loaded_from == "storage:file"
+    tgt_params, tgt_calls = rank_params(tp, rank), []
+    fallback = load_rank(
+        plan_for(hf_dir, "tgt", Role.TARGET, peers, tp=tp),
+        rank,
+        tgt_params,
+        feeder(tgt_params, tp, rank, tgt_calls),
+    )
+    assert fallback.progress.loaded_from == "storage:file" and tgt_calls == [rank]
     assert fallback.peer_failures and "src" in fallback.peer_failures[0]
-    assert all_bit_equal(fallback.tensors, source.tensors)
+    assert all_bit_equal(tgt_params, expected)
 
 
 def test_reports_round_trip_and_missing_is_none(tmp_path: Path) -> None:

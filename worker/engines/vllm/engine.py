@@ -4,7 +4,8 @@ The worker stays the pod's front door on `runtime.port` (status, P2P, probes) an
 OpenAI server on `runtime.enginePort` as a child process with `--load-format weightlift`. The
 load format (in vLLM's process, see `loader`) writes one report per rank; the worker folds them
 into its WorkerReport, is Ready when vLLM's /health answers, forwards /weightlift/v1/p2p/* to the
-manifest server of vLLM's rank 0 (where the NIXL agent and the memory are), /v1/* to vLLM, and
+manifest server of the vLLM rank the request names (where that rank's NIXL agent and memory
+are), /v1/* to vLLM, and
 answers Triton's `/v2/models/{m}/generate` through vLLM's /v1/completions.
 
 The engine's Python: `WEIGHTLIFT_VLLM_PYTHON` (an environment with vLLM and weightlift, e.g. the
@@ -218,7 +219,7 @@ class VllmEngine:
 
     async def bring_up(self, state: WorkerState, app: web.Application) -> None:
         """Start vLLM, wait until it serves, fold the ranks' reports into the worker's report,
-        install the P2P manifest proxy (rank 0 published) and mark the worker Ready."""
+        install the P2P manifest proxy (when every rank published) and mark the worker Ready."""
         rep = state.report
         rep.phase = WorkerPhase.LOADING
         check_model_dir(self.plan.model_dir)  # fail fast and permanently on a wrong directory
@@ -242,11 +243,9 @@ class VllmEngine:
         rep.phase = WorkerPhase.SERVING
         rep.timeline["serving"] = round(time.time(), 3)
         state.ready = True
-        address = next(
-            (r.manifest_address for r in reports if r.rank == 0 and r.manifest_address), None
-        )
-        if address:
-            set_p2p_handler(app, ManifestProxy(self, address))
+        addresses = {r.rank: r.manifest_address for r in reports if r.manifest_address}
+        if len(addresses) == self.plan.tensor_parallel:  # a source only with every rank
+            set_p2p_handler(app, ManifestProxy(self, addresses))
         log.info(
             "vLLM serves %s on %s after %.1fs (weights: %s from %s in %.3fs)",
             self.plan.served_model_name,
@@ -273,7 +272,7 @@ class VllmEngine:
     async def forward(self, request: web.Request, base: str) -> web.StreamResponse:
         """Pass `request` to `base` + its path and query; stream the answer back."""
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_HEADERS}
-        body = await request.read()
+        body = await request.read()  # aiohttp keeps it: a handler that read it first is fine
         try:
             async with self.session().request(
                 request.method, base + request.path_qs, data=body or None, headers=headers
@@ -328,14 +327,32 @@ def fold_steps(report: WorkerReport, ranks: list[EngineRankReport]) -> None:
 
 
 class ManifestProxy:
-    """The P2P handler the worker installs: vLLM's rank 0 serves the manifest routes."""
+    """The P2P handler the worker installs: each vLLM rank serves its own manifest routes (its
+    NIXL agent and memory live in its process). A request goes to the rank it names: `rank` in
+    the query (manifest, health) or in the JSON body (sessions); health without one, rank 0."""
 
-    def __init__(self, engine: VllmEngine, address: str) -> None:
+    def __init__(self, engine: VllmEngine, addresses: dict[int, str]) -> None:
         self.engine = engine
-        self.base = f"http://{address}"
+        self.bases = {rank: f"http://{address}" for rank, address in addresses.items()}
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
-        return await self.engine.forward(request, self.base)
+        rank_text = request.query.get("rank")
+        if rank_text is None and request.can_read_body:
+            with contextlib.suppress(ValueError):
+                body = json.loads(await request.read())
+                rank_text = str(body.get("rank")) if isinstance(body, dict) else None
+        try:
+            base = self.bases[int(rank_text or 0)]
+        except (KeyError, ValueError):
+            return web.json_response(
+                {
+                    "error": "unknown_rank",
+                    "message": f"this vLLM source holds ranks {sorted(self.bases)}, "
+                    f"not {rank_text}",
+                },
+                status=404,
+            )
+        return await self.engine.forward(request, base)
 
 
 _LIBC = ctypes.CDLL(None, use_errno=True)  # loaded here: the forked child only calls it

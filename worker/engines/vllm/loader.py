@@ -1,13 +1,15 @@
 """`--load-format weightlift`: vLLM's model loader backed by weightlift's loaders and P2P.
 
 Runs inside vLLM, in the process of each tensor-parallel rank (the engine core with the `uni`
-executor). Per rank: run the model's init hooks (fail-closed; released when the process exits),
-read the checkpoint (peer first for a Target, with checksums verified; storage preload
-otherwise or on any peer failure), hand it to vLLM's own `model.load_weights`, require every
-parameter to be loaded, let vLLM process the weights, and (rank 0) publish the checkpoint as a
-weightlift P2P source. Each rank writes a report file the weightlift worker reads: once when
-vLLM reaches the weight load, once at the end with where each step's seconds went; a failure
-writes the reason there too, then raises so vLLM stops. What is published and why: see `weights`.
+executor, one worker process per rank with `mp`). Per rank: run the model's init hooks
+(fail-closed; released when the process exits), fill the rank's parameters (a Target pulls
+exactly them from the same rank of a peer, checksums verified; a Source, or a Target on any
+peer failure, reads the checkpoint with storage preload and hands it to vLLM's own
+`model.load_weights`, every parameter required), publish them as this rank's weightlift P2P
+source, then let vLLM process them. Each rank writes a report file the weightlift worker reads:
+once when vLLM reaches the weight load, once at the end with where each step's seconds went; a
+failure writes the reason there too, then raises so vLLM stops. What is published and why: see
+`weights`.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import atexit
 import time
 from pathlib import Path
 
+import torch
 from torch import nn
 from vllm.config import ModelConfig, VllmConfig
 from vllm.config.load import LoadConfig
@@ -24,12 +27,12 @@ from vllm.model_executor.model_loader.base_loader import BaseModelLoader
 
 from weightlift.api.worker import WorkerPlan
 from weightlift.worker.engines.vllm.weights import (
-    CheckpointLoad,
     EngineLoadOptions,
     EngineRankReport,
-    PublishedCheckpoint,
+    PublishedRank,
+    RankLoad,
     check_model_dir,
-    load_checkpoint,
+    load_rank,
     log,
     run_rank_hooks,
     write_report,
@@ -37,8 +40,8 @@ from weightlift.worker.engines.vllm.weights import (
 from weightlift.worker.hooks import InitHookSession
 from weightlift.worker.loaders.base import LoadError
 
-# Published checkpoints live as long as the engine process (the NIXL agent must outlive reads).
-_PUBLISHED: list[PublishedCheckpoint] = []
+# Published ranks live as long as the engine process (the NIXL agent must outlive reads).
+_PUBLISHED: list[PublishedRank] = []
 # Init hook handles live as long as the engine process; released (then dlclosed) at its exit.
 _HOOKS: list[InitHookSession] = []
 
@@ -103,10 +106,10 @@ class WeightliftModelLoader(BaseModelLoader):
         rank = self.report.rank
         started = time.perf_counter()
         check_model_dir(model_config.model)
-        loaded = load_checkpoint(self.plan)
+        params: dict[str, torch.Tensor] = dict(model.named_parameters())
+        loaded = load_rank(self.plan, rank, params, lambda ckpt: self._feed(model, ckpt))
         self._stamp("load")
-        self._feed(model, loaded)
-        address = self._publish(loaded) if rank == 0 else None
+        address = self._publish(rank, loaded)
         p = loaded.progress
         self.report = self.report.model_copy(
             update={
@@ -122,7 +125,7 @@ class WeightliftModelLoader(BaseModelLoader):
             }
         )
         log.info(
-            "weightlift: rank %d loaded %d bytes from %s (%s) in %.3fs; feed+publish %.3fs",
+            "weightlift: rank %d loaded %d bytes from %s (%s) in %.3fs; with publish %.3fs",
             rank,
             p.bytes_loaded,
             self.report.loaded_from,
@@ -132,9 +135,9 @@ class WeightliftModelLoader(BaseModelLoader):
         )
 
     @staticmethod
-    def _feed(model: nn.Module, loaded: CheckpointLoad) -> None:
+    def _feed(model: nn.Module, checkpoint: dict[str, torch.Tensor]) -> None:
         """vLLM's own weight loading (stacking, TP slicing, casts), then a strict name check."""
-        names = model.load_weights(iter(loaded.tensors.items()))  # type: ignore[operator]
+        names = model.load_weights(iter(checkpoint.items()))  # type: ignore[operator]
         if names is None:
             return
         missing = sorted({n for n, _ in model.named_parameters()} - set(names))
@@ -143,11 +146,11 @@ class WeightliftModelLoader(BaseModelLoader):
                 f"checkpoint lacks {len(missing)} parameter(s) the model needs, e.g. {missing[0]!r}"
             )
 
-    def _publish(self, loaded: CheckpointLoad) -> str | None:
+    def _publish(self, rank: int, loaded: RankLoad) -> str | None:
         try:
-            published = PublishedCheckpoint(self.plan, loaded.tensors)
+            published = PublishedRank(self.plan, rank, loaded.published)
         except Exception as exc:  # NIXL missing or failing: still serve, just not as a source
-            log.warning("weightlift: cannot publish as a P2P source: %s", exc)
+            log.warning("weightlift: rank %d cannot publish as a P2P source: %s", rank, exc)
             return None
         _PUBLISHED.append(published)
         return published.address

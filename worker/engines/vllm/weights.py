@@ -1,18 +1,19 @@
 """The engine-side weight path of the vLLM load format, free of vLLM imports (unit-testable).
 
-What is moved and published: the **checkpoint tensors as the files hold them** (names, dtypes,
-shapes of model.safetensors), not vLLM's parameters after loading. vLLM's post-load processing
-is not portable: on CPU `process_weights_after_loading` repacks every linear weight into an
-opaque oneDNN / sgl-kernel handle and leaves `layer.weight` empty; on GPU quantized kernels
-permute and repack. So a target pulls the checkpoint tensors (checksums verified, the same
-manifest as every weightlift source) and runs vLLM's own `model.load_weights` (fused qkv /
-gate_up stacking, tensor-parallel slicing, dtype cast) and post-processing, exactly as if it
-had read the files. TRT-LLM's presharded path publishes before processing for the same reason;
-ModelExpress publishes after, which only works where processing leaves plain tensors.
+What each rank publishes: **its own parameters as vLLM holds them after `model.load_weights`
+and before `process_weights_after_loading`**, one P2P source per tensor-parallel rank. A target
+rank pulls only its rank's tensors (the fused qkv / gate_up stacking, the TP slice and the dtype
+cast are already done), copies them into its parameters and runs vLLM's own post-load
+processing. Why not after processing, as ModelExpress publishes: vLLM's processing is not
+portable: on CPU it repacks every linear weight into an opaque oneDNN / sgl-kernel handle and
+leaves `layer.weight` empty, and on GPU quantized kernels permute and repack; a target must run
+it itself. Why not the checkpoint files, as TRT-LLM's presharded path and our first version
+did: every rank of a target would pull the whole checkpoint to slice out its share.
 
-Cost of that choice: the source keeps the checkpoint in host memory (the preload mapping: page
-cache, shared with other pods on the node), and with tensor parallelism every rank needs the
-whole checkpoint; rank 0 publishes it and every target rank pulls from it.
+Cost of that choice: each source rank keeps a host copy of its pre-processing parameters
+(one packed buffer; a target publishes the buffer it pulled into, no extra copy). The
+parameters depend on vLLM's tensor-parallel size, dtype and engine args, which are part of the
+model identity (operator/identity.py), so only replicas that hold the same tensors meet.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,6 +39,8 @@ from weightlift.api.worker import HookReport, WorkerPlan
 from weightlift.worker.hooks import InitHookSession, run_init_hooks
 from weightlift.worker.loaders.base import LoadError, LoadProgress
 from weightlift.worker.loaders.select import choose_storage_loader, wants_peer_to_peer
+from weightlift.worker.loaders.tensors import dtype_name, pack
+from weightlift.worker.p2p.expected import ExpectedTensor
 
 log = logging.getLogger("vllm.weightlift")  # vLLM's handler only prints `vllm.*` loggers
 
@@ -76,7 +80,7 @@ class EngineRankReport(ApiModel):
     seconds: float = 0.0
     gbps: float = 0.0
     peer_failures: list[str] = Field(default_factory=list)
-    # 127.0.0.1:port of the P2P manifest server (rank 0 only); the worker proxies to it.
+    # 127.0.0.1:port of this rank's P2P manifest server; the worker proxies to it.
     manifest_address: str | None = None
     hooks: list[HookReport] = Field(default_factory=list)
     # Wall clock (Unix seconds) at which each step of this rank ended: engine (vLLM started and
@@ -138,8 +142,8 @@ def run_rank_hooks(plan: WorkerPlan, rank: int) -> InitHookSession | None:
 
 
 def checkpoint_plan(plan: WorkerPlan) -> WorkerPlan:
-    """The plan the weightlift loaders see: one 'rank' holding the whole HF checkpoint, bytes as
-    stored (vLLM casts while loading), whatever vLLM's tensor-parallel size is."""
+    """The plan the storage loaders see: one 'rank' holding the whole HF checkpoint, bytes as
+    stored (vLLM slices and casts in its own load_weights), whatever vLLM's TP size is."""
     model = plan.model.model_copy(update={"dtype": "auto"})
     return plan.model_copy(update={"tensor_parallel": 1, "ranks": [0], "model": model})
 
@@ -149,31 +153,68 @@ class CheckpointLoad:
     tensors: dict[str, torch.Tensor]
     progress: LoadProgress
     strategy: str
-    peer_failures: list[str] = field(default_factory=list)
 
 
-def load_checkpoint(plan: WorkerPlan) -> CheckpointLoad:
-    """The checkpoint's tensors in host memory: from a peer (checksums verified) when the plan
-    says Target, else, or when every peer fails, from storage (preload or direct)."""
+def load_checkpoint(plan: WorkerPlan, progress: LoadProgress | None = None) -> CheckpointLoad:
+    """The checkpoint's tensors in host memory, from storage (preload or direct)."""
     cplan = checkpoint_plan(plan)
-    progress = LoadProgress()
-    failures: list[str] = []
-    if wants_peer_to_peer(plan):  # the worker's one rule, for the checkpoint inside vLLM
-        from weightlift.worker.loaders.p2p import PeerToPeerLoader
-
-        p2p = PeerToPeerLoader()
-        try:
-            tensors = p2p.load(cplan, 0, CPU, progress)
-            return CheckpointLoad(tensors, progress, "p2p")
-        except LoadError as exc:
-            failures = [str(f) for f in p2p.failures] or [str(exc)]
-            log.warning("weightlift: P2P failed (%s); loading from storage", exc)
-            progress.reset()
+    progress = progress or LoadProgress()
     loader = choose_storage_loader(cplan, {0: CPU})
     tensors = loader.load(cplan, 0, CPU, progress)
     progress.loaded_from = f"storage:{ModelUri.parse(plan.model.uri).scheme}"
     progress.finish()
-    return CheckpointLoad(tensors, progress, loader.name, failures)
+    return CheckpointLoad(tensors, progress, loader.name)
+
+
+@dataclass
+class RankLoad:
+    """One rank's parameters loaded, and what it publishes: its pre-processing parameters."""
+
+    published: dict[str, torch.Tensor]
+    progress: LoadProgress
+    strategy: str
+    peer_failures: list[str] = field(default_factory=list)
+
+
+def expected_parameters(params: dict[str, torch.Tensor]) -> dict[str, ExpectedTensor]:
+    """What a peer's manifest must hold for these parameters: every name, dtype and shape."""
+    return {n: ExpectedTensor(dtype_name(p.dtype), tuple(p.shape)) for n, p in params.items()}
+
+
+def load_rank(
+    plan: WorkerPlan,
+    rank: int,
+    params: dict[str, torch.Tensor],
+    feed: Callable[[dict[str, torch.Tensor]], None],
+) -> RankLoad:
+    """Fill rank `rank`'s parameters `params` (vLLM's model.named_parameters()). A Target pulls
+    exactly these tensors from a peer's same rank (checksums verified) and copies them in; a
+    Source, or a Target whose peers all fail, reads the checkpoint from storage and hands it to
+    `feed` (vLLM's model.load_weights), then snapshots the parameters to publish them."""
+    progress = LoadProgress()
+    failures: list[str] = []
+    if wants_peer_to_peer(plan):  # the worker's one rule, for the parameters inside vLLM
+        from weightlift.worker.loaders.p2p import PeerToPeerLoader
+
+        # Host memory on GPU hosts too: the pulled buffer stays published after the copy into
+        # the device parameters, and a second device copy of the model would not fit.
+        p2p = PeerToPeerLoader(expected=expected_parameters(params))
+        try:
+            pulled = p2p.load(plan, rank, CPU, progress)
+        except LoadError as exc:
+            failures = [str(f) for f in p2p.failures] or [str(exc)]
+            log.warning("weightlift: rank %d: P2P failed (%s); loading from storage", rank, exc)
+            progress.reset()
+        else:
+            with torch.no_grad():
+                for name, param in params.items():
+                    param.copy_(pulled[name])
+            return RankLoad(pulled, progress, "p2p")
+    checkpoint = load_checkpoint(plan, progress)
+    feed(checkpoint.tensors)
+    with torch.no_grad():
+        snapshot = pack(params, CPU)
+    return RankLoad(snapshot, progress, checkpoint.strategy, failures)
 
 
 def write_report(report_dir: str | Path, report: EngineRankReport) -> Path:
@@ -195,16 +236,17 @@ def read_report(report_dir: str | Path, rank: int) -> EngineRankReport | None:
         return None
 
 
-class PublishedCheckpoint:
-    """A SourcePublisher of the checkpoint plus a small HTTP server for its manifest routes,
-    in a thread of this (vLLM) process: the NIXL agent must live where the memory is."""
+class PublishedRank:
+    """A SourcePublisher of one rank's parameters plus a small HTTP server for its manifest
+    routes, in a thread of this rank's (vLLM) process: the NIXL agent must live where the
+    memory is. The worker forwards each rank's P2P requests here (engine.ManifestProxy)."""
 
-    def __init__(self, plan: WorkerPlan, tensors: dict[str, torch.Tensor]) -> None:
+    def __init__(self, plan: WorkerPlan, rank: int, tensors: dict[str, torch.Tensor]) -> None:
         from aiohttp import web
 
         from weightlift.worker.p2p.source import SourcePublisher, p2p_app
 
-        self.publisher = SourcePublisher(checkpoint_plan(plan), {0: tensors})
+        self.publisher = SourcePublisher(plan, {rank: tensors})
         self._loop = asyncio.new_event_loop()
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._sock.bind(("127.0.0.1", 0))
