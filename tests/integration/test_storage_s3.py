@@ -4,15 +4,28 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+import torch
+from safetensors.torch import save_file
 
 from tests.support.storage import make_model, minio, plan_for
+from weightlift.api.model import Engine, ModelFormat, ModelSource, Role, RuntimeSpec
+from weightlift.api.worker import PeerCandidate, WorkerPlan
 from weightlift.local.s3server import MinioServer
+from weightlift.worker.engines.vllm import weights as vllm_weights
+from weightlift.worker.engines.vllm.weights import (
+    ModelDirError,
+    RankLoad,
+    check_model_dir,
+    holds_weights,
+    load_rank,
+)
 from weightlift.worker.loaders.base import LoadProgress
 from weightlift.worker.storage.errors import StorageError
-from weightlift.worker.storage.fetch import materialize
+from weightlift.worker.storage.fetch import Fetched, materialize
 
 BUCKET = "models"
 
@@ -203,3 +216,66 @@ def test_lru_eviction_keeps_the_cache_under_its_cap(
     assert dropped == ["aaaaaaaaaaaaaaaa"]
     assert not (cache / "aaaaaaaaaaaaaaaa" / "manifest.json").exists()
     assert (cache / "bbbbbbbbbbbbbbbb" / "manifest.json").exists()
+
+
+def test_vllm_target_ranks_download_the_weights_once_when_the_peer_is_dead(
+    s3: MinioServer, creds: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A vLLM Target of an s3:// model starts with the small files only (the worker's fetch);
+    when its peer fails, each rank's process falls back to storage: the weights are downloaded
+    once for the pod and every rank gets its own rows through vLLM's load_weights stand-in."""
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    ckpt = {"w": torch.arange(64, dtype=torch.float32).reshape(8, 8), "b": torch.ones(8)}
+    save_file(ckpt, str(hf / "model.safetensors"))
+    (hf / "config.json").write_text("{}")
+    (hf / "tokenizer.json").write_text("{}")
+    s3.upload_dir(hf, BUCKET, "llm")
+    pod_dir = tmp_path / "pod"
+    plan = WorkerPlan(
+        deployment="llm",
+        pod_name="llm-1",
+        model_identity="llm-s3",
+        model=ModelSource(
+            uri=f"s3://{BUCKET}/llm", endpoint=s3.endpoint, format=ModelFormat.SAFETENSORS
+        ),
+        model_dir=str(pod_dir),
+        served_model_name="llm",
+        tensor_parallel=2,
+        ranks=[0, 1],
+        role=Role.TARGET,
+        peers=[PeerCandidate(pod="llm-gone", address="127.0.0.1:9")],
+        runtime=RuntimeSpec(engine=Engine.VLLM),
+    )
+    materialize(plan, LoadProgress(), weights=False)  # what the worker fetched before vLLM
+    assert not holds_weights(plan)
+    check_model_dir(pod_dir, weights=False)
+    with pytest.raises(ModelDirError, match=r"no \*.safetensors"):
+        check_model_dir(pod_dir)
+
+    def rank(r: int) -> tuple[RankLoad, dict[str, torch.Tensor]]:
+        params = {"w": torch.zeros(4, 8), "b": torch.zeros(8)}
+
+        def feed(tensors: dict[str, torch.Tensor]) -> None:
+            params["w"].copy_(tensors["w"][4 * r : 4 * (r + 1)])
+            params["b"].copy_(tensors["b"])
+
+        return load_rank(plan, r, params, feed), params
+
+    downloads: list[bool] = []
+
+    def counted(plan: WorkerPlan, progress: LoadProgress, *, weights: bool = True) -> Fetched:
+        downloads.append(weights)
+        return materialize(plan, progress, weights=weights)
+
+    monkeypatch.setattr(vllm_weights, "materialize", counted)
+    with ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(rank, [0, 1]))
+    for r, (loaded, params) in enumerate(results):
+        assert loaded.progress.loaded_from == "storage:s3", loaded
+        assert loaded.peer_failures and "llm-gone" in loaded.peer_failures[0]
+        assert torch.equal(params["w"], ckpt["w"][4 * r : 4 * (r + 1)])
+        assert torch.equal(loaded.published["w"], params["w"])
+    # One download for the pod: the rank that came second found the file the first wrote.
+    assert downloads == [True]
+    assert sorted(p.name for p in pod_dir.glob("*.safetensors")) == ["model.safetensors"]

@@ -39,6 +39,7 @@ from weightlift.worker.engines.vllm.weights import (
     EngineLoadOptions,
     EngineRankReport,
     check_model_dir,
+    holds_weights,
     read_report,
 )
 from weightlift.worker.loaders.base import LoadError
@@ -222,7 +223,8 @@ class VllmEngine:
         install the P2P manifest proxy (when every rank published) and mark the worker Ready."""
         rep = state.report
         rep.phase = WorkerPhase.LOADING
-        check_model_dir(self.plan.model_dir)  # fail fast and permanently on a wrong directory
+        # Fail fast and permanently on a wrong directory.
+        check_model_dir(self.plan.model_dir, weights=holds_weights(self.plan))
         self.start()
         state.engine = self
         reports = await self.wait_ready(float(self.plan.loading.load_timeout_seconds), rep)

@@ -32,6 +32,7 @@ from weightlift.worker.engines.vllm.weights import (
     PublishedRank,
     RankLoad,
     check_model_dir,
+    holds_weights,
     load_rank,
     log,
     run_rank_hooks,
@@ -69,7 +70,7 @@ class WeightliftModelLoader(BaseModelLoader):
         self.report = EngineRankReport(rank=0, ok=True)
 
     def download_model(self, model_config: ModelConfig) -> None:
-        check_model_dir(model_config.model)
+        check_model_dir(model_config.model, weights=holds_weights(self.plan))
 
     def _stamp(self, step: str) -> None:
         self.report.timeline[step] = round(time.time(), 3)
@@ -105,7 +106,7 @@ class WeightliftModelLoader(BaseModelLoader):
     def load_weights(self, model: nn.Module, model_config: ModelConfig) -> None:
         rank = self.report.rank
         started = time.perf_counter()
-        check_model_dir(model_config.model)
+        check_model_dir(model_config.model, weights=holds_weights(self.plan))
         params: dict[str, torch.Tensor] = dict(model.named_parameters())
         loaded = load_rank(self.plan, rank, params, lambda ckpt: self._feed(model, ckpt))
         self._stamp("load")

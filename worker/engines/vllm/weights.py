@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import json
 import logging
 import os
@@ -41,6 +42,7 @@ from weightlift.worker.loaders.base import LoadError, LoadProgress
 from weightlift.worker.loaders.select import choose_storage_loader, wants_peer_to_peer
 from weightlift.worker.loaders.tensors import dtype_name, pack
 from weightlift.worker.p2p.expected import ExpectedTensor
+from weightlift.worker.storage.fetch import Fetched, is_remote, materialize
 
 log = logging.getLogger("vllm.weightlift")  # vLLM's handler only prints `vllm.*` loggers
 
@@ -91,14 +93,22 @@ class EngineRankReport(ApiModel):
     finished_at: float = Field(default_factory=time.time)
 
 
-def check_model_dir(model_dir: str | Path) -> Path:
-    """An HF model directory vLLM can serve: config.json, tokenizer, *.safetensors."""
+def holds_weights(plan: WorkerPlan) -> bool:
+    """Whether the plan's model dir has the weights: not for an s3:// or hf:// Target, whose
+    worker fetched only the small files (it pulls its weights; `load_rank` downloads them on a
+    peer failure)."""
+    return not (is_remote(plan) and wants_peer_to_peer(plan))
+
+
+def check_model_dir(model_dir: str | Path, *, weights: bool = True) -> Path:
+    """An HF model directory vLLM can serve: config.json, tokenizer, *.safetensors (unless
+    `weights` is False: they come later)."""
     d = Path(model_dir)
     if not d.is_dir():
         raise ModelDirError(f"model dir {d} does not exist or is not a directory")
     if not (d / "config.json").is_file():
         raise ModelDirError(f"model dir {d}: config.json not found (an HF model directory)")
-    if not any(d.glob("*.safetensors")):
+    if weights and not any(d.glob("*.safetensors")):
         raise ModelDirError(f"model dir {d}: no *.safetensors files")
     if not any((d / n).is_file() for n in ("tokenizer.json", "tokenizer.model")):
         raise ModelDirError(f"model dir {d}: no tokenizer.json or tokenizer.model")
@@ -156,14 +166,35 @@ class CheckpointLoad:
 
 
 def load_checkpoint(plan: WorkerPlan, progress: LoadProgress | None = None) -> CheckpointLoad:
-    """The checkpoint's tensors in host memory, from storage (preload or direct)."""
-    cplan = checkpoint_plan(plan)
+    """The checkpoint's tensors in host memory, from storage (preload or direct). A remote
+    model whose weights are not in the model dir yet is downloaded first (`fetch_weights`)."""
     progress = progress or LoadProgress()
+    loaded_from = f"storage:{ModelUri.parse(plan.model.uri).scheme}"
+    if is_remote(plan) and not any(Path(plan.model_dir).glob("*.safetensors")):
+        fetched = fetch_weights(plan, progress)
+        plan = plan.model_copy(update={"model_dir": fetched.model_dir})
+        loaded_from = fetched.loaded_from
+    cplan = checkpoint_plan(plan)
     loader = choose_storage_loader(cplan, {0: CPU})
     tensors = loader.load(cplan, 0, CPU, progress)
-    progress.loaded_from = f"storage:{ModelUri.parse(plan.model.uri).scheme}"
+    progress.loaded_from = loaded_from
     progress.finish()
     return CheckpointLoad(tensors, progress, loader.name)
+
+
+def fetch_weights(plan: WorkerPlan, progress: LoadProgress) -> Fetched:
+    """The worker's own download (`materialize`, node cache included) of a remote model's
+    weights, once per pod: every rank's process falls back on its own, so the first takes a
+    lock on the model dir and the others find the files there (or the cache entry) after it."""
+    lock_path = Path(plan.model_dir) / ".weightlift-weights.lock"
+    with lock_path.open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            if any(Path(plan.model_dir).glob("*.safetensors")):  # another rank fetched them
+                return Fetched(plan.model_dir, f"storage:{ModelUri.parse(plan.model.uri).scheme}")
+            return materialize(plan, progress, weights=True)
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 @dataclass
