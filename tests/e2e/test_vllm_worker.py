@@ -48,8 +48,15 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _plan(model: Path, pod: str, role: Role, peers: list[PeerCandidate]) -> WorkerPlan:
+# Tensor parallelism on CPU: one worker process per rank (`mp`), each bound to its own core.
+TP2_ARGS = [a if a != "uni" else "mp" for a in ENGINE_ARGS]
+TP2_ENV = {"VLLM_CPU_OMP_THREADS_BIND": "0|1"}
+
+
+def _plan(model: Path, pod: str, role: Role, peers: list[PeerCandidate], tp: int = 1) -> WorkerPlan:
     return WorkerPlan(
+        tensor_parallel=tp,
+        ranks=list(range(tp)),
         deployment="llm",
         pod_name=pod,
         role=role,
@@ -61,7 +68,10 @@ def _plan(model: Path, pod: str, role: Role, peers: list[PeerCandidate]) -> Work
         device="cpu",
         host="127.0.0.1",
         runtime=RuntimeSpec(
-            engine=Engine.VLLM, port=_free_port(), engine_port=_free_port(), engine_args=ENGINE_ARGS
+            engine=Engine.VLLM,
+            port=_free_port(),
+            engine_port=_free_port(),
+            engine_args=ENGINE_ARGS if tp == 1 else TP2_ARGS,
         ),
     )
 
@@ -79,6 +89,7 @@ class RunningWorker:
             "WEIGHTLIFT_VLLM_PYTHON": str(vllm_python),
             "WEIGHTLIFT_ENGINE_DIR": str(workdir),
             "WEIGHTLIFT_FAIL_LINGER_SECONDS": "0",
+            **(TP2_ENV if plan.tensor_parallel > 1 else {}),
         }
         self.log = workdir / "worker.log"
         with self.log.open("wb") as out:
@@ -184,3 +195,46 @@ def test_source_preloads_target_pulls_p2p_both_complete_like_transformers(
     assert health["pod"] == "llm-1" and health["identity"] == "llm-tiny"
     reports = json.loads((tmp_path / "tgt" / "llm-1" / "reports" / "rank-0.json").read_text())
     assert reports["ok"] and reports["loadedFrom"] == "peer:llm-0"
+
+
+def _rank_report(workdir: Path, pod: str, rank: int) -> JSON:
+    report: JSON = json.loads((workdir / pod / "reports" / f"rank-{rank}.json").read_text())
+    return report
+
+
+@pytest.mark.timeout(TEST_TIMEOUT)
+def test_tp2_each_target_rank_pulls_only_its_own_rank(
+    llm: tuple[Path, JSON], workers: list[RunningWorker], tmp_path: Path, vllm_python: Path
+) -> None:
+    """Tensor parallel 2: each vLLM rank of the source publishes its own parameters, each rank
+    of the target pulls only its rank's (about half the checkpoint) and both replicas answer
+    the same greedy text."""
+    model, probe = llm
+    source = RunningWorker(
+        _plan(model, "tp-0", Role.SOURCE, [], tp=2), tmp_path / "src", vllm_python
+    )
+    workers.append(source)
+    st = source.wait_serving()
+    assert st["loadedFrom"] == "storage:file", st
+    text = _complete(source.address, probe)
+    peer = PeerCandidate(pod="tp-0", address=source.address)
+    target = RunningWorker(
+        _plan(model, "tp-1", Role.TARGET, [peer], tp=2), tmp_path / "tgt", vllm_python
+    )
+    workers.append(target)
+    st = target.wait_serving()
+    assert st["loadedFrom"] == "peer:tp-0" and st["strategy"] == "p2p", st
+    assert _complete(target.address, probe) == text
+    checkpoint = sum(f.stat().st_size for f in model.glob("*.safetensors"))
+    for rank in (0, 1):
+        src = _rank_report(tmp_path / "src", "tp-0", rank)
+        tgt = _rank_report(tmp_path / "tgt", "tp-1", rank)
+        assert src["loadedFrom"] == "storage:file" and tgt["loadedFrom"] == "peer:tp-0", tgt
+        # The source's rank read the whole checkpoint; the target's only its own share.
+        assert src["bytesLoaded"] > 0.9 * checkpoint, (src, checkpoint)
+        assert 0 < tgt["bytesLoaded"] < 0.75 * checkpoint, (tgt, checkpoint)
+        # Each of the source's ranks served one verified read, from its own process.
+        health = httpx.get(
+            f"http://{source.address}/weightlift/v1/p2p/health", params={"rank": rank}, timeout=5
+        ).json()
+        assert health["ranks"] == [rank] and health["completed_reads"] == 1, health
