@@ -40,6 +40,7 @@ from weightlift.worker.engines.vllm.weights import (
 )
 from weightlift.worker.hooks import InitHookSession
 from weightlift.worker.loaders.base import LoadError
+from weightlift.worker.loaders.select import wants_peer_to_peer
 
 # Published ranks live as long as the engine process (the NIXL agent must outlive reads).
 _PUBLISHED: list[PublishedRank] = []
@@ -84,6 +85,12 @@ class WeightliftModelLoader(BaseModelLoader):
         self._stamp("engine")
         try:
             write_report(self.options.report_dir, self.report)
+            if wants_peer_to_peer(self.plan):
+                # NIXL's first agent costs ~0.5 s of library loading: pay it while the hooks
+                # run and vLLM builds the model, not inside the pull.
+                from weightlift.worker.p2p.target import prewarm_nixl
+
+                prewarm_nixl(agents=1)
             session = run_rank_hooks(self.plan, rank)
             if session is not None:
                 _HOOKS.append(session)
