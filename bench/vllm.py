@@ -5,9 +5,9 @@ One run, one host, one model (a random-weight Llama in HF layout, made locally; 
 
   auto     vLLM's OpenAI server with `--load-format auto` (its default safetensors loader)
   preload  a `weightlift worker` with runtime.engine vLLM, role Source: weightlift's preload
-           inside vLLM (`--load-format weightlift`), then it publishes the checkpoint
-  p2p      a second worker, role Target, pulling from the preload one over NIXL (checksums
-           verified) while it keeps serving
+           inside vLLM (`--load-format weightlift`), then it publishes its rank's parameters
+  p2p      a second worker, role Target, pulling its rank's parameters from the preload one
+           over NIXL (checksums verified) while that one keeps serving
 
 Seconds to ready: process start until vLLM's /health answers (for the workers: until their
 status says Serving, which waits for /health). Load seconds and GB/s: vLLM's "Loading weights
@@ -144,6 +144,7 @@ def run_worker(
         "gbps": st.get("gbps"),
         "from": st.get("loadedFrom"),
         "bytes": st.get("bytesTotal"),
+        "phases": st.get("loadPhases") or {},
     }
     return row, (proc, f"http://127.0.0.1:{plan.runtime.engine_port}/v1", address, plan.pod_name)
 
@@ -207,3 +208,7 @@ def _print(rows: dict[str, JSON], size: int, hidden: int, layers: int) -> None:
         click.echo(
             f"{name:<9}{r.get('from')!s:<22}{r['ready_s']:>9.1f}{ratio:>8.2f}{load:>9}{gbps:>8}"
         )
+    for name, r in rows.items():
+        if r.get("phases"):
+            steps = ", ".join(f"{k} {v:.3f}" for k, v in r["phases"].items())
+            click.echo(f"{name} load steps (s): {steps}")
