@@ -273,7 +273,10 @@ class Worker:
     async def load_and_bind(self) -> dict[int, dict[str, torch.Tensor]]:
         rep = self.state.report
         rep.phase = WorkerPhase.LOADING
-        runtime = await _in_daemon_thread(Pt2Runtime.open, self.plan.model_dir)
+        # The program opens beside the weight loads (both after the init hooks): opening it is
+        # mostly torch.export's own imports (~2-3 s of CPU on first use), which the P2P READs
+        # and file reads, out of the GIL, overlap.
+        opening = asyncio.ensure_future(_in_daemon_thread(Pt2Runtime.open, self.plan.model_dir))
         for r in self.plan.ranks:
             # After a download the load's clock starts at its first byte, not at the preload.
             started = self.fetch_started
@@ -283,9 +286,13 @@ class Worker:
         jobs = [
             _in_daemon_thread(self._load_rank, r, self.state.progress[r]) for r in self.plan.ranks
         ]
-        results = await asyncio.wait_for(
-            asyncio.gather(*jobs), timeout=self.plan.loading.load_timeout_seconds
-        )
+        try:
+            runtime, results = await asyncio.wait_for(
+                asyncio.gather(opening, asyncio.gather(*jobs)),
+                timeout=self.plan.loading.load_timeout_seconds,
+            )
+        finally:
+            opening.cancel()  # a failed load need not wait for the program
         self._stamp("load")
         strategies = sorted({s for s, _ in results})
         rep.strategy = ",".join(strategies)
