@@ -27,6 +27,7 @@ from weightlift.worker.engines.vllm.weights import (
     EngineRankReport,
     ModelDirError,
     PublishedRank,
+    RankLoad,
     check_model_dir,
     load_checkpoint,
     load_rank,
@@ -135,13 +136,22 @@ def feeder(params: dict[str, torch.Tensor], tp: int, rank: int, calls: list[int]
     return feed
 
 
+def load_as(
+    d: Path, pod: str, peers: list[PeerCandidate] | None, tp: int, rank: int
+) -> tuple[RankLoad, dict[str, torch.Tensor], list[int]]:
+    """load_rank for fresh parameters: a Source without peers, else a Target; returns the load,
+    the parameters and the ranks whose load_weights stand-in ran."""
+    params: dict[str, torch.Tensor] = rank_params(tp, rank)
+    calls: list[int] = []
+    role = Role.TARGET if peers else Role.SOURCE
+    plan = plan_for(d, pod, role, peers, tp=tp)
+    return load_rank(plan, rank, params, feeder(params, tp, rank, calls)), params, calls
+
+
 @pytest.mark.skipif(NIXL_MISSING is not None, reason=f"NIXL: {NIXL_MISSING}")
 def test_target_rank_pulls_only_its_parameters_then_falls_back(hf_dir: Path) -> None:
     tp, rank = 2, 1
-    src_params, calls = rank_params(tp, rank), []
-    source = load_rank(
-        plan_for(hf_dir, "src", tp=tp), rank, src_params, feeder(src_params, tp, rank, calls)
-    )
+    source, src_params, calls = load_as(hf_dir, "src", None, tp, rank)
     assert source.progress.loaded_from == "storage:file" and calls == [rank]
     assert all_bit_equal(source.published, src_params)
     expected = {k: v.clone() for k, v in src_params.items()}
@@ -150,14 +160,8 @@ def test_target_rank_pulls_only_its_parameters_then_falls_back(hf_dir: Path) -> 
     published = PublishedRank(plan_for(hf_dir, "src", tp=tp), rank, source.published)
     try:
         peers = [PeerCandidate(pod="src", address=published.address)]
-        tgt_params, tgt_calls = rank_params(tp, rank), []
-        target = load_rank(
-            plan_for(hf_dir, "tgt", Role.TARGET, peers, tp=tp),
-            rank,
-            tgt_params,
-            feeder(tgt_params, tp, rank, tgt_calls),
-        )
-        assert target.strategy == "p2p" and tgt_calls == []
+        target, tgt_params, calls = load_as(hf_dir, "tgt", peers, tp, rank)
+        assert target.strategy == "p2p" and calls == []
         assert target.progress.loaded_from == "peer:src"
         assert all_bit_equal(tgt_params, expected)  # the pre-processing values, not the zeros
         assert all_bit_equal(target.published, expected)  # and it publishes what it pulled
@@ -167,26 +171,14 @@ def test_target_rank_pulls_only_its_parameters_then_falls_back(hf_dir: Path) -> 
         )
         assert published.publisher.health()["completed_reads"] == 1
         # A target whose parameters differ (another TP size) refuses the peer's, loads storage.
-        other, other_calls = rank_params(1, 0), []
-        mismatch = load_rank(
-            plan_for(hf_dir, "tgt", Role.TARGET, peers, tp=1),
-            0,
-            other,
-            feeder(other, 1, 0, other_calls),
-        )
-        assert mismatch.progress.loaded_from == "storage:file" and other_calls == [0]
+        mismatch, _, calls = load_as(hf_dir, "tgt", peers, 1, 0)
+        assert mismatch.progress.loaded_from == "storage:file" and calls == [0]
         assert mismatch.peer_failures and "src" in mismatch.peer_failures[0]
     finally:
         published.close()
     # The source is gone: the target still loads, from storage, and says why.
-    tgt_params, tgt_calls = rank_params(tp, rank), []
-    fallback = load_rank(
-        plan_for(hf_dir, "tgt", Role.TARGET, peers, tp=tp),
-        rank,
-        tgt_params,
-        feeder(tgt_params, tp, rank, tgt_calls),
-    )
-    assert fallback.progress.loaded_from == "storage:file" and tgt_calls == [rank]
+    fallback, tgt_params, calls = load_as(hf_dir, "tgt", peers, tp, rank)
+    assert fallback.progress.loaded_from == "storage:file" and calls == [rank]
     assert fallback.peer_failures and "src" in fallback.peer_failures[0]
     assert all_bit_equal(tgt_params, expected)
 
