@@ -8,7 +8,7 @@ import logging
 import os
 import posixpath
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -37,6 +37,7 @@ from weightlift.api.model import (
 from weightlift.api.times import parse_rfc3339
 from weightlift.api.worker import WorkerPhase, WorkerReport
 from weightlift.operator import kube
+from weightlift.operator.identity import model_identity
 from weightlift.operator.planning import (
     Event,
     Observed,
@@ -413,12 +414,13 @@ async def reconcile(
     state: OperatorState,
     live_body: Mapping[str, Any],
     pods: list[dict[str, Any]],
-    published_sources: list[Any],
+    sources_of: Callable[[str], list[Any]],
     logger: logging.Logger | logging.LoggerAdapter[Any],
 ) -> float:
     """One pass; returns seconds until the next one. Reads nothing from the API server:
     `live_body` is kopf's live view of the ModelDeployment, `pods` its pods from kopf's pod
-    index, `published_sources` the status.sources of the namespace's ModelDeployments."""
+    index, `sources_of(identity)` the sources the namespace's ModelDeployments publish for a
+    model identity (kopf's index)."""
     body = dict(live_body)  # one consistent snapshot: kopf swaps the live body on each event
     meta = body["metadata"]
     if meta.get("deletionTimestamp"):
@@ -429,7 +431,9 @@ async def reconcile(
     spec = parse_spec(body.get("spec"))
     observed_pods: list[ObservedPod] = []
     max_gpus = None
+    siblings: list[SourceEndpoint] = []
     if not isinstance(spec, SpecError):
+        siblings = _sibling_sources(sources_of(model_identity(spec)), name)
         model = spec.model.name or name
         observed_pods, max_gpus = await asyncio.gather(
             asyncio.gather(*(observe_pod(state, p, spec, model) for p in pods)),
@@ -441,7 +445,7 @@ async def reconcile(
         generation=meta.get("generation", 0),
         now=datetime.now(UTC),
         pods=list(observed_pods),
-        sibling_sources=_sibling_sources(published_sources, name),
+        sibling_sources=siblings,
         previous=_previous_status(state.status_of(uid, body)),
         max_node_gpus=max_gpus,
         model_path_prefixes=state.model_path_prefixes,

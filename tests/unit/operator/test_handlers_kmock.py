@@ -28,6 +28,7 @@ from kopf.testing import KopfRunner
 from kubernetes import client
 from kubernetes.config import kube_config
 
+from tests.support.planning import no_sources
 from weightlift.api.labels import (
     DEPLOYMENT_LABEL,
     IDENTITY_LABEL,
@@ -681,7 +682,7 @@ async def test_a_storage_load_waits_for_a_source_the_index_has_not_seen(
     eater = await cluster.create_md("eater", {**SPEC, "replicas": 2})
     state = await asyncio.to_thread(OperatorState.from_environment)
     try:
-        await real_reconcile(state, eater, [], [], logging.getLogger("test"))
+        await real_reconcile(state, eater, [], no_sources, logging.getLogger("test"))
     finally:
         await state.http.aclose()
     _assert_fed_by_feeder(cluster.pods(**{DEPLOYMENT_LABEL: "eater"}))
@@ -715,13 +716,13 @@ async def test_the_sources_of_label_follows_the_published_sources(
         pod["metadata"]["labels"][IDENTITY_LABEL] = _identity_of(md["spec"])
         passed = ProbeResult(passed=True, message="ok", last_probe_time="2026-01-01T00:00:00Z")
         state.probes["pod-uid-0"] = (time.monotonic(), passed)
-        await real_reconcile(state, cluster.md("solo") or md, [ready_pod], [], log)
+        await real_reconcile(state, cluster.md("solo") or md, [ready_pod], no_sources, log)
         labelled = cluster.md("solo") or {}
         identity = labelled["status"]["modelIdentity"]
         assert [s["pod"] for s in labelled["status"]["sources"]] == ["solo-pod-0"]
         assert labelled["metadata"]["labels"][SOURCES_OF_LABEL] == identity
         # The replica is gone: the sources are withdrawn, then the label.
-        await real_reconcile(state, labelled, [], [], log)
+        await real_reconcile(state, labelled, [], no_sources, log)
         after = cluster.md("solo") or {}
         assert not (after.get("status") or {}).get("sources")
         assert SOURCES_OF_LABEL not in (after["metadata"].get("labels") or {})

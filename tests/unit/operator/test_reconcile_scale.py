@@ -17,6 +17,7 @@ import httpx
 import kopf
 import pytest
 
+from tests.support.planning import no_sources
 from weightlift.api.labels import REPLICA_LABEL, ROLE_LABEL, SOURCES_OF_LABEL
 from weightlift.api.model import ProbeResult
 from weightlift.operator import kube, reconcile
@@ -46,7 +47,7 @@ async def test_a_pass_waits_for_pods_it_created_to_reach_the_index() -> None:
     state.await_pod(UID, "llama-abc-0")
     log = logging.getLogger("test")
     # Not in the index yet: the pass returns before observing or writing anything.
-    assert await reconcile.reconcile(state, _body(), [], [], log) == 1.0
+    assert await reconcile.reconcile(state, _body(), [], no_sources, log) == 1.0
     assert state.awaited_pods(UID, set()) == ["llama-abc-0"]
     # Indexed: nothing is awaited any more.
     assert state.awaited_pods(UID, {"llama-abc-0"}) == []
