@@ -171,7 +171,7 @@ def test_a_terminated_container_keeps_its_message() -> None:
 SERVING = {"phase": "Serving", "bytesLoaded": 1, "bytesTotal": 1}
 
 
-async def test_a_serving_workers_report_is_read_once_per_probe_period(
+async def test_a_serving_workers_report_is_reread_only_when_stale_or_in_doubt(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     reads: list[str] = []
@@ -189,19 +189,26 @@ async def test_a_serving_workers_report_is_read_once_per_probe_period(
     for _ in range(2):
         report = await reconcile._report(state, "uid-0", address, spec, pod_ready=False)
     assert report is not None and len(reads) == 2
-    # Serving, probe passed just now: the report is reused until the probe is due again.
+    # Serving, probes passing: the report is reused, probe period after probe period.
     await reconcile._report(state, "uid-0", address, spec, pod_ready=True)
     state.probes["uid-0"] = (time.monotonic(), ProbeResult(passed=True, message="ok"))
     for _ in range(3):
         report = await reconcile._report(state, "uid-0", address, spec, pod_ready=True)
-    assert report is not None and report.phase == "Serving" and len(reads) == 3
-    # The probe is due: read again with it. A pod no longer Ready is read at once.
     state.probes["uid-0"] = (time.monotonic() - 3600, ProbeResult(passed=True, message="ok"))
+    report = await reconcile._report(state, "uid-0", address, spec, pod_ready=True)
+    assert report is not None and report.phase == "Serving" and len(reads) == 3
+    # Read again once it is REPORT_REFRESH_SECONDS old...
+    read_at, last = state.reports["uid-0"]
+    state.reports["uid-0"] = (read_at - reconcile.REPORT_REFRESH_SECONDS, last)
     await reconcile._report(state, "uid-0", address, spec, pod_ready=True)
     assert len(reads) == 4
+    # ...at once after a failed probe, and when the pod is no longer Ready.
+    state.probes["uid-0"] = (time.monotonic(), ProbeResult(passed=False, message="wrong output"))
+    await reconcile._report(state, "uid-0", address, spec, pod_ready=True)
+    assert len(reads) == 5
     state.probes["uid-0"] = (time.monotonic(), ProbeResult(passed=True, message="ok"))
     await reconcile._report(state, "uid-0", address, spec, pod_ready=False)
-    assert len(reads) == 5 and "uid-0" not in state.reports
+    assert len(reads) == 6 and "uid-0" not in state.reports
     await state.http.aclose()
 
 
