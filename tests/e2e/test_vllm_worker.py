@@ -153,6 +153,22 @@ def _complete(address: str, probe: JSON) -> str:
     return text
 
 
+def _logprobs(address: str, probe: JSON) -> list[dict[str, float]]:
+    c = probe["completion"]
+    body = {
+        "model": "llm",
+        "prompt": c["prompt"],
+        "max_tokens": c["maxTokens"],
+        "temperature": 0,
+        "logprobs": 5,
+    }
+    resp = httpx.post(f"http://{address}/v1/completions", json=body, timeout=60)
+    assert resp.status_code == 200, resp.text
+    top: list[dict[str, float]] = resp.json()["choices"][0]["logprobs"]["top_logprobs"]
+    assert len(top) == c["maxTokens"] and all(len(step) >= 1 for step in top), top
+    return top
+
+
 @pytest.mark.timeout(TEST_TIMEOUT)
 def test_source_preloads_target_pulls_p2p_both_complete_like_transformers(
     llm: tuple[Path, JSON], workers: list[RunningWorker], tmp_path: Path, vllm_python: Path
@@ -177,6 +193,9 @@ def test_source_preloads_target_pulls_p2p_both_complete_like_transformers(
     # The same greedy text through the worker's /v1 front door and vLLM's own port.
     assert _complete(target.address, probe) == expected
     assert _complete(f"127.0.0.1:{target.plan.runtime.engine_port}", probe) == expected
+    # Not just the same text: the same numbers. The log-probabilities of the top tokens at every
+    # step are bit-identical between the storage-loaded source and the P2P target.
+    assert _logprobs(target.address, probe) == _logprobs(source.address, probe)
     # Triton's generate extension, answered through vLLM.
     gen = httpx.post(
         f"http://{target.address}/v2/models/llm/generate",
