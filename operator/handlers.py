@@ -98,14 +98,14 @@ async def reconcile_loop(
     pods_index: kopf.Index[str, dict[str, Any]] = kwargs["pods_by_owner"]
     state = _state(memo)
     wake = state.wake_event(uid)
+
+    def sources_of(identity: str) -> list[Any]:
+        # The indexes are live: every pass reads them afresh.
+        key = (namespace, identity)
+        return [raw for batch in published_sources.get(key, []) for raw in batch]
+
     while not stopped:
         wake.clear()
-
-        # The indexes are live: read them afresh on every pass.
-        def sources_of(identity: str) -> list[Any]:
-            key = (namespace, identity)
-            return [raw for batch in published_sources.get(key, []) for raw in batch]
-
         pods = list(pods_index.get(uid, []))
         try:
             delay = await reconcile(state, body, pods, sources_of, logger)

@@ -5,8 +5,8 @@ OpenAI server on `runtime.enginePort` as a child process with `--load-format wei
 load format (in vLLM's process, see `loader`) writes one report per rank; the worker folds them
 into its WorkerReport, is Ready when vLLM's /health answers, forwards /weightlift/v1/p2p/* to the
 manifest server of the vLLM rank the request names (where that rank's NIXL agent and memory
-are), /v1/* to vLLM, and
-answers Triton's `/v2/models/{m}/generate` through vLLM's /v1/completions.
+are), /v1/* to vLLM, and answers Triton's `/v2/models/{m}/generate` through vLLM's
+/v1/completions.
 
 The engine's Python: `WEIGHTLIFT_VLLM_PYTHON` (an environment with vLLM and weightlift, e.g. the
 one `hack/install-vllm.sh` builds), else this interpreter.
