@@ -76,7 +76,7 @@ def realign(tensors: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], 
         by_device.setdefault(tensors[k].device, []).append(k)
     for device, names in by_device.items():
         out.update(pack({k: tensors[k] for k in names}, device))
-    return out, sum(t.numel() * t.element_size() for k, t in tensors.items() if k in moved)
+    return out, sum(tensors[k].numel() * tensors[k].element_size() for k in moved)
 
 
 def pack(tensors: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:

@@ -100,6 +100,14 @@ def holds_weights(plan: WorkerPlan) -> bool:
     return not (is_remote(plan) and wants_peer_to_peer(plan))
 
 
+def _has_weights(model_dir: str | Path) -> bool:
+    return any(Path(model_dir).glob("*.safetensors"))
+
+
+def _storage_label(plan: WorkerPlan) -> str:
+    return f"storage:{ModelUri.parse(plan.model.uri).scheme}"
+
+
 def check_model_dir(model_dir: str | Path, *, weights: bool = True) -> Path:
     """An HF model directory vLLM can serve: config.json, tokenizer, *.safetensors (unless
     `weights` is False: they come later)."""
@@ -108,7 +116,7 @@ def check_model_dir(model_dir: str | Path, *, weights: bool = True) -> Path:
         raise ModelDirError(f"model dir {d} does not exist or is not a directory")
     if not (d / "config.json").is_file():
         raise ModelDirError(f"model dir {d}: config.json not found (an HF model directory)")
-    if weights and not any(d.glob("*.safetensors")):
+    if weights and not _has_weights(d):
         raise ModelDirError(f"model dir {d}: no *.safetensors files")
     if not any((d / n).is_file() for n in ("tokenizer.json", "tokenizer.model")):
         raise ModelDirError(f"model dir {d}: no tokenizer.json or tokenizer.model")
@@ -169,8 +177,8 @@ def load_checkpoint(plan: WorkerPlan, progress: LoadProgress | None = None) -> C
     """The checkpoint's tensors in host memory, from storage (preload or direct). A remote
     model whose weights are not in the model dir yet is downloaded first (`fetch_weights`)."""
     progress = progress or LoadProgress()
-    loaded_from = f"storage:{ModelUri.parse(plan.model.uri).scheme}"
-    if is_remote(plan) and not any(Path(plan.model_dir).glob("*.safetensors")):
+    loaded_from = _storage_label(plan)
+    if is_remote(plan) and not _has_weights(plan.model_dir):
         fetched = fetch_weights(plan, progress)
         plan = plan.model_copy(update={"model_dir": fetched.model_dir})
         loaded_from = fetched.loaded_from
@@ -190,8 +198,8 @@ def fetch_weights(plan: WorkerPlan, progress: LoadProgress) -> Fetched:
     with lock_path.open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
-            if any(Path(plan.model_dir).glob("*.safetensors")):  # another rank fetched them
-                return Fetched(plan.model_dir, f"storage:{ModelUri.parse(plan.model.uri).scheme}")
+            if _has_weights(plan.model_dir):  # another rank fetched them
+                return Fetched(plan.model_dir, _storage_label(plan))
             return materialize(plan, progress, weights=True)
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
