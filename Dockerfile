@@ -5,15 +5,13 @@
 FROM python:3.11-slim AS base
 RUN useradd --uid 1000 --create-home weightlift
 WORKDIR /opt/weightlift
-COPY pyproject.toml setup.py README.md ./
-COPY api api
-COPY operator operator
-COPY worker worker
-# Empty rooms: setup.py maps every room; the images ship none of the dev-only code.
-RUN mkdir local bench
+COPY pyproject.toml README.md ./
+COPY weightlift weightlift
+# The images ship none of the dev-only rooms.
+RUN rm -rf weightlift/local weightlift/bench
 
 FROM base AS operator
-RUN rm -rf worker && mkdir worker && pip install --no-cache-dir . && rm -rf /opt/weightlift
+RUN rm -rf weightlift/worker && pip install --no-cache-dir . && rm -rf /opt/weightlift
 USER 1000
 ENTRYPOINT ["weightlift", "operator"]
 

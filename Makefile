@@ -42,8 +42,8 @@ crd: venv
 	cp crds/modeldeployment.yaml helm/weightlift/crds/modeldeployment.yaml
 
 lint: venv
-	$(VENV)/bin/ruff check api operator worker local bench tests setup.py
-	hack/typecheck
+	$(VENV)/bin/ruff check weightlift tests
+	$(VENV)/bin/mypy -p weightlift
 	$(VENV)/bin/lint-imports
 
 unit: venv

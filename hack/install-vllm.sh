@@ -44,10 +44,13 @@ fi
 
 # weightlift itself (no deps: the engine venv keeps vLLM's pins) plus what its worker needs
 # that vLLM does not already bring.
-if [[ "$(cat "$DEST/.weightlift-repo" 2>/dev/null)" != "$REPO" ]]; then
+# The stamp names the checkout and its packaging: a moved checkout or a changed layout
+# (pyproject.toml) re-points the editable install.
+STAMP="$REPO $(sha256sum "$REPO/pyproject.toml" | cut -c1-16)"
+if [[ "$(cat "$DEST/.weightlift-repo" 2>/dev/null)" != "$STAMP" ]]; then
   # boto3: a vLLM target of an s3:// model downloads its weights in the engine when its peer fails.
   "$DEST/bin/uv" pip install -q --python "$PY" "torch==$TORCH_VERSION" xxhash "nixl-cu12>=1.0" click httpx boto3
   "$DEST/bin/uv" pip install -q --python "$PY" --no-deps -e "$REPO"
-  echo "$REPO" > "$DEST/.weightlift-repo"
+  echo "$STAMP" > "$DEST/.weightlift-repo"
 fi
 echo "$DEST"

@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-ROOMS = ("api", "operator", "worker", "local", "bench")
 # Modules that run only inside an engine's own environment (they subclass the engine's classes):
 # shipped like every other, imported there (tests/e2e/test_vllm_worker.py), not here.
 ENGINE_ONLY = {"weightlift.worker.engines.vllm.loader"}
@@ -20,14 +19,13 @@ ENGINE_ONLY = {"weightlift.worker.engines.vllm.loader"}
 
 def _source_modules() -> set[str]:
     modules = set()
-    for room in ROOMS:
-        for path in (REPO / room).rglob("*.py"):
-            parts = path.relative_to(REPO).with_suffix("").parts
-            if "__pycache__" in parts:
-                continue
-            if parts[-1] == "__init__":
-                parts = parts[:-1]
-            modules.add(".".join(("weightlift", *parts)))
+    for path in (REPO / "weightlift").rglob("*.py"):
+        parts = path.relative_to(REPO).with_suffix("").parts
+        if "__pycache__" in parts or parts[-1] == "__main__":
+            continue
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        modules.add(".".join(parts))
     return modules
 
 

@@ -15,7 +15,7 @@ class Block:
 sys.meta_path.insert(0, Block())
 import weightlift.operator.handlers, weightlift.operator.run, weightlift.operator.crd
 import weightlift.api.worker
-import weightlift.operator.cli
+import weightlift.cli
 print('ok')
 """
 

@@ -28,7 +28,7 @@ def _run_worker(model: Path, library: str, tmp_path: Path) -> tuple[int, str]:
         WEIGHTLIFT_FAIL_LINGER_SECONDS="0",
     )
     proc = subprocess.Popen(
-        [sys.executable, "-m", "weightlift.operator.cli", "worker"],
+        [sys.executable, "-m", "weightlift", "worker"],
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

@@ -233,7 +233,7 @@ def test_worker_process_sigterm(demo_tp1: DemoModel, tmp_path: Path) -> None:
     hook_log = tmp_path / "hook.log"
     env = {**os.environ, **plan_env(plan, tmp_path), "WEIGHTLIFT_HOOK_LOG": str(hook_log)}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "weightlift.operator.cli", "worker"],
+        [sys.executable, "-m", "weightlift", "worker"],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

@@ -68,7 +68,7 @@ def test_the_worker_process_refuses_a_tampered_plan_and_never_serves(tmp_path: P
     path.write_text(path.read_text().replace('"demo"', '"other"'))
     term = tmp_path / "termination-log"
     proc = subprocess.run(
-        [sys.executable, "-m", "weightlift.operator.cli", "worker"],
+        [sys.executable, "-m", "weightlift", "worker"],
         env={**os.environ, **env, "WEIGHTLIFT_TERMINATION_LOG": str(term)},
         capture_output=True,
         text=True,

@@ -96,7 +96,7 @@ class WorkerProc:
         self.url = f"http://127.0.0.1:{plan.runtime.port}"
         self.log_path = workdir / f"{plan.pod_name}.log"
         self.lines: list[str] = []
-        argv = [sys.executable, "-m", "weightlift.operator.cli", "worker", "--plan", str(path)]
+        argv = [sys.executable, "-m", "weightlift", "worker", "--plan", str(path)]
         if throttle_s is not None:
             argv = [sys.executable, "-m", "weightlift.bench.p2p_worker", "--plan", str(path)]
             argv += ["--batch-mb", str(FAULT_BATCH_MB), "--throttle-s", str(throttle_s)]

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 VLLM_VERSION = "0.32.0"
-INSTALL_SCRIPT = Path(__file__).resolve().parents[1] / "hack" / "install-vllm.sh"
+INSTALL_SCRIPT = Path(__file__).resolve().parents[2] / "hack" / "install-vllm.sh"
 
 # Text the tokenizer learns its merges from; any English will do, it only has to be stable.
 CORPUS = [

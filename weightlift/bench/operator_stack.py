@@ -225,7 +225,7 @@ class BenchStack:
     def start_operator(self, timeout: float = 120.0) -> None:
         """`weightlift operator -n NAMESPACE`; returns once its watches are open."""
         liveness = free_port()
-        argv = [sys.executable, "-m", "weightlift.operator.cli", "operator", "-n", NAMESPACE]
+        argv = [sys.executable, "-m", "weightlift", "operator", "-n", NAMESPACE]
         argv += ["--liveness-port", str(liveness), "--probe-networks", POD_CIDR]
         # bench/operator.py's models are file:///models/... (never read: kwok nodes)
         argv += ["--model-path-prefix", "/models"]
