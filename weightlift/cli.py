@@ -64,5 +64,9 @@ def main() -> None:
     """weightlift: fast, honest model loading on GPU clusters."""
 
 
-if __name__ == "__main__":
-    main()
+@click.command("crd")
+def crd_command() -> None:
+    """Print the ModelDeployment CRD generated from the pydantic model (api/crd.py)."""
+    from weightlift.api.crd import render_crd
+
+    click.echo(render_crd(), nl=False)

@@ -9,9 +9,9 @@ import pytest
 
 from tests.support.storage import make_model, plan_for
 from weightlift.local.hubserver import HubRepo, HubServer
-from weightlift.worker.loaders.base import LoadProgress
 from weightlift.worker.storage.errors import StorageError
 from weightlift.worker.storage.fetch import materialize
+from weightlift.worker.weights.progress import LoadProgress
 
 TOKEN = "hf_test_token_5b2e9c"
 REPO = "acme/tiny"

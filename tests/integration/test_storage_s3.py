@@ -23,9 +23,9 @@ from weightlift.worker.engines.vllm.weights import (
     holds_weights,
     load_rank,
 )
-from weightlift.worker.loaders.base import LoadProgress
 from weightlift.worker.storage.errors import StorageError
 from weightlift.worker.storage.fetch import Fetched, materialize
+from weightlift.worker.weights.progress import LoadProgress
 
 BUCKET = "models"
 

@@ -36,7 +36,7 @@ RESERVED_ENV_PREFIXES = ("WEIGHTLIFT_", "LD_")
 NO_NUL = r"^[^\x00]*$"
 
 # Bounds: the largest admissible spec stays below 1 MiB (a worker plan fits one ConfigMap;
-# tests/unit/operator/test_crd.py measures it) and CEL rules stay within their cost budget.
+# tests/unit/api/test_crd.py measures it) and CEL rules stay within their cost budget.
 ENV_VALUE_MAX = 2048
 ENV_ITEMS = 64
 TOLERATION_ITEMS = 32

@@ -199,11 +199,11 @@ def entry_points() -> dict[str, Callable[[Path], Any]]:
     """name -> a call that loads the model dir holding one model.safetensors."""
     import torch
 
-    from weightlift.worker.loaders.base import LoadProgress
     from weightlift.worker.loaders.direct import DirectLoader
-    from weightlift.worker.loaders.files import shard_index
-    from weightlift.worker.loaders.header import read_header
     from weightlift.worker.loaders.preload import PreloadLoader
+    from weightlift.worker.weights.files import shard_index
+    from weightlift.worker.weights.header import read_header
+    from weightlift.worker.weights.progress import LoadProgress
 
     cpu = torch.device("cpu")
 
@@ -228,8 +228,8 @@ def _reference(path: Path) -> dict[str, Any] | None:
 
 
 def check_case(case: Case, work: Path, counts: HeaderCounts) -> None:
-    from weightlift.worker.loaders.base import LoadError
-    from weightlift.worker.loaders.tensors import all_bit_equal
+    from weightlift.worker.weights.progress import LoadError
+    from weightlift.worker.weights.tensors import all_bit_equal
 
     work.mkdir(parents=True, exist_ok=True)
     path = work / "model.safetensors"

@@ -185,7 +185,7 @@ def mutation(draw: st.DrawFn, fields: list[Leaf], prefix: str) -> Mutation:
 
 
 def spec_schema() -> JSON:
-    from weightlift.operator.crd import build_crd
+    from weightlift.api.crd import build_crd
 
     crd = build_crd()
     schema: JSON = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]

@@ -32,11 +32,11 @@ import click
 import numpy as np
 import torch
 
-from weightlift.worker.loaders.base import LoadProgress
 from weightlift.worker.loaders.direct import DirectLoader
-from weightlift.worker.loaders.files import index_files, rank_files
 from weightlift.worker.loaders.preload import PreloadLoader
-from weightlift.worker.loaders.tensors import all_bit_equal
+from weightlift.worker.weights.files import index_files, rank_files
+from weightlift.worker.weights.progress import LoadProgress
+from weightlift.worker.weights.tensors import all_bit_equal
 
 Tensors = dict[str, torch.Tensor]
 # A loader returns its tensors and a closer (some libraries own the memory until closed).

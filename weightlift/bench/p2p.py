@@ -131,7 +131,7 @@ def measure_storage(plan_path: Path, files: list[Path], cold: bool, repeat: int)
         del out
     seconds = statistics.median(runs)
     try:
-        from weightlift.worker.loaders.select import choose_storage_loader
+        from weightlift.worker.loaders.strategy import choose_storage_loader
 
         loader = choose_storage_loader(plan, {0: device}).name
     except ImportError:

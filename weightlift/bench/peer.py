@@ -31,11 +31,11 @@ import torch
 from aiohttp import web
 
 from weightlift.api.worker import WorkerPlan
-from weightlift.worker.loaders.base import LoadError, LoadProgress
 from weightlift.worker.loaders.p2p import DEFAULT_BATCH_BYTES, PeerToPeerLoader, options_for
-from weightlift.worker.loaders.select import choose_storage_loader
+from weightlift.worker.loaders.strategy import choose_storage_loader
 from weightlift.worker.p2p.source import SourcePublisher, p2p_app
 from weightlift.worker.p2p.target import PullOptions, prewarm_nixl
+from weightlift.worker.weights.progress import LoadError, LoadProgress
 
 _print_lock = threading.Lock()
 

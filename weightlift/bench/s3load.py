@@ -31,11 +31,11 @@ import torch
 
 from weightlift.api.storage import ModelUri
 from weightlift.bench.load import Tensors, memcpy_gbps, touch
-from weightlift.worker.loaders.base import LoadProgress
-from weightlift.worker.loaders.files import index_files
 from weightlift.worker.loaders.preload import PreloadLoader
-from weightlift.worker.loaders.tensors import all_bit_equal
 from weightlift.worker.storage.s3 import S3Store
+from weightlift.worker.weights.files import index_files
+from weightlift.worker.weights.progress import LoadProgress
+from weightlift.worker.weights.tensors import all_bit_equal
 
 # Tensors and a closer: runai owns its buffers until its streamer closes.
 S3Loader = Callable[[Path], tuple[Tensors, Callable[[], None]]]

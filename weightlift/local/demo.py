@@ -70,7 +70,7 @@ def md_path(namespace: str, name: str | None = None) -> str:
 def apply_crd(kube: Kube, timeout: float = 30.0) -> None:
     """Create (or replace) the ModelDeployment CRD as `weightlift crd` renders it; wait until
     it is Established."""
-    from weightlift.operator.crd import build_crd
+    from weightlift.api.crd import build_crd
 
     crd = build_crd()
     path = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"

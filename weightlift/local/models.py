@@ -187,8 +187,8 @@ def _write_probe(out: Path, d: int, tp: int, seed: int) -> None:
     runtime on the files just written, loaded with safetensors' own load_file)."""
     from safetensors.torch import load_file
 
-    from weightlift.worker.loaders.files import rank_files
-    from weightlift.worker.loaders.tensors import realign
+    from weightlift.worker.weights.files import rank_files
+    from weightlift.worker.weights.tensors import realign
 
     rt = Pt2Runtime.open(out)
     tensors = {}

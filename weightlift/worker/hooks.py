@@ -20,7 +20,7 @@ from pathlib import Path
 
 from weightlift.api.model import InitHooks
 from weightlift.api.worker import HookReport
-from weightlift.worker.loaders.base import LoadError
+from weightlift.worker.weights.progress import LoadError
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 Flow: the HTTP server starts first (live and /weightlift/v1/status answer during the load) ->
 init hooks per local rank/device (fail-closed) -> load every local rank concurrently, each the
-way loaders/select.py picks (PeerToPeer with storage fallback, Preload or Direct) -> bind the
+way loaders/strategy.py picks (PeerToPeer with storage fallback, Preload or Direct) -> bind the
 weights into model.pt2 -> phase Serving, ready 200 -> publish this replica as a P2P source
 when the P2P module is importable.
 With runtime.engine vLLM the hooks, load, bind and publish steps happen inside vLLM (its
@@ -41,10 +41,8 @@ from weightlift.api.model import Engine
 from weightlift.api.storage import ModelUri
 from weightlift.api.worker import HookReport, WorkerPhase, WorkerPlan, WorkerReport
 from weightlift.worker.hooks import INIT_SYMBOL, HookError, InitHookSession, run_init_hooks
-from weightlift.worker.loaders.base import Loader, LoadError, LoadProgress
-from weightlift.worker.loaders.files import shard_index
-from weightlift.worker.loaders.header import SafetensorsFormatError
-from weightlift.worker.loaders.select import (
+from weightlift.worker.loaders.base import Loader
+from weightlift.worker.loaders.strategy import (
     choose_storage_loader,
     load_from_peers,
     wants_peer_to_peer,
@@ -54,6 +52,9 @@ from weightlift.worker.plan import read_plan
 from weightlift.worker.runtime import BindError, Pt2Runtime
 from weightlift.worker.server import WorkerState, build_app, set_p2p_handler
 from weightlift.worker.storage.fetch import Fetched, is_remote, materialize
+from weightlift.worker.weights.files import shard_index
+from weightlift.worker.weights.header import SafetensorsFormatError
+from weightlift.worker.weights.progress import LoadError, LoadProgress
 
 if TYPE_CHECKING:
     from weightlift.worker.p2p.target import PullOptions

@@ -31,8 +31,8 @@ import numpy as np
 import torch
 from torch.func import functional_call
 
-from weightlift.worker.loaders.base import LoadError
-from weightlift.worker.loaders.tensors import TENSOR_ALIGNMENT, realign
+from weightlift.worker.weights.progress import LoadError
+from weightlift.worker.weights.tensors import TENSOR_ALIGNMENT, realign
 
 log = logging.getLogger(__name__)
 

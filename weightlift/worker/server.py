@@ -31,9 +31,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from weightlift.api.worker import WorkerPlan, WorkerReport
-from weightlift.worker.loaders.base import LoadProgress
 from weightlift.worker.peer_auth import peer_token, redact, refusal, secret_values
 from weightlift.worker.runtime import V2_TO_NUMPY, InferError, Pt2Runtime
+from weightlift.worker.weights.progress import LoadProgress
 
 HEADER_LEN = "Inference-Header-Content-Length"
 # Request body limits: tensors for infer, a prompt (or chat) for generate and the OpenAI API,

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 import yaml
 
+from weightlift.api.crd import build_crd
 from weightlift.local.cluster import tool_path
-from weightlift.operator.crd import build_crd
 
 CHART = Path(__file__).resolve().parents[3] / "helm" / "weightlift"
 

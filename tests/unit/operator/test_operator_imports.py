@@ -13,7 +13,7 @@ class Block:
         if name.split('.')[0] in BLOCKED:
             raise ImportError('operator imported ' + name)
 sys.meta_path.insert(0, Block())
-import weightlift.operator.handlers, weightlift.operator.run, weightlift.operator.crd
+import weightlift.operator.handlers, weightlift.operator.run, weightlift.api.crd
 import weightlift.api.worker
 import weightlift.cli
 print('ok')

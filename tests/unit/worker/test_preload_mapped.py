@@ -17,10 +17,10 @@ from safetensors.torch import load_file, save_file
 
 from tests.support.worker import pad_header
 from weightlift.worker.loaders import preload
-from weightlift.worker.loaders.base import LoadError, LoadProgress
-from weightlift.worker.loaders.files import index_files, rank_files
 from weightlift.worker.loaders.preload import PreloadLoader
-from weightlift.worker.loaders.tensors import TENSOR_ALIGNMENT, all_bit_equal
+from weightlift.worker.weights.files import index_files, rank_files
+from weightlift.worker.weights.progress import LoadError, LoadProgress
+from weightlift.worker.weights.tensors import TENSOR_ALIGNMENT, all_bit_equal
 
 CPU = torch.device("cpu")
 linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux /proc interfaces")

@@ -34,7 +34,7 @@ from weightlift.worker.engines.vllm.weights import (
     read_report,
     write_report,
 )
-from weightlift.worker.loaders.tensors import all_bit_equal
+from weightlift.worker.weights.tensors import all_bit_equal
 
 
 @pytest.fixture(scope="module")

@@ -14,8 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from safetensors.torch import save_file
 
-from weightlift.worker.loaders.files import shard_index
-from weightlift.worker.loaders.header import (
+from weightlift.worker.weights.files import shard_index
+from weightlift.worker.weights.header import (
     MAX_HEADER_BYTES,
     SafetensorsFormatError,
     parse_header,

@@ -11,17 +11,17 @@ from safetensors.torch import load_file, save_file
 
 from tests.support.worker import make_plan
 from weightlift.local.models import DemoModel
-from weightlift.worker.loaders.base import LoadError, LoadProgress
 from weightlift.worker.loaders.direct import DirectLoader
-from weightlift.worker.loaders.files import index_files, rank_files
-from weightlift.worker.loaders.header import SAFETENSORS_DTYPES, SafetensorsFormatError
 from weightlift.worker.loaders.preload import PreloadLoader
-from weightlift.worker.loaders.select import (
+from weightlift.worker.loaders.strategy import (
     choose_storage_loader,
     load_from_peers,
     wants_peer_to_peer,
 )
-from weightlift.worker.loaders.tensors import TORCH_DTYPES, all_bit_equal, bit_equal
+from weightlift.worker.weights.files import index_files, rank_files
+from weightlift.worker.weights.header import SAFETENSORS_DTYPES, SafetensorsFormatError
+from weightlift.worker.weights.progress import LoadError, LoadProgress
+from weightlift.worker.weights.tensors import TORCH_DTYPES, all_bit_equal, bit_equal
 
 CPU = torch.device("cpu")
 

@@ -14,10 +14,10 @@ from torch import nn
 
 from tests.support.worker import copy_model, make_plan
 from weightlift.local.models import DemoModel
-from weightlift.worker.loaders.base import LoadProgress
-from weightlift.worker.loaders.files import rank_files
 from weightlift.worker.loaders.preload import PreloadLoader
 from weightlift.worker.runtime import BindError, InferError, Pt2Runtime
+from weightlift.worker.weights.files import rank_files
+from weightlift.worker.weights.progress import LoadProgress
 
 
 def load_ranks(demo: DemoModel, root: Path | None = None) -> dict[int, dict[str, torch.Tensor]]:

@@ -7,9 +7,9 @@ from typing import TYPE_CHECKING
 import torch
 from safetensors import safe_open
 
-from weightlift.worker.loaders.base import LoadError, LoadProgress
-from weightlift.worker.loaders.files import ShardIndex, shard_index
-from weightlift.worker.loaders.tensors import realign
+from weightlift.worker.weights.files import ShardIndex, shard_index
+from weightlift.worker.weights.progress import LoadError, LoadProgress
+from weightlift.worker.weights.tensors import realign
 
 if TYPE_CHECKING:
     from weightlift.api.worker import WorkerPlan

@@ -12,11 +12,11 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from weightlift.worker.loaders.base import LoadError, LoadProgress
 from weightlift.worker.p2p.expected import ExpectedTensor, expected_for_rank
 from weightlift.worker.p2p.nixl_compat import NixlUnavailable
-from weightlift.worker.p2p.select import rendezvous_order
+from weightlift.worker.p2p.rendezvous import rendezvous_order
 from weightlift.worker.p2p.target import PeerFailed, PullOptions, PullResult, pull_from_peer
+from weightlift.worker.weights.progress import LoadError, LoadProgress
 
 if TYPE_CHECKING:
     import torch

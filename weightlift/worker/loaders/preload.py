@@ -62,9 +62,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from weightlift.worker.loaders.base import LoadError, LoadProgress
-from weightlift.worker.loaders.files import ShardIndex, shard_index
-from weightlift.worker.loaders.tensors import realign, view_tensor
+from weightlift.worker.weights.files import ShardIndex, shard_index
+from weightlift.worker.weights.progress import LoadError, LoadProgress
+from weightlift.worker.weights.tensors import realign, view_tensor
 
 if TYPE_CHECKING:
     from weightlift.api.worker import WorkerPlan

@@ -4,7 +4,7 @@ A target that has the model files (a shared volume) checks the source's manifest
 headers, reading no tensor data. A target without the files trusts the manifest's layout and
 verifies the bytes through the checksums.
 
-Files and headers come from the loaders' own index (loaders/files.py, loaders/header.py), so a
+Files and headers come from the shared safetensors floor (weights/files.py, weights/header.py), so a
 file the loaders reject is rejected here with the same message.
 """
 
@@ -13,9 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from weightlift.worker.loaders.files import shard_index
-from weightlift.worker.loaders.header import DTYPE_SIZES
 from weightlift.worker.p2p.manifest import RankManifest
+from weightlift.worker.weights.files import shard_index
+from weightlift.worker.weights.header import DTYPE_SIZES
 
 _FLOAT_TYPES = {"F64", "F32", "F16", "BF16"}
 _CAST = {"float32": "F32", "float16": "F16", "bfloat16": "BF16"}

@@ -4,7 +4,7 @@ A manifest describes one rank's shard as the source holds it in NIXL-registered 
 large regions (address, length) and, per tensor, its name, dtype, shape, byte size, the region and
 offset it lives at, and a checksum of its bytes. The target reads the bytes with one-sided READs
 and recomputes every checksum before it hands the tensors to the runtime. Dtypes travel as
-safetensors names (loaders/header.py's table).
+safetensors names (weights/header.py's table).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import torch
 import xxhash
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from weightlift.worker.loaders.header import DTYPE_SIZES
+from weightlift.worker.weights.header import DTYPE_SIZES
 
 MANIFEST_VERSION = 1
 ChecksumKind = Literal["xxh3", "crc32"]

@@ -31,7 +31,6 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 from aiohttp import web
 
-from weightlift.worker.loaders.tensors import dtype_name
 from weightlift.worker.p2p import P2P_PREFIX
 from weightlift.worker.p2p.manifest import (
     ChecksumKind,
@@ -43,6 +42,7 @@ from weightlift.worker.p2p.manifest import (
 )
 from weightlift.worker.p2p.nixl_compat import nixl
 from weightlift.worker.peer_auth import peer_token, refusal
+from weightlift.worker.weights.tensors import dtype_name
 
 if TYPE_CHECKING:
     from weightlift.api.worker import WorkerPlan

@@ -30,13 +30,13 @@ from typing import Any
 import httpx
 import torch
 
-from weightlift.worker.loaders.base import LoadProgress
-from weightlift.worker.loaders.tensors import TORCH_DTYPES
 from weightlift.worker.p2p import P2P_PREFIX
 from weightlift.worker.p2p.expected import ExpectedTensor, ShapeMismatch, check_manifest
 from weightlift.worker.p2p.manifest import RankManifest, align_up, checksum, element_size
 from weightlift.worker.p2p.nixl_compat import nixl
 from weightlift.worker.peer_auth import auth_headers, peer_token
+from weightlift.worker.weights.progress import LoadProgress
+from weightlift.worker.weights.tensors import TORCH_DTYPES
 
 log = logging.getLogger(__name__)
 

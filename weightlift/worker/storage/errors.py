@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from weightlift.worker.loaders.base import LoadError
+from weightlift.worker.weights.progress import LoadError
 
 # Environment variables the credentials Secret may set (operator/pods.py names the same keys).
 CREDENTIAL_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "HF_TOKEN")

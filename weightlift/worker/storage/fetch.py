@@ -19,10 +19,10 @@ from pathlib import Path
 
 from weightlift.api.storage import REMOTE_SCHEMES, ModelUri, hf_repo
 from weightlift.api.worker import WorkerPlan
-from weightlift.worker.loaders.base import LoadProgress
-from weightlift.worker.loaders.header import SafetensorsFormatError, parse_header
 from weightlift.worker.storage.cache import CacheMismatch, NodeCache
 from weightlift.worker.storage.errors import StorageError
+from weightlift.worker.weights.header import SafetensorsFormatError, parse_header
+from weightlift.worker.weights.progress import LoadProgress
 
 log = logging.getLogger("weightlift.worker.storage")
 

@@ -10,9 +10,9 @@ import torch
 from tests.support.p2p import NIXL_MISSING
 from weightlift.api.worker import PeerCandidate
 from weightlift.local.sharded import make_plan
-from weightlift.worker.loaders.base import LoadError, LoadProgress
 from weightlift.worker.loaders.p2p import PeerToPeerLoader, options_for
 from weightlift.worker.p2p.nixl_compat import nixl
+from weightlift.worker.weights.progress import LoadError, LoadProgress
 
 
 def test_no_peers_is_load_error(model_dir: Path) -> None:

@@ -17,7 +17,7 @@ from weightlift.worker.p2p.expected import (
     expected_for_rank,
 )
 from weightlift.worker.p2p.manifest import RankManifest, Region, TensorEntry, checksum
-from weightlift.worker.p2p.select import rendezvous_order
+from weightlift.worker.p2p.rendezvous import rendezvous_order
 
 
 def _manifest(**over: object) -> RankManifest:

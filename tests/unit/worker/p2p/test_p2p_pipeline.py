@@ -13,10 +13,10 @@ from safetensors.torch import load_file
 
 from tests.support.p2p import ThreadSource, needs_nixl
 from weightlift.local.sharded import make_plan
-from weightlift.worker.loaders.base import LoadError, LoadProgress
 from weightlift.worker.loaders.p2p import PeerToPeerLoader
 from weightlift.worker.p2p import target
 from weightlift.worker.p2p.target import OVERLAPPED_PHASES, PULL_PHASES, PullOptions
+from weightlift.worker.weights.progress import LoadError, LoadProgress
 
 pytestmark = [needs_nixl, pytest.mark.timeout(120)]
 CPU = torch.device("cpu")

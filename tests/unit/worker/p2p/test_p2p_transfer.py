@@ -23,10 +23,10 @@ from tests.support.p2p import ThreadSource, needs_nixl, source_process
 from weightlift.api.worker import PeerCandidate
 from weightlift.bench.peer import storage_load
 from weightlift.local.sharded import make_plan, write_sharded_model
-from weightlift.worker.loaders.base import LoadError, LoadProgress
 from weightlift.worker.loaders.p2p import PeerToPeerLoader
 from weightlift.worker.p2p import P2P_PREFIX
 from weightlift.worker.p2p.target import PullOptions
+from weightlift.worker.weights.progress import LoadError, LoadProgress
 
 pytestmark = [needs_nixl, pytest.mark.timeout(120)]
 CPU = torch.device("cpu")

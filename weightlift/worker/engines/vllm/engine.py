@@ -42,8 +42,8 @@ from weightlift.worker.engines.vllm.weights import (
     holds_weights,
     read_report,
 )
-from weightlift.worker.loaders.base import LoadError
 from weightlift.worker.server import WorkerState, set_p2p_handler
+from weightlift.worker.weights.progress import LoadError
 
 log = logging.getLogger(__name__)
 

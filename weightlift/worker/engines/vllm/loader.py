@@ -39,8 +39,8 @@ from weightlift.worker.engines.vllm.weights import (
     write_report,
 )
 from weightlift.worker.hooks import InitHookSession
-from weightlift.worker.loaders.base import LoadError
-from weightlift.worker.loaders.select import wants_peer_to_peer
+from weightlift.worker.loaders.strategy import wants_peer_to_peer
+from weightlift.worker.weights.progress import LoadError
 
 # Published ranks live as long as the engine process (the NIXL agent must outlive reads).
 _PUBLISHED: list[PublishedRank] = []

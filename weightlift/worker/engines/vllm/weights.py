@@ -38,11 +38,11 @@ from weightlift.api.model import ApiModel
 from weightlift.api.storage import ModelUri
 from weightlift.api.worker import HookReport, WorkerPlan
 from weightlift.worker.hooks import InitHookSession, run_init_hooks
-from weightlift.worker.loaders.base import LoadError, LoadProgress
-from weightlift.worker.loaders.select import choose_storage_loader, wants_peer_to_peer
-from weightlift.worker.loaders.tensors import dtype_name, pack
+from weightlift.worker.loaders.strategy import choose_storage_loader, wants_peer_to_peer
 from weightlift.worker.p2p.expected import ExpectedTensor
 from weightlift.worker.storage.fetch import Fetched, is_remote, materialize
+from weightlift.worker.weights.progress import LoadError, LoadProgress
+from weightlift.worker.weights.tensors import dtype_name, pack
 
 log = logging.getLogger("vllm.weightlift")  # vLLM's handler only prints `vllm.*` loggers
 

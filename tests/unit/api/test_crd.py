@@ -11,14 +11,14 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from weightlift.api.model import ModelDeploymentSpec, ModelDeploymentStatus
-from weightlift.operator.crd import (
+from weightlift.api.crd import (
     build_crd,
     missing_descriptions,
     openapi_schema,
     render_crd,
     unbounded,
 )
+from weightlift.api.model import ModelDeploymentSpec, ModelDeploymentStatus
 
 ROOT = Path(__file__).resolve().parents[3]
 COMMITTED = [

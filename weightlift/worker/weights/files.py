@@ -16,8 +16,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from weightlift.worker.loaders.base import LoadError
-from weightlift.worker.loaders.header import SafetensorsHeader, TensorInfo, read_header
+from weightlift.worker.weights.header import SafetensorsHeader, TensorInfo, read_header
+from weightlift.worker.weights.progress import LoadError
 
 _SHARDED = re.compile(r"^model-(\d+)-of-(\d+)\.safetensors$")
 

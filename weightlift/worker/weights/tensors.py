@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from weightlift.worker.loaders.header import SAFETENSORS_DTYPES, TensorInfo
+from weightlift.worker.weights.header import SAFETENSORS_DTYPES, TensorInfo
 
 TORCH_DTYPES: dict[str, torch.dtype] = {
     name: getattr(torch, attr) for name, (attr, _) in SAFETENSORS_DTYPES.items()

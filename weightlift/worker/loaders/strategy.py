@@ -14,10 +14,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from weightlift.api.model import LoadStrategy, Role, pulls_from_peers
-from weightlift.worker.loaders.base import Loader, LoadError, LoadProgress
+from weightlift.worker.loaders.base import Loader
 from weightlift.worker.loaders.direct import DirectLoader
-from weightlift.worker.loaders.files import shard_index
 from weightlift.worker.loaders.preload import PreloadLoader
+from weightlift.worker.weights.files import shard_index
+from weightlift.worker.weights.progress import LoadError, LoadProgress
 
 if TYPE_CHECKING:
     import torch

@@ -18,7 +18,7 @@ import os
 import struct
 from dataclasses import dataclass, field
 
-from weightlift.worker.loaders.base import LoadError
+from weightlift.worker.weights.progress import LoadError
 
 # Same bound the safetensors reference uses: a header is never allowed to be bigger than this,
 # so a hostile length field cannot make us allocate gigabytes.
@@ -28,7 +28,7 @@ MAX_HEADER_BYTES = 100 * 1024 * 1024
 MAX_NUMEL = 1 << 62
 
 # The one table of safetensors dtypes: wire name -> (torch dtype attribute, bytes per element).
-# Kept torch-free (validating a header needs no torch); loaders/tensors.py maps the attribute
+# Kept torch-free (validating a header needs no torch); weights/tensors.py maps the attribute
 # names to torch dtypes, the P2P manifest uses the same names on the wire.
 SAFETENSORS_DTYPES: dict[str, tuple[str, int]] = {
     "BOOL": ("bool", 1),
