@@ -18,7 +18,8 @@ import pytest
 
 from tests.support.e2e import alive, pids_of, wait_gone
 from tests.support.vllm import vllm_worker_env
-from weightlift.local.demo import LocalStack, Observer, make_demo_model, model_deployment
+from weightlift.local.observe import Observer
+from weightlift.local.stack import LocalStack, make_demo_model, model_deployment
 
 HERE = Path(__file__).resolve().parent
 MODEL_MB = 8.0

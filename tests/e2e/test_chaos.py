@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from weightlift.bench.chaos import SCENARIOS, Models, run_scenario, scenario
-from weightlift.local.demo import LocalStack
+from weightlift.local.stack import LocalStack
 
 FAST = [s.name for s in SCENARIOS if s.fast]
 

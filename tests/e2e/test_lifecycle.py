@@ -11,8 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from tests.support.e2e import READY_TIMEOUT, alive, pids_of, wait_gone
-from weightlift.local.demo import LocalStack, Observer, infer, md_path
 from weightlift.local.kubeclient import MERGE
+from weightlift.local.observe import Observer, infer
+from weightlift.local.stack import LocalStack, md_path
 
 JSON = dict[str, Any]
 Deploy = Callable[..., Observer]

@@ -18,8 +18,9 @@ import pytest
 
 from tests.support.e2e import READY_TIMEOUT, pids_of, wait_gone
 from weightlift.api.model import ModelDeploymentSpec
-from weightlift.local.demo import LocalStack, Observer, md_path, model_deployment
 from weightlift.local.kubeclient import MERGE
+from weightlift.local.observe import Observer
+from weightlift.local.stack import LocalStack, md_path, model_deployment
 from weightlift.operator.identity import model_identity
 from weightlift.operator.pods import plan_for
 

@@ -13,8 +13,8 @@ import httpx
 import pytest
 
 from tests.support.e2e import alive
-from weightlift.local.demo import LocalStack
 from weightlift.local.processnode import LOCAL_NODE_LABEL
+from weightlift.local.stack import LocalStack
 
 JSON = dict[str, Any]
 

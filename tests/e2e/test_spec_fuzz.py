@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from weightlift.bench.fuzz import fuzz_specs
-from weightlift.local.demo import LocalStack
+from weightlift.local.stack import LocalStack
 
 
 def test_generated_specs_are_admitted_or_refused_naming_the_field(

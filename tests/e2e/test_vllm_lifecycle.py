@@ -23,8 +23,9 @@ from tests.support.vllm import (
     require_vllm_python,
     tiny_llm,
 )
-from weightlift.local.demo import LocalStack, Observer, add_hook_library, complete, md_path
 from weightlift.local.kubeclient import MERGE
+from weightlift.local.observe import Observer, complete
+from weightlift.local.stack import LocalStack, add_hook_library, md_path
 
 JSON = dict[str, Any]
 Deploy = Callable[..., Observer]

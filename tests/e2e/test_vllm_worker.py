@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -27,6 +26,7 @@ from tests.support.vllm import (
 )
 from weightlift.api.model import Engine, ModelFormat, ModelSource, Role, RuntimeSpec
 from weightlift.api.worker import PeerCandidate, WorkerPlan
+from weightlift.local.net import free_port
 
 JSON = dict[str, Any]
 
@@ -40,12 +40,6 @@ def vllm_python() -> Path:
 def llm(vllm_python: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, JSON]:
     out = tmp_path_factory.mktemp("tiny-llm")
     return out, tiny_llm(vllm_python, out)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 # Tensor parallelism on CPU: one worker process per rank (`mp`), each bound to its own core.
@@ -69,8 +63,8 @@ def _plan(model: Path, pod: str, role: Role, peers: list[PeerCandidate], tp: int
         host="127.0.0.1",
         runtime=RuntimeSpec(
             engine=Engine.VLLM,
-            port=_free_port(),
-            engine_port=_free_port(),
+            port=free_port(),
+            engine_port=free_port(),
             engine_args=ENGINE_ARGS if tp == 1 else TP2_ARGS,
         ),
     )

@@ -6,7 +6,7 @@ import os
 import time
 from pathlib import Path
 
-from weightlift.local.demo import LocalStack
+from weightlift.local.stack import LocalStack
 
 READY_TIMEOUT = 240.0
 

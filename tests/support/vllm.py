@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from weightlift.local.demo import VLLM_ENGINE_ARGS, VLLM_ENV
 from weightlift.local.llm import make_in_engine_env, vllm_python
+from weightlift.local.stack import VLLM_ENGINE_ARGS, VLLM_ENV
 
 REQUIRE_ENV = "WEIGHTLIFT_REQUIRE_VLLM"
 # Small and quick on a 2-core box: one process for API server and engine, no compilation.

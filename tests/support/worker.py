@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from weightlift.local.net import free_port
+
+__all__ = ["free_port"]
+
 import asyncio
 import json
 import shutil
-import socket
 import struct
 import threading
 import time
@@ -41,13 +44,6 @@ def pad_header(path: Path, residue: int) -> None:
     header = raw[8 : 8 + n].rstrip(b" ")
     pad = (residue - 8 - len(header)) % 64
     path.write_bytes(struct.pack("<Q", len(header) + pad) + header + b" " * pad + raw[8 + n :])
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def make_plan(model_dir: Path, tp: int = 1, **extra: Any) -> WorkerPlan:

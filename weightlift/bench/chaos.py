@@ -1,6 +1,6 @@
 """`weightlift bench chaos`: fault scenarios against the real local stack, each ending in a check.
 
-One LocalStack (control plane, process node, operator: local/demo.py) runs every scenario in turn.
+One LocalStack (control plane, process node, operator: local/stack.py) runs every scenario in turn.
 A scenario applies a ModelDeployment, injects its fault (SIGKILL the operator, restart the
 kube-apiserver, lose the node, corrupt a file, a hook library that crashes...) and then waits for
 convergence: the right number of replicas Ready with `observedGeneration` caught up and exactly
@@ -29,9 +29,9 @@ from typing import Any
 import click
 import httpx
 
-from weightlift.local.demo import LocalStack, make_demo_model, md_path, model_deployment
 from weightlift.local.kubeclient import MERGE, Kube, KubeError
 from weightlift.local.models import build_hook_library
+from weightlift.local.stack import LocalStack, make_demo_model, md_path, model_deployment
 
 JSON = dict[str, Any]
 # Deadlines, not speed checks: a loaded 2-core CI box took 215 s for the operator scenario.

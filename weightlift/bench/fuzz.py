@@ -64,7 +64,7 @@ def fuzz_specs(
 ) -> SpecCounts:
     """`stack`: a LocalStack (kube, namespace, operator log). Admitted specs are deleted again in
     batches, after the operator had them for a while."""
-    from weightlift.local.demo import md_path
+    from weightlift.local.stack import md_path
 
     counts = SpecCounts()
     fields = mutable_fields(spec_schema())
@@ -161,7 +161,7 @@ def fuzz_command(
 ) -> None:
     """Generated ModelDeployments against the API server + operator; malformed safetensors
     headers against every loader. Prints the counts; exits 1 on any crash."""
-    from weightlift.local.demo import LocalStack
+    from weightlift.local.stack import LocalStack
 
     report: JSON = {}
     failed = False

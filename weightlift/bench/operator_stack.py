@@ -9,7 +9,6 @@ import contextlib
 import math
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,9 +23,10 @@ import yaml
 from weightlift.api.model import GROUP, PLURAL, VERSION
 from weightlift.bench import apiaudit
 from weightlift.local.cluster import POD_CIDR, ClusterInfo, ControlPlane, GpuNodeSpec
-from weightlift.local.demo import apply_crd
 from weightlift.local.kubeclient import Kube, KubeError
+from weightlift.local.net import free_port
 from weightlift.local.procs import child_options, stop_group
+from weightlift.local.stack import apply_crd
 
 NAMESPACE = "wl-bench"
 OPERATOR_SA = "weightlift-operator"
@@ -35,13 +35,6 @@ PROFILERS = ("none", "py-spy", "cprofile", "tracemalloc")
 # kwok plays every kubelet of the cluster; its default (4 pods at a time) made pods wait ~35 s
 # for Running at 400 pods, time no real cluster of 13+ nodes would spend.
 KWOK_POD_PARALLELISM = 64
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("0.0.0.0", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 class ProcessMeter:
@@ -196,7 +189,7 @@ class BenchStack:
                 time.sleep(0.2)
 
     def _start_sim(self) -> None:
-        self.worker_port = free_port()
+        self.worker_port = free_port("0.0.0.0")
         ready = self.state_dir / "sim.ready"
         ready.unlink(missing_ok=True)
         argv = [sys.executable, "-m", "weightlift.bench.simworkers"]
@@ -224,7 +217,7 @@ class BenchStack:
 
     def start_operator(self, timeout: float = 120.0) -> None:
         """`weightlift operator -n NAMESPACE`; returns once its watches are open."""
-        liveness = free_port()
+        liveness = free_port("0.0.0.0")
         argv = [sys.executable, "-m", "weightlift", "operator", "-n", NAMESPACE]
         argv += ["--liveness-port", str(liveness), "--probe-networks", POD_CIDR]
         # bench/operator.py's models are file:///models/... (never read: kwok nodes)

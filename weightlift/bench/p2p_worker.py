@@ -20,7 +20,6 @@ import logging
 import os
 import re
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -42,6 +41,7 @@ from weightlift.api.model import (
     RuntimeSpec,
 )
 from weightlift.api.worker import PeerCandidate, WorkerPlan
+from weightlift.local.net import free_port
 from weightlift.worker.loaders.p2p import options_for
 from weightlift.worker.main import LOG_FORMAT, run_worker
 
@@ -49,12 +49,6 @@ RANKS = 2
 # The fault run's target moves small, throttled READ batches: the kill lands mid-transfer.
 FAULT_BATCH_MB = 4
 _FALLBACK_LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) WARNING .*P2P failed")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def worker_plan(

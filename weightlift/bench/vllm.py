@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import tempfile
@@ -34,17 +33,13 @@ import httpx
 
 from weightlift.api.model import Engine, ModelFormat, ModelSource, Role, RuntimeSpec
 from weightlift.api.worker import PeerCandidate, WorkerPlan
-from weightlift.local.demo import VLLM_ENGINE_ARGS, VLLM_ENV, complete
 from weightlift.local.llm import ensure_vllm_env, make_in_engine_env, vllm_python
+from weightlift.local.net import free_port
+from weightlift.local.observe import complete
+from weightlift.local.stack import VLLM_ENGINE_ARGS, VLLM_ENV
 
 JSON = dict[str, Any]
 _LOAD_LINE = re.compile(r"Loading weights took ([0-9.]+) seconds")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _wait(url: str, proc: subprocess.Popen[bytes], log: Path, timeout: float) -> None:
@@ -81,7 +76,7 @@ def _env(python: Path, workdir: Path) -> dict[str, str]:
 
 
 def run_auto(python: Path, model: Path, workdir: Path, timeout: float) -> tuple[JSON, Any]:
-    port = _free_port()
+    port = free_port()
     log = workdir / "auto.log"
     argv = [str(python), "-m", "weightlift.worker.engines.vllm.serve", "--model", str(model)]
     argv += ["--served-model-name", "llm", "--host", "127.0.0.1", "--port", str(port)]
@@ -117,8 +112,8 @@ def run_worker(
         host="127.0.0.1",
         runtime=RuntimeSpec(
             engine=Engine.VLLM,
-            port=_free_port(),
-            engine_port=_free_port(),
+            port=free_port(),
+            engine_port=free_port(),
             engine_args=VLLM_ENGINE_ARGS,
         ),
     )

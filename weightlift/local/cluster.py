@@ -28,7 +28,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
 import time
@@ -42,6 +41,7 @@ import click
 import httpx
 import yaml
 
+from weightlift.local.net import free_ports
 from weightlift.local.procs import child_options, pid_runs, stop_group, stop_pid
 
 # Pinned versions. hack/build-controlplane.sh and hack/install_tools.py carry the same values
@@ -275,19 +275,6 @@ class ClusterInfo:
         }
 
 
-def _free_ports(n: int) -> list[int]:
-    socks: list[socket.socket] = []
-    try:
-        for _ in range(n):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
 def _log_tail(path: Path, lines: int = 40) -> str:
     try:
         text = path.read_text(errors="replace").splitlines()
@@ -376,7 +363,7 @@ class ControlPlane:
             f'{token},{ADMIN_USER},{ADMIN_USER},"system:masters"\n'
         )
         (self.certs / "tokens.csv").chmod(0o600)
-        etcd_client, etcd_peer, api, cm, sched, kwok_port = _free_ports(6)
+        etcd_client, etcd_peer, api, cm, sched, kwok_port = free_ports(6)
         ports = {
             "etcd": etcd_client,
             "etcdPeer": etcd_peer,

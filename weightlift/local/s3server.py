@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -24,6 +23,7 @@ from typing import Any
 import httpx
 
 from weightlift.local.cluster import cache_dir
+from weightlift.local.net import free_port
 
 # Pinned; hack/build-minio.sh carries the same value.
 MINIO_VERSION = "v0.0.0-20260212201848-7aac2a2c5b7c"
@@ -46,12 +46,6 @@ def minio_path(cache: Path | None = None) -> Path:
     return path
 
 
-def _free_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
 class MinioServer:
     """`with MinioServer() as s3: s3.endpoint` -> http://127.0.0.1:<port>; data in a temp dir
     (or `data_dir`), removed on exit when it was temporary."""
@@ -65,7 +59,7 @@ class MinioServer:
         secret_key: str = SECRET_KEY,
         log_file: Path | None = None,
     ) -> None:
-        self.host, self.port = host, _free_port(host)
+        self.host, self.port = host, free_port(host)
         self.access_key, self.secret_key = access_key, secret_key
         self._tmp = data_dir is None
         self.data_dir = data_dir or Path(tempfile.mkdtemp(prefix="wl-minio-"))

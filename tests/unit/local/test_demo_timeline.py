@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from weightlift.local.demo import TIMELINE_STEPS, ReplicaTimes, replica_timeline
+from weightlift.local.observe import TIMELINE_STEPS, ReplicaTimes, replica_timeline
 from weightlift.worker.p2p.target import PullResult
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -13,6 +12,7 @@ import pytest
 from aiohttp import web
 
 from weightlift.api.model import InferenceProbe, ProbeResult
+from weightlift.local.net import free_port
 from weightlift.operator.probes import (
     PROBE_NETWORKS_ENV,
     BoundedTransport,
@@ -220,7 +220,7 @@ async def test_a_slow_worker_times_out(http: httpx.AsyncClient, worker: Worker) 
 
 
 async def test_a_refused_connection_fails(http: httpx.AsyncClient) -> None:
-    dead = Worker(address=f"127.0.0.1:{_free_port()}")
+    dead = Worker(address=f"127.0.0.1:{free_port()}")
     result = await probe(http, dead, make_probe())
     assert not result.passed
     assert "infer request failed" in result.message
@@ -416,7 +416,7 @@ async def test_fetch_report_returns_none_for_anything_but_a_report(
 
 
 async def test_fetch_report_returns_none_when_refused(http: httpx.AsyncClient) -> None:
-    assert await fetch_report(http, f"127.0.0.1:{_free_port()}") is None
+    assert await fetch_report(http, f"127.0.0.1:{free_port()}") is None
 
 
 # ------------------------------------------------------------------------------ may_contact
@@ -444,13 +444,6 @@ def test_may_contact_ignores_blank_entries(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setenv(PROBE_NETWORKS_ENV, "127.0.0.0/8, ,")
     assert may_contact("127.0.0.1")
     assert not may_contact("10.0.0.1")
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 async def test_requests_beyond_the_bound_wait_and_all_complete(worker: Worker) -> None:

@@ -1,0 +1,374 @@
+"""The local stack as a library: a real control plane, the process node and the operator on one
+machine (what `weightlift demo`, the e2e tests and the benchmarks share), plus the demo model and
+its ModelDeployment.
+
+A real control plane (etcd, kube-apiserver, controller-manager, scheduler; see cluster.py), the
+process node (processnode.py: worker pods run as local processes on 127.0.x.y) and the operator
+(`weightlift operator`, a subprocess). Everything `LocalStack` starts it stops, on success, on
+errors and on Ctrl-C/SIGTERM, and leaves no process behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from weightlift.api.labels import DEPLOYMENT_LABEL
+from weightlift.api.model import GROUP, PLURAL, VERSION
+from weightlift.local.kubeclient import JSON, MERGE, Kube, KubeError
+from weightlift.local.processnode import LOCAL_NODE_LABEL, ProcessNode
+from weightlift.local.procs import child_options, stop_group
+
+log = logging.getLogger("weightlift.demo")
+
+
+BIN_DIR = Path(sys.executable).parent
+# vLLM's OpenAI server port in demo/e2e pods (each pod has its own 127.0.x.y).
+VLLM_PORT = 8001
+# vLLM settings that keep it small and quick on a laptop or a 2-core CI box.
+VLLM_ENGINE_ARGS = [
+    "--max-model-len",
+    "256",
+    "--enforce-eager",
+    "--dtype",
+    "float32",
+    "--distributed-executor-backend",
+    "uni",
+]
+VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+
+
+def weightlift_exe() -> str:
+    exe = BIN_DIR / "weightlift"
+    return str(exe) if exe.exists() else "weightlift"
+
+
+def md_path(namespace: str, name: str | None = None) -> str:
+    base = f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}"
+    return f"{base}/{name}" if name else base
+
+
+# ------------------------------------------------------------------------------ the stack
+
+
+def apply_crd(kube: Kube, timeout: float = 30.0) -> None:
+    """Create (or replace) the ModelDeployment CRD as `weightlift crd` renders it; wait until
+    it is Established."""
+    from weightlift.api.crd import build_crd
+
+    crd = build_crd()
+    path = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+    name = crd["metadata"]["name"]
+    try:
+        kube.create(path, crd)
+    except KubeError as exc:
+        if exc.status != 409:
+            raise
+        current = kube.get(f"{path}/{name}")
+        crd["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
+        kube.replace(f"{path}/{name}", crd)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        obj = kube.get(f"{path}/{name}")
+        conds = (obj.get("status") or {}).get("conditions") or []
+        if any(c["type"] == "Established" and c["status"] == "True" for c in conds):
+            return
+        time.sleep(0.1)
+    raise RuntimeError(f"CRD {name} not Established after {timeout:.0f}s")
+
+
+@dataclass
+class LocalStack:
+    """Control plane + process node + operator, up in `__enter__`, all gone after `__exit__`.
+
+    >>> with LocalStack(Path(".state/demo")) as stack:
+    ...     stack.apply(manifest)
+    """
+
+    state_dir: Path
+    namespace: str = "default"
+    node_name: str = "local-0"
+    gpus: int = 8
+    operator_verbose: bool = False
+    # Extra env for worker processes and the operator (tests set timeouts, etc.).
+    worker_env: dict[str, str] = field(default_factory=dict)
+    operator_env: dict[str, str] = field(default_factory=dict)
+    # Directories hostpath:// model URIs may name (the operator's --model-path-prefix).
+    model_path_prefixes: tuple[str, ...] = ()
+
+    kube: Kube = field(init=False)
+    node: ProcessNode = field(init=False)
+    kubeconfig: Path = field(init=False)
+    _cluster: Any = field(init=False, default=None)
+    _operator: subprocess.Popen[bytes] | None = field(init=False, default=None)
+    _node_started: bool = field(init=False, default=False)
+
+    def __enter__(self) -> LocalStack:
+        try:
+            self.up()
+        except BaseException:
+            self.down()
+            raise
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.down()
+
+    # -- up
+    def up(self, progress: Callable[[str], None] = lambda _msg: None) -> None:
+        from weightlift.local.cluster import ControlPlane, GpuNodeSpec
+
+        self.state_dir = Path(self.state_dir).resolve()
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        progress("starting control plane (etcd, kube-apiserver, controller-manager, scheduler)")
+        # No kwok GPU nodes: every worker pod must land on the process node and really run.
+        # Bound to this process: a killed test run or demo leaves no control plane behind.
+        self._cluster = ControlPlane(
+            self.state_dir / "cluster", nodes=GpuNodeSpec(count=0), bind_to_parent=True
+        )
+        info = self._cluster.up()
+        self.kubeconfig = Path(info.kubeconfig)
+        self.kube = Kube(self.kubeconfig)
+        progress("applying the ModelDeployment CRD")
+        apply_crd(self.kube)
+        progress(f"starting process node {self.node_name}")
+        self.node = ProcessNode(
+            self.kubeconfig,
+            self.node_name,
+            self.state_dir / "node",
+            gpus=self.gpus,
+            extra_env=dict(self.worker_env),
+        )
+        self.node.start()
+        self._node_started = True
+        progress("starting operator")
+        self._start_operator()
+
+    def _start_operator(self) -> None:
+        log_path = self.state_dir / "operator.log"
+        env = {
+            **os.environ,
+            "KUBECONFIG": str(self.kubeconfig),
+            "PYTHONUNBUFFERED": "1",
+            **self.operator_env,
+        }
+        argv = [weightlift_exe(), "operator", "--namespace", self.namespace]
+        for prefix in self.model_path_prefixes:
+            argv += ["--model-path-prefix", str(Path(prefix).resolve())]
+        if self.operator_verbose:
+            argv.append("--verbose")
+        with log_path.open("ab") as out:
+            self._operator = subprocess.Popen(
+                argv, **child_options(out, env=env, die_with=signal.SIGTERM)
+            )
+
+    # -- faults (the chaos bench): each leaves the stack whole again, or says why not
+    @property
+    def operator_pid(self) -> int | None:
+        return self._operator.pid if self._operator is not None else None
+
+    def kill_operator(self) -> None:
+        """SIGKILL the operator (no cleanup, no kopf shutdown): what a node crash does."""
+        if self._operator is not None:
+            stop_group(self._operator, grace=0.0, first=signal.SIGKILL)
+            self._operator = None
+
+    def restart_operator(self) -> None:
+        if self._operator is not None:
+            stop_group(self._operator, grace=15.0)
+        self._start_operator()
+
+    def restart_apiserver(self, down_seconds: float = 2.0) -> None:
+        self._cluster.restart("kube-apiserver", down_seconds=down_seconds)
+
+    def replace_node(self, down_seconds: float = 2.0) -> None:
+        """Lose the process node (every worker process killed, its Node deleted), then bring a
+        fresh one up under the same name, as a rebooted machine rejoins."""
+        if self._node_started:
+            self.node.stop(timeout=20.0)
+            self._node_started = False
+        time.sleep(down_seconds)
+        self.node = ProcessNode(
+            self.kubeconfig,
+            self.node_name,
+            self.state_dir / "node",
+            gpus=self.gpus,
+            extra_env=dict(self.worker_env),
+        )
+        self.node.start()
+        self._node_started = True
+
+    def operator_log_tail(self, lines: int = 40) -> str:
+        try:
+            text = (self.state_dir / "operator.log").read_text(errors="replace").splitlines()
+        except OSError:
+            return "(no operator log)"
+        return "\n".join(text[-lines:])
+
+    def check_operator(self) -> None:
+        if self._operator is not None and self._operator.poll() is not None:
+            raise RuntimeError(
+                f"operator exited with {self._operator.returncode}:\n{self.operator_log_tail()}"
+            )
+
+    # -- down
+    def down(self) -> None:
+        """Operator first (so nothing is recreated), then every worker process, then the cluster."""
+        if self._operator is not None:
+            stop_group(self._operator, grace=15.0)
+            self._operator = None
+        if self._node_started:
+            self.node.stop(timeout=20.0)
+            self._node_started = False
+        if self._cluster is not None:
+            self._cluster.down()
+            self._cluster = None
+        with contextlib.suppress(AttributeError):
+            self.kube.close()
+
+    # -- helpers for the demo and tests
+    def apply(self, manifest: JSON) -> JSON:
+        ns = manifest["metadata"].get("namespace", self.namespace)
+        name = manifest["metadata"]["name"]
+        try:
+            return self.kube.create(md_path(ns), manifest)
+        except KubeError as exc:
+            if exc.status != 409:
+                raise
+        return self.kube.patch(md_path(ns, name), {"spec": manifest["spec"]}, content_type=MERGE)
+
+    def get_md(self, name: str) -> JSON | None:
+        return self.kube.get_or_none(md_path(self.namespace, name))
+
+    def pods(self, name: str) -> list[JSON]:
+        listing = self.kube.get(
+            f"/api/v1/namespaces/{self.namespace}/pods",
+            {"labelSelector": f"{DEPLOYMENT_LABEL}={name}"},
+        )
+        items: list[JSON] = listing["items"]
+        return items
+
+    def delete_md(self, name: str) -> None:
+        self.kube.delete(md_path(self.namespace, name))
+
+
+# ------------------------------------------------------------------------------ the model
+
+
+def make_demo_model(out: Path, size_mb: float, *, hook: bool = True, seed: int = 0) -> JSON:
+    """Run `weightlift model make-demo` (torch stays out of this process); return probe.json."""
+    argv = [
+        weightlift_exe(),
+        "model",
+        "make-demo",
+        "--out",
+        str(out),
+        "--size-mb",
+        str(size_mb),
+        "--seed",
+        str(seed),
+    ]
+    if not hook:
+        argv.append("--no-hook")
+    res = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=600)
+    if res.returncode != 0:
+        raise RuntimeError(f"make-demo failed ({res.returncode}):\n{res.stdout}\n{res.stderr}")
+    probe: JSON = json.loads((out / "probe.json").read_text())
+    return probe
+
+
+def model_deployment(
+    name: str,
+    model_dir: Path,
+    *,
+    replicas: int,
+    probe: JSON | None,
+    namespace: str = "default",
+    revision: str = "1",
+    hook_library: str | None = "hooks/libinit.so",
+    strategy: str = "Auto",
+    wait_for_source_seconds: int = 300,
+    probe_period_seconds: int = 2,
+    load_timeout_seconds: int = 600,
+    model: JSON | None = None,
+    engine: str = "Builtin",
+    engine_args: list[str] | None = None,
+    env: dict[str, str] | None = None,
+) -> JSON:
+    """A ModelDeployment for a local demo model, pinned to process nodes. `model` overrides
+    spec.model fields (another uri, endpoint, credentials: see local/storage.py). engine "vLLM":
+    an HF model directory served by vLLM with weightlift loading (the init hook runs in each
+    vLLM rank's process)."""
+    vllm = engine == "vLLM"
+    spec: JSON = {
+        "model": {
+            "uri": f"hostpath://{model_dir.resolve()}",
+            "format": "safetensors" if vllm else "pt2",
+            "revision": revision,
+            "name": name,
+            **(model or {}),
+        },
+        "replicas": replicas,
+        "template": {
+            "nodeSelector": {LOCAL_NODE_LABEL: "true"},
+            "shmSize": "1Gi",
+        },
+        "loading": {
+            "strategy": strategy,
+            "initialSources": 1,
+            "waitForSourceSeconds": wait_for_source_seconds,
+            "loadTimeoutSeconds": load_timeout_seconds,
+            "peerToPeer": {"transferTimeoutSeconds": 30},
+        },
+    }
+    if vllm:
+        spec["runtime"] = {
+            "engine": engine,
+            "enginePort": VLLM_PORT,
+            "engineArgs": engine_args or [],
+        }
+    if env:
+        spec["template"]["env"] = [{"name": k, "value": v} for k, v in env.items()]
+    if hook_library:
+        spec["initHooks"] = {"library": hook_library, "required": True}
+    if probe is not None:
+        keep = ("request", "expectedOutputs", "tolerance", "completion")
+        spec["probe"] = {
+            **{k: v for k, v in probe.items() if k in keep},
+            "periodSeconds": probe_period_seconds,
+            "timeoutSeconds": 10,
+            "failureThreshold": 3,
+        }
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "ModelDeployment",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": spec,
+    }
+
+
+def add_hook_library(model_dir: Path) -> Path:
+    """The demo's recording init hook (gcc) in `model_dir`/hooks, as the PT2 demo model has."""
+    from weightlift.local.models import build_hook_library
+
+    lib = model_dir / "hooks" / "libinit.so"
+    if not lib.is_file():
+        lib.parent.mkdir(parents=True, exist_ok=True)
+        build_hook_library(lib)
+    return lib
