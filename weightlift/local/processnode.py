@@ -94,7 +94,8 @@ class NodeConfig:
     # Extra environment for every process (e.g. CUDA_VISIBLE_DEVICES="").
     extra_env: dict[str, str] = field(default_factory=dict)
     # Host environment variables passed through (a container would not see the host env).
-    passthrough_env: tuple[str, ...] = ("HOME", "LANG", "LC_ALL", "TMPDIR", "USER")
+    # PYTHONPATH: a checkout run without installing (a git worktree) reaches its worker pods.
+    passthrough_env: tuple[str, ...] = ("HOME", "LANG", "LC_ALL", "TMPDIR", "USER", "PYTHONPATH")
     delete_node_on_stop: bool = True
     # Third octet range for pod IPs 127.0.x.y; the start is derived from the node name and this
     # process, so two stacks on one machine (parallel test runs) rarely hand out the same IP: the
