@@ -22,7 +22,7 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
-from weightlift.worker.runtime import (
+from weightlift.worker.engines.builtin.runtime import (
     CONFIG_FILE,
     PROGRAM_FILE,
     ModelConfig,

@@ -3,7 +3,9 @@ pydantic model rejects the same bad specs the API server would."""
 
 from __future__ import annotations
 
+import os
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -89,7 +91,10 @@ def test_render_is_deterministic_and_valid_yaml() -> None:
 def test_check_crds_script_agrees() -> None:
     script = ROOT / "hack" / "check-crds"
     assert script.exists() and script.stat().st_mode & 0o111, "hack/check-crds is executable"
-    done = subprocess.run([str(script)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    env = {**os.environ, "PYTHON": sys.executable}
+    done = subprocess.run(
+        [str(script)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stdout + done.stderr
 
 
@@ -103,6 +108,7 @@ def test_check_crds_script_fails_on_drift(tmp_path: Path) -> None:
     done = subprocess.run(
         [str(ROOT / "hack" / "check-crds"), str(tmp_path)],
         cwd=ROOT,
+        env={**os.environ, "PYTHON": sys.executable},
         capture_output=True,
         text=True,
         timeout=120,

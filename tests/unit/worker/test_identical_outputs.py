@@ -23,10 +23,10 @@ from tests.support.worker import pad_header
 from weightlift.api.model import Role
 from weightlift.local.models import DemoModel, make_demo
 from weightlift.local.sharded import make_plan
+from weightlift.worker.engines.builtin.runtime import Pt2Runtime
 from weightlift.worker.loaders.direct import DirectLoader
 from weightlift.worker.loaders.p2p import PeerToPeerLoader
 from weightlift.worker.loaders.preload import PreloadLoader
-from weightlift.worker.runtime import Pt2Runtime
 from weightlift.worker.weights.files import shard_index
 from weightlift.worker.weights.progress import LoadProgress
 from weightlift.worker.weights.tensors import TENSOR_ALIGNMENT, is_aligned

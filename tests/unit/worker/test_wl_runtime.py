@@ -14,8 +14,8 @@ from torch import nn
 
 from tests.support.worker import copy_model, make_plan
 from weightlift.local.models import DemoModel
+from weightlift.worker.engines.builtin.runtime import BindError, InferError, Pt2Runtime
 from weightlift.worker.loaders.preload import PreloadLoader
-from weightlift.worker.runtime import BindError, InferError, Pt2Runtime
 from weightlift.worker.weights.files import rank_files
 from weightlift.worker.weights.progress import LoadProgress
 

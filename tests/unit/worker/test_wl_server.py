@@ -21,6 +21,7 @@ from safetensors.torch import load_file, save_file
 
 from tests.support.worker import copy_model, make_plan, plan_env, running_worker
 from weightlift.local.models import DemoModel, build_hook_library
+from weightlift.worker.engines.builtin.engine import BuiltinEngine
 from weightlift.worker.server import set_p2p_handler
 
 SLOW_HOOK = r"""
@@ -157,7 +158,8 @@ def test_p2p_extension_point(demo_tp1: DemoModel) -> None:
         assert r.status_code == 503 and "not a source yet" in r.text
         fake = FakePublisher()
         set_p2p_handler(app, fake)
-        w.worker.publisher = fake
+        assert isinstance(w.worker.engine, BuiltinEngine)
+        w.worker.engine.publisher = fake  # type: ignore[assignment]
         r = httpx.post(w.url + "/weightlift/v1/p2p/sessions", json={})
         assert r.json() == {"tail": "sessions", "method": "POST"}
         assert httpx.delete(w.url + "/weightlift/v1/p2p/sessions/x").json()["method"] == "DELETE"

@@ -32,6 +32,7 @@ import aiohttp
 from aiohttp import web
 
 from weightlift.api.worker import WorkerPhase, WorkerPlan, WorkerReport
+from weightlift.worker.engines.base import BringUp, not_served
 from weightlift.worker.engines.vllm.plugin import DIE_WITH_PARENT_ENV
 from weightlift.worker.engines.vllm.serve import NOT_INSTALLED_EXIT
 from weightlift.worker.engines.vllm.weights import (
@@ -42,7 +43,7 @@ from weightlift.worker.engines.vllm.weights import (
     holds_weights,
     read_report,
 )
-from weightlift.worker.server import WorkerState, set_p2p_handler
+from weightlift.worker.server import set_p2p_handler
 from weightlift.worker.weights.progress import LoadError
 
 log = logging.getLogger(__name__)
@@ -115,6 +116,7 @@ class VllmEngine:
         self.url = f"http://{_connect_host(plan.host)}:{plan.runtime.engine_port}"
         self._session: aiohttp.ClientSession | None = None
         self.started_at = 0.0
+        self.app: web.Application | None = None
 
     # -------------------------------------------------------------------------- lifecycle
     def start(self) -> None:
@@ -218,15 +220,21 @@ class VllmEngine:
             workdir = Path(tempfile.mkdtemp(prefix=f"wl-vllm-{plan.pod_name}-"))
         return cls(plan, workdir)
 
-    async def bring_up(self, state: WorkerState, app: web.Application) -> None:
+    async def bring_up(self, ctx: BringUp) -> None:
         """Start vLLM, wait until it serves, fold the ranks' reports into the worker's report,
-        install the P2P manifest proxy (when every rank published) and mark the worker Ready."""
+        install the P2P manifest proxy (when every rank published) and mark the worker Ready.
+        The init hooks run inside vLLM, in each rank's process before its weights load (the
+        load format does it): a hook's per-device state must live where the rank's device is
+        driven, not in this front process."""
+        state, app = ctx.state, ctx.app
+        self.app = app
+        if ctx.fetched is not None:
+            self.plan = self.plan.model_copy(update={"model_dir": ctx.fetched.model_dir})
         rep = state.report
         rep.phase = WorkerPhase.LOADING
         # Fail fast and permanently on a wrong directory.
         check_model_dir(self.plan.model_dir, weights=holds_weights(self.plan))
         self.start()
-        state.engine = self
         reports = await self.wait_ready(float(self.plan.loading.load_timeout_seconds), rep)
         fold_steps(rep, reports)
         rep.hooks = [h for r in sorted(reports, key=lambda r: r.rank) for h in r.hooks]
@@ -270,7 +278,22 @@ class VllmEngine:
                 f"exited with code {self.process.poll() if self.process else '?'} while serving"
             )
 
+    async def close(self) -> None:
+        if self.app is not None:
+            set_p2p_handler(self.app, None)
+        await self.stop()
+
     # -------------------------------------------------------------------------- fronting
+    def metadata(self) -> dict[str, Any] | None:
+        return {"name": self.plan.served_model_name, "versions": ["1"], "platform": "vllm"}
+
+    async def infer(self, request: web.Request) -> web.StreamResponse:
+        m = self.plan.served_model_name
+        return not_served(f"model {m!r} takes text: use /generate or the OpenAI API (/v1)")
+
+    async def openai(self, request: web.Request) -> web.StreamResponse:
+        return await self.forward(request, self.url)
+
     async def forward(self, request: web.Request, base: str) -> web.StreamResponse:
         """Pass `request` to `base` + its path and query; stream the answer back."""
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_HEADERS}

@@ -1,0 +1,280 @@
+"""The builtin engine: init hooks in the worker's process, each local rank's weights by the
+strategy loaders/strategy.py picks (PeerToPeer with storage fallback, Preload or Direct), bound
+into the model's PT2 program, served as KServe v2 infer, published as a P2P source."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+import torch
+from aiohttp import web
+
+from weightlift.api.storage import ModelUri
+from weightlift.api.worker import HookReport, WorkerPhase, WorkerPlan
+from weightlift.worker.engines.base import (
+    BringUp,
+    in_daemon_thread,
+    not_served,
+    write_termination_log,
+)
+from weightlift.worker.engines.builtin.runtime import InferError, Pt2Runtime
+from weightlift.worker.engines.builtin.v2codec import HEADER_LEN, decode_inputs, encode_outputs
+from weightlift.worker.hooks import INIT_SYMBOL, HookError, InitHookSession, run_init_hooks
+from weightlift.worker.loaders.base import Loader
+from weightlift.worker.loaders.strategy import (
+    choose_storage_loader,
+    load_from_peers,
+    wants_peer_to_peer,
+)
+from weightlift.worker.peer_auth import warn_if_open
+from weightlift.worker.server import WorkerState, set_p2p_handler
+from weightlift.worker.storage.fetch import materialize
+from weightlift.worker.weights.files import shard_index
+from weightlift.worker.weights.progress import LoadError, LoadProgress
+
+if TYPE_CHECKING:
+    from weightlift.worker.p2p.source import SourcePublisher
+
+log = logging.getLogger("weightlift.worker")
+
+Bound = dict[int, dict[str, torch.Tensor]]
+
+
+def resolve_devices(plan: WorkerPlan) -> dict[int, torch.device]:
+    """rank -> device: "cpu"; "cuda" means cuda:r; "auto" is cuda when every rank has a GPU."""
+    want = plan.device
+    if want == "auto":
+        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        want = "cuda" if n > 0 and max(plan.ranks, default=0) < n else "cpu"
+    if want.startswith("cuda"):
+        return {r: torch.device("cuda", r) for r in plan.ranks}
+    return {r: torch.device("cpu") for r in plan.ranks}
+
+
+class BuiltinEngine:
+    """One replica's PT2 program and weights, in the worker's own process."""
+
+    def __init__(self, plan: WorkerPlan) -> None:
+        self.plan = plan
+        self.devices = resolve_devices(plan)
+        self.hooks: InitHookSession | None = None
+        self.publisher: SourcePublisher | None = None
+        self.runtime: Pt2Runtime | None = None
+        self.ctx: BringUp | None = None
+        self._weights_lock = threading.Lock()
+
+    # ------------------------------------------------------------------ bring-up
+    async def bring_up(self, ctx: BringUp) -> None:
+        self.ctx = ctx
+        if ctx.fetched is not None:
+            self.plan = self.plan.model_copy(update={"model_dir": ctx.fetched.model_dir})
+        await self.init_hooks(ctx.state)
+        ctx.stamp("hooks")
+        bound = await self.load_and_bind(ctx)
+        for p in ctx.state.progress.values():
+            if p.finished is None:
+                p.finish()
+        ctx.state.report.phase = WorkerPhase.SERVING
+        ctx.state.ready = True
+        ctx.stamp("serving")
+        await self.publish(bound, ctx.app, ctx.state)
+
+    def _prewarm_p2p(self) -> None:
+        """The first NIXL agent of a process costs ~0.5 s of library loading: pay it while the
+        init hooks run, not inside the timed pull."""
+        if not wants_peer_to_peer(self.plan):
+            return
+        try:
+            from weightlift.worker.p2p.target import prewarm_nixl
+        except ImportError:
+            return
+        prewarm_nixl()
+
+    async def init_hooks(self, state: WorkerState) -> None:
+        rep = state.report
+        rep.phase = WorkerPhase.INIT_HOOKS
+        self._prewarm_p2p()
+        hooks = self.plan.init_hooks
+        if hooks is not None:
+            dev_indices = list(self.plan.ranks)
+            limit = self.plan.loading.load_timeout_seconds
+            where = f"init hook {hooks.library} ({INIT_SYMBOL}, model dir {self.plan.model_dir})"
+            # Native code can kill the process (a segfault) before Python can say anything: the
+            # termination message names the library until the call returns.
+            write_termination_log(f"the worker died inside {where}")
+            try:
+                self.hooks = await asyncio.wait_for(
+                    in_daemon_thread(run_init_hooks, hooks, self.plan.model_dir, dev_indices),
+                    timeout=limit,
+                )
+            except (TimeoutError, HookError) as exc:
+                # On a timeout the thread stays stuck in native code; the process exits after
+                # the failure.
+                failure = (
+                    HookError(f"{where} did not return within {limit}s (loadTimeoutSeconds)")
+                    if isinstance(exc, TimeoutError)
+                    else exc
+                )
+                message = str(failure)
+                rep.hooks = [
+                    HookReport(library=hooks.library, device_index=d, ok=False, message=message)
+                    for d in dev_indices
+                ]
+                if failure is exc:
+                    raise
+                raise failure from None
+            finally:
+                write_termination_log("")
+            rep.hooks = list(self.hooks.reports)
+        rep.hooks_run = True
+
+    @property
+    def storage_label(self) -> str:
+        """loadedFrom for a storage load: storage:<scheme>, or cache (node-local cache hit)."""
+        if self.ctx is not None and self.ctx.fetched is not None:
+            return self.ctx.fetched.loaded_from
+        return f"storage:{ModelUri.parse(self.plan.model.uri).scheme}"
+
+    def _ensure_weights(self, progress: LoadProgress) -> None:
+        """A remote target whose peers failed: download the weights once for all ranks."""
+        assert self.ctx is not None
+        with self._weights_lock:
+            if self.ctx.has_weights:
+                return
+            self.ctx.fetched = materialize(self.plan, progress, weights=True)
+            self.plan = self.plan.model_copy(update={"model_dir": self.ctx.fetched.model_dir})
+            self.ctx.has_weights = True
+
+    def _load_rank(self, rank: int, progress: LoadProgress) -> tuple[str, dict[str, torch.Tensor]]:
+        """(strategy used, tensors) for one rank; runs in a thread."""
+        assert self.ctx is not None
+        dev = self.devices[rank]
+        from_peer = load_from_peers(
+            self.plan, rank, dev, progress, pull_options=self.ctx.pull_options
+        )
+        if from_peer is not None:
+            return "p2p", from_peer
+        self._ensure_weights(progress)
+        plan = self.plan  # model_dir may have moved to the downloaded copy
+        loader: Loader = choose_storage_loader(plan, self.devices)
+        tensors = loader.load(plan, rank, dev, progress)
+        progress.loaded_from = self.storage_label
+        return loader.name, tensors
+
+    def _start_progress(self, state: WorkerState, fetch_started: float | None) -> None:
+        # After a download the load's clock starts at its first byte, not at the preload.
+        for r in self.plan.ranks:
+            state.progress[r] = (
+                LoadProgress(started=fetch_started) if fetch_started is not None else LoadProgress()
+            )
+
+    async def load_and_bind(self, ctx: BringUp) -> Bound:
+        state, rep = ctx.state, ctx.state.report
+        rep.phase = WorkerPhase.LOADING
+        # The program opens beside the weight loads (both after the init hooks): opening it is
+        # mostly torch.export's own imports (~2-3 s of CPU on first use), which the P2P READs
+        # and file reads, out of the GIL, overlap.
+        opening = asyncio.ensure_future(in_daemon_thread(Pt2Runtime.open, self.plan.model_dir))
+        self._start_progress(state, ctx.fetch_started)
+        jobs = [in_daemon_thread(self._load_rank, r, state.progress[r]) for r in self.plan.ranks]
+        try:
+            runtime, results = await asyncio.wait_for(
+                asyncio.gather(opening, asyncio.gather(*jobs)),
+                timeout=self.plan.loading.load_timeout_seconds,
+            )
+        finally:
+            opening.cancel()  # a failed load need not wait for the program
+        ctx.stamp("load")
+        rep.strategy = ",".join(sorted({s for s, _ in results}))
+        rep.loaded_from = ",".join(
+            sorted({state.progress[r].loaded_from or self.storage_label for r in self.plan.ranks})
+        )
+        tensors_by_rank = {r: t for r, (_, t) in zip(self.plan.ranks, results, strict=True)}
+        bound: Bound = await in_daemon_thread(
+            runtime.bind, tensors_by_rank, self._files_by_rank(), self.plan.model.dtype
+        )
+        self.runtime = runtime
+        ctx.stamp("bind")
+        return bound
+
+    def _files_by_rank(self) -> dict[int, dict[str, str]]:
+        """rank -> tensor name -> the file it came from (bind names files in its errors)."""
+        out: dict[int, dict[str, str]] = {}
+        for r in self.plan.ranks:
+            try:
+                idx = shard_index(self.plan.model_dir, r, self.plan.tensor_parallel)
+                out[r] = {n: h.path for n, (h, _) in idx.tensors.items()}
+            except LoadError:
+                out[r] = {}
+        return out
+
+    async def publish(self, bound: Bound, app: web.Application, state: WorkerState) -> None:
+        try:
+            from weightlift.worker.p2p.source import SourcePublisher
+        except ImportError as exc:
+            log.info("P2P source publishing unavailable: %s", exc)
+            return
+        try:
+            self.publisher = await in_daemon_thread(SourcePublisher, self.plan, bound)
+        except Exception as exc:  # NIXL missing or failing: still serve, just not as a source
+            log.warning("cannot publish as a P2P source: %s", exc)
+            return
+        set_p2p_handler(app, self.publisher)
+        warn_if_open(state.peer_token)
+
+    async def serve_until(self, stop: asyncio.Future[Any]) -> None:
+        await stop
+
+    async def close(self) -> None:
+        if self.ctx is not None:
+            set_p2p_handler(self.ctx.app, None)
+        if self.publisher is not None:
+            try:
+                self.publisher.close()
+            except Exception as exc:
+                log.warning("closing the P2P publisher: %s", exc)
+            self.publisher = None
+        if self.hooks is not None:
+            for problem in self.hooks.release():
+                log.warning("init hook release: %s", problem)
+            self.hooks = None
+
+    # ------------------------------------------------------------------ front door
+    def metadata(self) -> dict[str, Any] | None:
+        if self.runtime is None:
+            return None
+        return self.runtime.metadata(self.plan.served_model_name)
+
+    async def infer(self, request: web.Request) -> web.StreamResponse:
+        assert self.ctx is not None and self.runtime is not None  # the front door checks Ready
+        state, name, runtime = self.ctx.state, self.plan.served_model_name, self.runtime
+        t0 = time.perf_counter()
+        try:
+            body = await request.read()
+            hl = request.headers.get(HEADER_LEN)
+            try:
+                header_len = int(hl) if hl is not None else None
+            except ValueError:
+                raise InferError(f"{HEADER_LEN} is not an integer: {hl!r}") from None
+            req, arrays = decode_inputs(body, header_len)
+            loop = asyncio.get_running_loop()
+            async with state.infer_lock:
+                outputs = await loop.run_in_executor(None, runtime.infer, arrays)
+            resp = encode_outputs(name, req, outputs)
+        except InferError as exc:
+            state.metrics.requests.labels(name, "bad_request").inc()
+            return web.json_response({"error": str(exc)}, status=400)
+        state.metrics.requests.labels(name, "ok").inc()
+        state.metrics.latency.labels(name).observe(time.perf_counter() - t0)
+        return resp
+
+    async def generate(self, request: web.Request) -> web.StreamResponse:
+        m = self.plan.served_model_name
+        return not_served(f"model {m!r} does not generate text (a builtin PT2 program)")
+
+    async def openai(self, request: web.Request) -> web.StreamResponse:
+        return not_served("this worker serves no OpenAI API (runtime.engine is Builtin)")
