@@ -14,7 +14,6 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 import httpx
@@ -25,7 +24,7 @@ from weightlift.bench import apiaudit
 from weightlift.local.cluster import POD_CIDR, ClusterInfo, ControlPlane, GpuNodeSpec
 from weightlift.local.kubeclient import Kube, KubeError
 from weightlift.local.net import free_port
-from weightlift.local.procs import child_options, stop_group
+from weightlift.local.procs import UpDown, child_options, stop_group
 from weightlift.local.stack import apply_crd
 
 NAMESPACE = "wl-bench"
@@ -75,7 +74,7 @@ def _python_descendant(pid: int, timeout: float = 30.0) -> int:
 
 
 @dataclass
-class BenchStack:
+class BenchStack(UpDown):
     """Up in `__enter__` (cluster, CRD, namespace, operator identity, simulated workers);
     the operator starts with `start_operator`; everything stops in `__exit__`."""
 
@@ -104,22 +103,6 @@ class BenchStack:
             self.profiler, "none"
         )
         return self.state_dir / f"operator.{suffix}"
-
-    def __enter__(self) -> BenchStack:
-        try:
-            self.up()
-        except BaseException:
-            self.down()
-            raise
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.down()
 
     def up(self) -> None:
         self.state_dir.mkdir(parents=True, exist_ok=True)

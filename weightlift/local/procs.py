@@ -13,7 +13,7 @@ import subprocess
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Self
 
 _PR_SET_PDEATHSIG = 1
 try:  # loaded in the parent: a preexec_fn must not dlopen after fork (the loader lock)
@@ -101,3 +101,25 @@ def stop_pid(pid: int, exe: str, grace: float) -> None:
         deadline = time.monotonic() + wait
         while time.monotonic() < deadline and pid_runs(pid, exe):
             time.sleep(0.05)
+
+
+class UpDown:
+    """A context manager for a stack with `up()` and `down()`: entering runs `up()`, and a
+    failed `up()` is undone by `down()` before the error goes on; leaving runs `down()`."""
+
+    def up(self) -> object:
+        raise NotImplementedError
+
+    def down(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        try:
+            self.up()
+        except BaseException:
+            self.down()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.down()

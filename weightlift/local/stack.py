@@ -21,14 +21,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 from weightlift.api.labels import DEPLOYMENT_LABEL
 from weightlift.api.model import GROUP, PLURAL, VERSION
 from weightlift.local.kubeclient import JSON, MERGE, Kube, KubeError
 from weightlift.local.processnode import LOCAL_NODE_LABEL, ProcessNode
-from weightlift.local.procs import child_options, stop_group
+from weightlift.local.procs import UpDown, child_options, stop_group
 
 log = logging.getLogger("weightlift.demo")
 
@@ -89,7 +88,7 @@ def apply_crd(kube: Kube, timeout: float = 30.0) -> None:
 
 
 @dataclass
-class LocalStack:
+class LocalStack(UpDown):
     """Control plane + process node + operator, up in `__enter__`, all gone after `__exit__`.
 
     >>> with LocalStack(Path(".state/demo")) as stack:
@@ -114,22 +113,6 @@ class LocalStack:
     _operator: subprocess.Popen[bytes] | None = field(init=False, default=None)
     _node_started: bool = field(init=False, default=False)
 
-    def __enter__(self) -> LocalStack:
-        try:
-            self.up()
-        except BaseException:
-            self.down()
-            raise
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.down()
-
     # -- up
     def up(self, progress: Callable[[str], None] = lambda _msg: None) -> None:
         from weightlift.local.cluster import ControlPlane, GpuNodeSpec
@@ -148,15 +131,7 @@ class LocalStack:
         progress("applying the ModelDeployment CRD")
         apply_crd(self.kube)
         progress(f"starting process node {self.node_name}")
-        self.node = ProcessNode(
-            self.kubeconfig,
-            self.node_name,
-            self.state_dir / "node",
-            gpus=self.gpus,
-            extra_env=dict(self.worker_env),
-        )
-        self.node.start()
-        self._node_started = True
+        self._start_node()
         progress("starting operator")
         self._start_operator()
 
@@ -204,6 +179,9 @@ class LocalStack:
             self.node.stop(timeout=20.0)
             self._node_started = False
         time.sleep(down_seconds)
+        self._start_node()
+
+    def _start_node(self) -> None:
         self.node = ProcessNode(
             self.kubeconfig,
             self.node_name,
