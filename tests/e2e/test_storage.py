@@ -13,9 +13,9 @@ import pytest
 
 from tests.support.e2e import READY_TIMEOUT
 from tests.support.storage import require_minio
+from weightlift.local.demo_stores import DemoStorage, prepare_storage
 from weightlift.local.observe import Observer, infer
 from weightlift.local.stack import LocalStack
-from weightlift.local.storage import DemoStorage, prepare_storage
 
 JSON = dict[str, Any]
 Deploy = Callable[..., Observer]

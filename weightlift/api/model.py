@@ -22,7 +22,7 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 
 from weightlift.api import limits
-from weightlift.api.storage import URI_PATTERN
+from weightlift.api.uri import URI_PATTERN
 
 GROUP = "weightlift.dev"
 VERSION = "v1alpha1"

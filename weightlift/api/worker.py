@@ -1,10 +1,11 @@
 """The worker's plan: everything the operator tells one worker process.
 
 The contract between operator and worker: the operator builds the plan, the worker reports back.
-The plan travels in two parts (see operator/plans.py for why): the large part every replica of a
-ModelDeployment revision shares (`SharedPlan`: model, loading, hooks, runtime, probe) as a file
-from a ConfigMap, checked against the sha256 the pod carries in WEIGHTLIFT_PLAN_SHA256; and the
-small per-replica `Assignment` (pod, role, peers, model dir) as JSON in WEIGHTLIFT_ASSIGNMENT.
+The plan travels in two parts (see operator/shared_objects.py for why): the large part every
+replica of a ModelDeployment revision shares (`SharedPlan`: model, loading, hooks, runtime,
+probe) as a file from a ConfigMap, checked against the sha256 the pod carries in
+WEIGHTLIFT_PLAN_SHA256; and the small per-replica `Assignment` (pod, role, peers, model dir) as
+JSON in WEIGHTLIFT_ASSIGNMENT.
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from weightlift.api.storage import ModelUri
+from weightlift.api.uri import ModelUri
 from weightlift.bench.load import Tensors, memcpy_gbps, touch
 from weightlift.worker.loaders.preload import PreloadLoader
 from weightlift.worker.storage.s3 import S3Store

@@ -22,6 +22,7 @@ from typing import Any
 import click
 import httpx
 
+from weightlift.local.demo_stores import STORAGE_KINDS, DemoStorage, prepare_storage
 from weightlift.local.kubeclient import JSON, KubeError
 from weightlift.local.observe import TIMELINE_STEPS, Observer, complete, infer
 from weightlift.local.stack import (
@@ -32,7 +33,6 @@ from weightlift.local.stack import (
     make_demo_model,
     model_deployment,
 )
-from weightlift.local.storage import STORAGE_KINDS, DemoStorage, prepare_storage
 
 log = logging.getLogger("weightlift.demo")
 

@@ -290,7 +290,7 @@ def model_deployment(
     env: dict[str, str] | None = None,
 ) -> JSON:
     """A ModelDeployment for a local demo model, pinned to process nodes. `model` overrides
-    spec.model fields (another uri, endpoint, credentials: see local/storage.py). engine "vLLM":
+    spec.model fields (another uri, endpoint, credentials: see local/demo_stores.py). engine "vLLM":
     an HF model directory served by vLLM with weightlift loading (the init hook runs in each
     vLLM rank's process)."""
     vllm = engine == "vLLM"

@@ -23,14 +23,14 @@ from weightlift.api.model import (
     SourceEndpoint,
     pulls_from_peers,
 )
-from weightlift.api.storage import (
+from weightlift.api.times import parse_rfc3339, rfc3339
+from weightlift.api.uri import (
     REMOTE_SCHEMES,
     ModelUri,
     hf_repo,
     is_local_path,
     path_allowed,
 )
-from weightlift.api.times import parse_rfc3339, rfc3339
 from weightlift.api.worker import WorkerPhase, WorkerReport
 from weightlift.operator.identity import model_identity
 

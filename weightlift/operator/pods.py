@@ -14,7 +14,7 @@ from weightlift.api.labels import (
     WORKER_LABELS,
 )
 from weightlift.api.model import GROUP, KIND, VERSION, ModelDeploymentSpec, Role, RuntimeType
-from weightlift.api.storage import REMOTE_SCHEMES, ModelUri
+from weightlift.api.uri import REMOTE_SCHEMES, ModelUri
 from weightlift.api.worker import (
     ASSIGNMENT_ENV,
     PEER_TOKEN_ENV,
@@ -28,7 +28,7 @@ from weightlift.api.worker import (
     SharedPlan,
 )
 from weightlift.operator.planning import DesiredPod
-from weightlift.operator.plans import PlanConfigMap, plan_configmap, token_secret_name
+from weightlift.operator.shared_objects import PlanConfigMap, plan_configmap, token_secret_name
 
 GPU_RESOURCE = "nvidia.com/gpu"
 PVC_MOUNT_ROOT = "/mnt/models"

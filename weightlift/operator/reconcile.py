@@ -47,18 +47,18 @@ from weightlift.operator.planning import (
     host_port,
     plan,
 )
-from weightlift.operator.plans import (
-    PlanConfigMap,
-    configmap_manifest,
-    sweep_selector,
-    token_secret_manifest,
-)
 from weightlift.operator.pods import GPU_RESOURCE, plan_for, render_pod, role_of
 from weightlift.operator.probes import (
     fetch_report,
     may_contact,
     probe_inference,
     worker_client,
+)
+from weightlift.operator.shared_objects import (
+    PlanConfigMap,
+    configmap_manifest,
+    sweep_selector,
+    token_secret_manifest,
 )
 
 NODE_CACHE_SECONDS = 60.0
@@ -116,7 +116,7 @@ class OperatorState:
     node_gpus: tuple[float, int | None] = (0.0, None)
     _node_fetch: asyncio.Future[int | None] | None = None
     model_path_prefixes: tuple[str, ...] = ()  # see planning.Observed
-    # What exists beside the pods (operator/plans.py), so each is created once per operator
+    # What exists beside the pods (operator/shared_objects.py), so each is created once per operator
     # life, not once per pod: (uid, plan ConfigMap name) and (uid, identity of a token Secret).
     plan_maps: set[tuple[str, str]] = field(default_factory=set)
     tokens: set[tuple[str, str]] = field(default_factory=set)

@@ -1,6 +1,6 @@
 """Who may use a worker's P2P endpoints (manifest, NIXL agent metadata, sessions, health): peers
 holding the token of the model identity, from the Secret the operator names in the pod's env
-(operator/plans.py says why one per identity). Targets send it as a bearer header; sources
+(operator/shared_objects.py says why one per identity). Targets send it as a bearer header; sources
 compare in constant time and answer 401 without it, 403 with a wrong one.
 
 A worker started without a token (a bench or test run outside Kubernetes) serves P2P to anyone

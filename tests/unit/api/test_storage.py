@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from weightlift.api.storage import ModelUri, path_allowed
+from weightlift.api.uri import ModelUri, path_allowed
 
 
 @pytest.mark.parametrize(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from weightlift.api.storage import ModelUri, hf_repo
+from weightlift.api.uri import ModelUri, hf_repo
 
 
 @pytest.mark.parametrize(

@@ -18,13 +18,13 @@ from weightlift.api.labels import PLAN_LABEL
 from weightlift.api.model import Role
 from weightlift.api.worker import ASSIGNMENT_ENV, PEER_TOKEN_ENV, PLAN_SHA256_ENV, plan_digest
 from weightlift.operator.identity import model_identity
-from weightlift.operator.plans import (
+from weightlift.operator.pods import plan_for
+from weightlift.operator.shared_objects import (
     configmap_manifest,
     sweep_selector,
     token_secret_manifest,
     token_secret_name,
 )
-from weightlift.operator.pods import plan_for
 
 BIG_PROBE = {
     "request": {

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from weightlift.api.storage import REMOTE_SCHEMES, ModelUri, hf_repo
+from weightlift.api.uri import REMOTE_SCHEMES, ModelUri, hf_repo
 from weightlift.api.worker import WorkerPlan
 from weightlift.worker.storage.cache import CacheMismatch, NodeCache
 from weightlift.worker.storage.errors import StorageError

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from aiohttp import web
 
-from weightlift.api.storage import ModelUri
+from weightlift.api.uri import ModelUri
 from weightlift.api.worker import HookReport, WorkerPhase, WorkerPlan
 from weightlift.worker.engines.base import (
     BringUp,

@@ -35,7 +35,7 @@ import torch
 from pydantic import Field
 
 from weightlift.api.model import ApiModel
-from weightlift.api.storage import ModelUri
+from weightlift.api.uri import ModelUri
 from weightlift.api.worker import HookReport, WorkerPlan
 from weightlift.worker.hooks import InitHookSession, run_init_hooks
 from weightlift.worker.loaders.strategy import choose_storage_loader, wants_peer_to_peer
