@@ -9,6 +9,7 @@ import ctypes
 import os
 import signal
 
+from weightlift.worker.engines.vllm.aot_load import allow_bundled_aot_reload
 from weightlift.worker.engines.vllm.weights import LOAD_FORMAT
 
 # Set by the worker in the environment of the vLLM it starts (engine.vllm_environment).
@@ -32,6 +33,7 @@ def register() -> None:
     if _registered:
         return
     die_with_parent_if_asked()
+    allow_bundled_aot_reload()  # a second start loads vLLM's compiled artifact (see aot_load)
     from vllm.model_executor.model_loader import register_model_loader
 
     from weightlift.worker.engines.vllm.loader import WeightliftModelLoader

@@ -1,0 +1,186 @@
+"""vLLM's compiled program travels instead of being compiled again (real vLLM, CPU, no cluster).
+
+Compiled mode (no --enforce-eager), each replica with its own VLLM_CACHE_ROOT: a first start
+compiles and vLLM saves its AOT artifact; a second start of the same model on the same node loads
+it (vLLM's own log line says so).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.support.vllm import (
+    ENGINE_ARGS,
+    ENGINE_ENV,
+    READY_TIMEOUT,
+    TEST_TIMEOUT,
+    require_vllm_python,
+    tiny_llm,
+)
+from weightlift.api.model import Engine, ModelFormat, ModelSource, Role, RuntimeSpec
+from weightlift.api.worker import PeerCandidate, WorkerPlan
+from weightlift.local.net import free_port
+
+JSON = dict[str, Any]
+# vLLM's default: torch.compile (Inductor on CPU) and its AOT artifact, for these tests only.
+COMPILED_ARGS = [a for a in ENGINE_ARGS if a != "--enforce-eager"]
+# vLLM's log lines (vllm/compilation/decorators.py, 0.32).
+SAVED = "saved AOT compiled function to"
+LOADED = "Directly load AOT compilation from path"
+LOAD_FAILED = "Compiling model again due to a load failure"
+
+
+class Worker:
+    """A weightlift worker running vLLM, with its own engine dir and vLLM cache root."""
+
+    def __init__(self, plan: WorkerPlan, workdir: Path, cache_root: Path, python: Path) -> None:
+        self.plan = plan
+        self.address = f"127.0.0.1:{plan.runtime.port}"
+        self.workdir = workdir
+        workdir.mkdir(parents=True, exist_ok=True)
+        plan_file = workdir / f"{plan.pod_name}.plan.json"
+        plan_file.write_text(plan.model_dump_json(by_alias=True))
+        env = {
+            **os.environ,
+            **ENGINE_ENV,
+            "VLLM_CACHE_ROOT": str(cache_root),
+            "WEIGHTLIFT_VLLM_PYTHON": str(python),
+            "WEIGHTLIFT_ENGINE_DIR": str(workdir),
+            "WEIGHTLIFT_FAIL_LINGER_SECONDS": "0",
+        }
+        self.log = workdir / f"{plan.pod_name}.worker.log"
+        with self.log.open("wb") as out:
+            self.proc = subprocess.Popen(
+                [
+                    str(Path(sys.executable).parent / "weightlift"),
+                    "worker",
+                    "--plan",
+                    str(plan_file),
+                ],
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+
+    @property
+    def vllm_log(self) -> str:
+        return (self.workdir / self.plan.pod_name / "vllm.log").read_text(errors="replace")
+
+    def status(self) -> JSON:
+        doc: JSON = httpx.get(f"http://{self.address}/weightlift/v1/status", timeout=5).json()
+        return doc
+
+    def wait_serving(self) -> JSON:
+        deadline = time.monotonic() + READY_TIMEOUT
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, f"worker exited:\n{self.log.read_text()[-3000:]}"
+            try:
+                st = self.status()
+                if st["phase"] == "Serving":
+                    return st
+                assert st["phase"] != "Failed", st
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        raise AssertionError(f"not serving in {READY_TIMEOUT}s:\n{self.log.read_text()[-3000:]}")
+
+    def complete(self, probe: JSON) -> str:
+        c = probe["completion"]
+        body = {
+            "model": "llm",
+            "prompt": c["prompt"],
+            "max_tokens": c["maxTokens"],
+            "temperature": 0,
+        }
+        resp = httpx.post(f"http://{self.address}/v1/completions", json=body, timeout=120)
+        assert resp.status_code == 200, resp.text
+        text: str = resp.json()["choices"][0]["text"]
+        return text
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, 15)
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, 9)
+                self.proc.wait()
+        return self.proc.returncode
+
+
+def plan(model: Path, pod: str, role: Role, peers: list[PeerCandidate]) -> WorkerPlan:
+    return WorkerPlan(
+        deployment="llm",
+        pod_name=pod,
+        role=role,
+        peers=peers,
+        model_identity="llm-tiny",
+        model=ModelSource(uri=f"file://{model}", format=ModelFormat.SAFETENSORS),
+        model_dir=str(model),  # the same path string on every replica: part of vLLM's cache key
+        served_model_name="llm",
+        device="cpu",
+        host="127.0.0.1",
+        runtime=RuntimeSpec(
+            engine=Engine.VLLM,
+            port=free_port(),
+            engine_port=free_port(),
+            engine_args=COMPILED_ARGS,
+        ),
+    )
+
+
+@pytest.fixture(scope="module")
+def llm(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, JSON]:
+    python = require_vllm_python()
+    out = tmp_path_factory.mktemp("tiny-llm")
+    return python, out, tiny_llm(python, out)
+
+
+@pytest.fixture(scope="module")
+def running(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Worker]]:
+    started: list[Worker] = []
+    yield started
+    codes = {w.plan.pod_name: w.stop() for w in started}
+    assert all(code == 0 for code in codes.values()), codes
+
+
+@pytest.fixture(scope="module")
+def node_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("node-a-vllm-cache")
+
+
+@pytest.mark.timeout(TEST_TIMEOUT)
+def test_second_start_on_a_node_loads_the_compiled_artifact(
+    llm: tuple[Path, Path, JSON],
+    running: list[Worker],
+    node_cache: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    python, model, probe = llm
+    expected = probe["completion"]["expectedText"]
+    work = tmp_path_factory.mktemp("node-a")
+    first = Worker(plan(model, "llm-0", Role.SOURCE, []), work, node_cache, python)
+    running.append(first)
+    first.wait_serving()
+    assert first.complete(probe) == expected
+    assert SAVED in first.vllm_log and LOADED not in first.vllm_log, first.vllm_log[-3000:]
+    assert first.stop() == 0
+    running.remove(first)
+
+    second = Worker(plan(model, "llm-0b", Role.SOURCE, []), work, node_cache, python)
+    running.append(second)
+    second.wait_serving()
+    log = second.vllm_log
+    assert LOADED in log, log[-3000:]
+    assert LOAD_FAILED not in log and SAVED not in log, log[-3000:]
+    assert second.complete(probe) == expected
