@@ -1,4 +1,4 @@
-"""Make vLLM 0.32's AOT compile artifact reload on CPU (applied by the plugin in every vLLM process).
+"""Make vLLM 0.32's AOT compile artifact reload on CPU; the plugin applies it in each vLLM process.
 
 On CPU vLLM compiles in `DYNAMO_TRACE_ONCE` mode with torch's own `inductor` backend, so torch's
 `aot_compile_fullgraph` wraps the compiled program in `BundledAOTAutogradSerializableCallable`
