@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import uuid
 from collections.abc import Callable, Iterator
@@ -23,7 +24,6 @@ from kubernetes import client, config
 from tests.support.cluster import (
     CHART_NAMESPACE,
     OPERATOR_NAMESPACE,
-    REPO,
     ChartRbac,
     Kubectl,
     OperatorProcess,
@@ -120,7 +120,7 @@ def kubectl(cluster: ClusterInfo) -> Kubectl:
 def crd(cluster: ClusterInfo, kubectl: Kubectl) -> str:
     """Apply the CRD exactly as `weightlift crd` generates it; wait until Established."""
     out = subprocess.run(
-        [str(REPO / ".venv" / "bin" / "weightlift"), "crd"],
+        [sys.executable, "-m", "weightlift", "crd"],
         check=True,
         capture_output=True,
         text=True,

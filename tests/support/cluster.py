@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -94,9 +95,17 @@ class OperatorProcess:
     def start(self) -> None:
         assert self.proc is None or self.proc.poll() is not None, "already running"
         env = {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
-        exe = str(REPO / ".venv" / "bin" / "weightlift")
         # The integration tests' models are file:///models/<name> (never read: kwok nodes).
-        argv = [exe, "operator", "-n", self.namespace, "--model-path-prefix", "/models"]
+        argv = [
+            sys.executable,
+            "-m",
+            "weightlift",
+            "operator",
+            "-n",
+            self.namespace,
+            "--model-path-prefix",
+            "/models",
+        ]
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 argv,

@@ -347,32 +347,15 @@ class ControlPlane:
     # -- public API
     def up(self) -> ClusterInfo:
         """Start every component (fresh etcd data), wait until ready, create the GPU nodes."""
-        bins = {name: binary_path(name, self.cache) for name in CONTROLPLANE_BINARIES}
+        bins = {name: str(binary_path(name, self.cache)) for name in CONTROLPLANE_BINARIES}
         stages = kwok_stages_file(self.cache)
         if not stages.is_file():
             raise ControlPlaneError(f"{stages} not found: run `make controlplane`")
-        self.down()  # a previous run in this state dir is stopped first
-        for sub in ("etcd", "certs", "logs", "run"):
-            shutil.rmtree(self.state_dir / sub, ignore_errors=True)
-        self.logs.mkdir(parents=True, exist_ok=True)
-        (self.state_dir / "run").mkdir(parents=True, exist_ok=True)
         started = time.monotonic()
-        _write_certs(self.certs)
-        token = secrets.token_hex(24)
-        (self.certs / "tokens.csv").write_text(
-            f'{token},{ADMIN_USER},{ADMIN_USER},"system:masters"\n'
-        )
-        (self.certs / "tokens.csv").chmod(0o600)
-        etcd_client, etcd_peer, api, cm, sched, kwok_port = free_ports(6)
-        ports = {
-            "etcd": etcd_client,
-            "etcdPeer": etcd_peer,
-            "apiserver": api,
-            "controllerManager": cm,
-            "scheduler": sched,
-            "kwok": kwok_port,
-        }
-        server = f"https://127.0.0.1:{api}"
+        token = self._fresh_state()
+        names = ("etcd", "etcdPeer", "apiserver", "controllerManager", "scheduler", "kwok")
+        ports = dict(zip(names, free_ports(len(names)), strict=True))
+        server = f"https://127.0.0.1:{ports['apiserver']}"
         self._write_kubeconfig(server, token)
         info = ClusterInfo(
             state_dir=self.state_dir,
@@ -383,106 +366,18 @@ class ControlPlane:
             nodes=tuple(self.nodes.names()),
             ports=ports,
         )
-        c = self.certs
-        kc = str(self.kubeconfig)
         try:
-            self._start(
-                "etcd",
-                [
-                    str(bins["etcd"]),
-                    "--name=default",
-                    f"--data-dir={self.state_dir / 'etcd'}",
-                    f"--listen-client-urls=http://127.0.0.1:{etcd_client}",
-                    f"--advertise-client-urls=http://127.0.0.1:{etcd_client}",
-                    f"--listen-peer-urls=http://127.0.0.1:{etcd_peer}",
-                    f"--initial-advertise-peer-urls=http://127.0.0.1:{etcd_peer}",
-                    f"--initial-cluster=default=http://127.0.0.1:{etcd_peer}",
-                    "--unsafe-no-fsync=true",
-                    "--quota-backend-bytes=4294967296",
-                    "--log-level=warn",
-                ],
-            )
-            self._wait_http("etcd", f"http://127.0.0.1:{etcd_client}/health", verify=False)
-            self._start(
-                "kube-apiserver",
-                [
-                    str(bins["kube-apiserver"]),
-                    f"--etcd-servers=http://127.0.0.1:{etcd_client}",
-                    "--bind-address=127.0.0.1",
-                    "--advertise-address=127.0.0.1",
-                    f"--secure-port={api}",
-                    f"--cert-dir={c}",
-                    f"--tls-cert-file={c / 'apiserver.crt'}",
-                    f"--tls-private-key-file={c / 'apiserver.key'}",
-                    f"--client-ca-file={c / 'ca.crt'}",
-                    f"--token-auth-file={c / 'tokens.csv'}",
-                    "--authorization-mode=Node,RBAC",
-                    "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-                    f"--service-account-key-file={c / 'sa.pub'}",
-                    f"--service-account-signing-key-file={c / 'sa.key'}",
-                    f"--service-cluster-ip-range={SERVICE_CIDR}",
-                    "--endpoint-reconciler-type=none",  # a 127.0.0.1 endpoint is invalid
-                    "--allow-privileged=true",
-                    "--enable-priority-and-fairness=false",
-                    "--profiling=false",
-                    "--v=1",
-                    *self.apiserver_args,
-                ],
-            )
+            self._start("etcd", self._etcd_argv(bins["etcd"], ports))
+            self._wait_http("etcd", f"http://127.0.0.1:{ports['etcd']}/health", verify=False)
+            self._start("kube-apiserver", self._apiserver_argv(bins["kube-apiserver"], ports))
             self._wait_http("kube-apiserver", f"{server}/readyz", token=token)
+            cm, sched = ports["controllerManager"], ports["scheduler"]
             self._start(
                 "kube-controller-manager",
-                [
-                    str(bins["kube-controller-manager"]),
-                    f"--kubeconfig={kc}",
-                    f"--authentication-kubeconfig={kc}",
-                    f"--authorization-kubeconfig={kc}",
-                    "--bind-address=127.0.0.1",
-                    f"--secure-port={cm}",
-                    f"--cert-dir={self.state_dir / 'run' / 'kube-controller-manager'}",
-                    "--leader-elect=false",
-                    "--use-service-account-credentials=false",
-                    f"--service-account-private-key-file={c / 'sa.key'}",
-                    f"--root-ca-file={c / 'ca.crt'}",
-                    f"--cluster-signing-cert-file={c / 'ca.crt'}",
-                    f"--cluster-signing-key-file={c / 'ca.key'}",
-                    f"--service-cluster-ip-range={SERVICE_CIDR}",
-                    "--controllers=*,-nodeipam,-service-lb-controller,-cloud-node-lifecycle",
-                    "--concurrent-gc-syncs=5",
-                    "--v=1",
-                    *self._client_qps_args(),
-                ],
+                self._controller_manager_argv(bins["kube-controller-manager"], cm),
             )
-            self._start(
-                "kube-scheduler",
-                [
-                    str(bins["kube-scheduler"]),
-                    f"--kubeconfig={kc}",
-                    f"--authentication-kubeconfig={kc}",
-                    f"--authorization-kubeconfig={kc}",
-                    "--bind-address=127.0.0.1",
-                    f"--secure-port={sched}",
-                    f"--cert-dir={self.state_dir / 'run' / 'kube-scheduler'}",
-                    "--leader-elect=false",
-                    "--v=1",
-                    *self._client_qps_args(),
-                ],
-            )
-            self._start(
-                "kwok",
-                [
-                    str(bins["kwok"]),
-                    f"--kubeconfig={kc}",
-                    f"--config={stages}",
-                    *self._kwok_config_args(),
-                    "--manage-all-nodes=false",
-                    f"--manage-nodes-with-annotation-selector={KWOK_ANNOTATION}=fake",
-                    f"--cidr={POD_CIDR}",
-                    "--node-ip=10.240.0.1",
-                    f"--server-address=127.0.0.1:{kwok_port}",
-                    "--node-lease-duration-seconds=40",
-                ],
-            )
+            self._start("kube-scheduler", self._scheduler_argv(bins["kube-scheduler"], sched))
+            self._start("kwok", self._kwok_argv(bins["kwok"], stages, ports["kwok"]))
             self._wait_http(
                 "kube-controller-manager", f"https://127.0.0.1:{cm}/healthz", verify=False
             )
@@ -495,13 +390,115 @@ class ControlPlane:
             self.down()
             raise
         self._info = info
-        self.info_file.write_text(
-            json.dumps(
-                {**info.to_json(), "upSeconds": round(time.monotonic() - started, 2)}, indent=2
-            )
-            + "\n"
-        )
+        up_seconds = round(time.monotonic() - started, 2)
+        doc = {**info.to_json(), "upSeconds": up_seconds}
+        self.info_file.write_text(json.dumps(doc, indent=2) + "\n")
         return info
+
+    def _fresh_state(self) -> str:
+        """Stop a previous run in this state dir, start its dirs afresh, write certificates and
+        the admin token file; returns the admin token."""
+        self.down()
+        for sub in ("etcd", "certs", "logs", "run"):
+            shutil.rmtree(self.state_dir / sub, ignore_errors=True)
+        self.logs.mkdir(parents=True, exist_ok=True)
+        (self.state_dir / "run").mkdir(parents=True, exist_ok=True)
+        _write_certs(self.certs)
+        token = secrets.token_hex(24)
+        tokens = self.certs / "tokens.csv"
+        tokens.write_text(f'{token},{ADMIN_USER},{ADMIN_USER},"system:masters"\n')
+        tokens.chmod(0o600)
+        return token
+
+    # -- each component's command line
+    def _etcd_argv(self, exe: str, ports: dict[str, int]) -> list[str]:
+        client, peer = ports["etcd"], ports["etcdPeer"]
+        return [
+            exe,
+            "--name=default",
+            f"--data-dir={self.state_dir / 'etcd'}",
+            f"--listen-client-urls=http://127.0.0.1:{client}",
+            f"--advertise-client-urls=http://127.0.0.1:{client}",
+            f"--listen-peer-urls=http://127.0.0.1:{peer}",
+            f"--initial-advertise-peer-urls=http://127.0.0.1:{peer}",
+            f"--initial-cluster=default=http://127.0.0.1:{peer}",
+            "--unsafe-no-fsync=true",
+            "--quota-backend-bytes=4294967296",
+            "--log-level=warn",
+        ]
+
+    def _apiserver_argv(self, exe: str, ports: dict[str, int]) -> list[str]:
+        c = self.certs
+        return [
+            exe,
+            f"--etcd-servers=http://127.0.0.1:{ports['etcd']}",
+            "--bind-address=127.0.0.1",
+            "--advertise-address=127.0.0.1",
+            f"--secure-port={ports['apiserver']}",
+            f"--cert-dir={c}",
+            f"--tls-cert-file={c / 'apiserver.crt'}",
+            f"--tls-private-key-file={c / 'apiserver.key'}",
+            f"--client-ca-file={c / 'ca.crt'}",
+            f"--token-auth-file={c / 'tokens.csv'}",
+            "--authorization-mode=Node,RBAC",
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+            f"--service-account-key-file={c / 'sa.pub'}",
+            f"--service-account-signing-key-file={c / 'sa.key'}",
+            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            "--endpoint-reconciler-type=none",  # a 127.0.0.1 endpoint is invalid
+            "--allow-privileged=true",
+            "--enable-priority-and-fairness=false",
+            "--profiling=false",
+            "--v=1",
+            *self.apiserver_args,
+        ]
+
+    def _client_argv(self, name: str, port: int) -> list[str]:
+        """What the controller manager and the scheduler share: kubeconfigs, port, certs."""
+        kc = str(self.kubeconfig)
+        return [
+            f"--kubeconfig={kc}",
+            f"--authentication-kubeconfig={kc}",
+            f"--authorization-kubeconfig={kc}",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={port}",
+            f"--cert-dir={self.state_dir / 'run' / name}",
+            "--leader-elect=false",
+            "--v=1",
+            *self._client_qps_args(),
+        ]
+
+    def _controller_manager_argv(self, exe: str, port: int) -> list[str]:
+        c = self.certs
+        return [
+            exe,
+            *self._client_argv("kube-controller-manager", port),
+            "--use-service-account-credentials=false",
+            f"--service-account-private-key-file={c / 'sa.key'}",
+            f"--root-ca-file={c / 'ca.crt'}",
+            f"--cluster-signing-cert-file={c / 'ca.crt'}",
+            f"--cluster-signing-key-file={c / 'ca.key'}",
+            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            "--controllers=*,-nodeipam,-service-lb-controller,-cloud-node-lifecycle",
+            "--concurrent-gc-syncs=5",
+        ]
+
+    def _scheduler_argv(self, exe: str, port: int) -> list[str]:
+        return [exe, *self._client_argv("kube-scheduler", port)]
+
+    def _kwok_argv(self, exe: str, stages: Path, port: int) -> list[str]:
+        return [
+            exe,
+            f"--kubeconfig={self.kubeconfig}",
+            f"--config={stages}",
+            *self._kwok_config_args(),
+            "--manage-all-nodes=false",
+            f"--manage-nodes-with-annotation-selector={KWOK_ANNOTATION}=fake",
+            f"--cidr={POD_CIDR}",
+            "--node-ip=10.240.0.1",
+            f"--server-address=127.0.0.1:{port}",
+            "--node-lease-duration-seconds=40",
+        ]
 
     def down(self) -> list[str]:
         """Stop every process this state dir started; returns the names that were stopped."""

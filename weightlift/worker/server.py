@@ -167,115 +167,127 @@ async def bounded_bodies(request: web.Request, handler: Handler) -> web.StreamRe
         return _too_large(request.path, None, limit)
 
 
-def build_app(state: WorkerState) -> web.Application:
-    app = web.Application(client_max_size=MAX_REQUEST_BYTES, middlewares=[bounded_bodies])
-    app[STATE_KEY] = state
-    name = state.plan.served_model_name
+class FrontDoor:
+    """The route handlers, over one WorkerState."""
 
-    def engine_or_error(request: web.Request) -> web.Response | EngineFront:
+    def __init__(self, state: WorkerState) -> None:
+        self.state = state
+        self.name = state.plan.served_model_name
+
+    def engine_or_error(self, request: web.Request) -> web.Response | EngineFront:
         m = request.match_info["model"]
-        if m != name:
-            return _error(f"unknown model {m!r} (this worker serves {name!r})", 404)
+        if m != self.name:
+            return _error(f"unknown model {m!r} (this worker serves {self.name!r})", 404)
         v = request.match_info.get("version")
         if v is not None and v != "1":
             return _error(f"unknown version {v!r} of model {m!r}", 404)
-        if state.engine is None:
-            return _error(f"model {m!r} is not loaded yet (phase {state.report.phase})", 503)
-        return state.engine
+        if self.state.engine is None:
+            return _error(f"model {m!r} is not loaded yet (phase {self.state.report.phase})", 503)
+        return self.state.engine
 
-    async def server_meta(request: web.Request) -> web.Response:
+    async def server_meta(self, request: web.Request) -> web.Response:
         return _json(
             {"name": "weightlift", "version": "0.1.0", "extensions": ["binary_tensor_data"]}
         )
 
-    async def live(request: web.Request) -> web.Response:
+    async def live(self, request: web.Request) -> web.Response:
         return _json({"live": True})
 
-    async def ready(request: web.Request) -> web.Response:
-        return _json({"ready": state.ready}, 200 if state.ready else 503)
+    async def ready(self, request: web.Request) -> web.Response:
+        return _json({"ready": self.state.ready}, 200 if self.state.ready else 503)
 
-    async def model_meta(request: web.Request) -> web.Response:
-        engine = engine_or_error(request)
+    async def model_meta(self, request: web.Request) -> web.Response:
+        engine = self.engine_or_error(request)
         if isinstance(engine, web.Response):
             return engine
         meta = engine.metadata()
         if meta is None:
             m = request.match_info["model"]
-            return _error(f"model {m!r} is not loaded yet (phase {state.report.phase})", 503)
+            return _error(f"model {m!r} is not loaded yet (phase {self.state.report.phase})", 503)
         return _json(meta)
 
-    async def model_ready(request: web.Request) -> web.Response:
-        engine = engine_or_error(request)
+    async def model_ready(self, request: web.Request) -> web.Response:
+        engine = self.engine_or_error(request)
         if isinstance(engine, web.Response) and engine.status != 503:
             return engine
-        return _json({"name": name, "ready": state.ready}, 200 if state.ready else 503)
+        return _json(
+            {"name": self.name, "ready": self.state.ready}, 200 if self.state.ready else 503
+        )
 
-    def when_ready(request: web.Request) -> web.Response | EngineFront:
+    def when_ready(self, request: web.Request) -> web.Response | EngineFront:
         """The engine for a model route that needs the model Ready, else the refusal."""
-        engine = engine_or_error(request)
+        engine = self.engine_or_error(request)
         if isinstance(engine, web.Response):
             return engine
-        if not state.ready:
-            state.metrics.requests.labels(name, "unavailable").inc()
-            return _error(f"model {name!r} is not ready (phase {state.report.phase})", 503)
+        if not self.state.ready:
+            self.state.metrics.requests.labels(self.name, "unavailable").inc()
+            phase = self.state.report.phase
+            return _error(f"model {self.name!r} is not ready (phase {phase})", 503)
         return engine
 
-    async def infer(request: web.Request) -> web.StreamResponse:
-        engine = when_ready(request)
+    async def infer(self, request: web.Request) -> web.StreamResponse:
+        engine = self.when_ready(request)
         if isinstance(engine, web.Response):
             return engine
         return await engine.infer(request)
 
-    async def metrics(request: web.Request) -> web.Response:
-        rep = state.snapshot()
-        m = state.metrics
+    async def metrics(self, request: web.Request) -> web.Response:
+        rep = self.state.snapshot()
+        m = self.state.metrics
         m.bytes_loaded.set(rep.bytes_loaded)
         m.bytes_total.set(rep.bytes_total)
         m.gbps.set(rep.gbps or 0.0)
         m.load_seconds.set(rep.load_seconds or 0.0)
-        m.ready.set(1 if state.ready else 0)
+        m.ready.set(1 if self.state.ready else 0)
         return web.Response(
             body=generate_latest(m.registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
         )
 
-    async def status(request: web.Request) -> web.Response:
-        doc = state.snapshot().wire()
-        if state.secrets:  # messages quote exceptions; none may quote a secret
-            doc = json.loads(redact(json.dumps(doc), state.secrets))
+    async def status(self, request: web.Request) -> web.Response:
+        doc = self.state.snapshot().wire()
+        if self.state.secrets:  # messages quote exceptions; none may quote a secret
+            doc = json.loads(redact(json.dumps(doc), self.state.secrets))
         return _json(doc)
 
-    async def p2p(request: web.Request) -> web.StreamResponse:
-        denied = refusal(request, state.peer_token)
+    async def p2p(self, request: web.Request) -> web.StreamResponse:
+        denied = refusal(request, self.state.peer_token)
         if denied is not None:
             return denied
-        handler = state.p2p
+        handler = self.state.p2p
         if handler is None:
             return _error("not a source yet", 503)
         return await handler.handle(request)
 
-    async def openai(request: web.Request) -> web.StreamResponse:
-        engine = state.engine
+    async def openai(self, request: web.Request) -> web.StreamResponse:
+        engine = self.state.engine
         if engine is None:
-            return _error(f"model {name!r} is not loaded yet (phase {state.report.phase})", 503)
+            return _error(
+                f"model {self.name!r} is not loaded yet (phase {self.state.report.phase})", 503
+            )
         return await engine.openai(request)
 
-    async def generate(request: web.Request) -> web.StreamResponse:
-        engine = when_ready(request)
+    async def generate(self, request: web.Request) -> web.StreamResponse:
+        engine = self.when_ready(request)
         if isinstance(engine, web.Response):
             return engine
         return await engine.generate(request)
 
+
+def build_app(state: WorkerState) -> web.Application:
+    app = web.Application(client_max_size=MAX_REQUEST_BYTES, middlewares=[bounded_bodies])
+    app[STATE_KEY] = state
+    door = FrontDoor(state)
     r = app.router
-    r.add_get("/v2", server_meta)
-    r.add_get("/v2/health/live", live)
-    r.add_get("/v2/health/ready", ready)
+    r.add_get("/v2", door.server_meta)
+    r.add_get("/v2/health/live", door.live)
+    r.add_get("/v2/health/ready", door.ready)
     for base in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
-        r.add_get(base, model_meta)
-        r.add_get(base + "/ready", model_ready)
-        r.add_post(base + "/infer", infer)
-        r.add_post(base + "/generate", generate)
-    r.add_get("/metrics", metrics)
-    r.add_get("/weightlift/v1/status", status)
-    r.add_route("*", "/weightlift/v1/p2p/{tail:.*}", p2p)
-    r.add_route("*", "/v1/{tail:.*}", openai)
+        r.add_get(base, door.model_meta)
+        r.add_get(base + "/ready", door.model_ready)
+        r.add_post(base + "/infer", door.infer)
+        r.add_post(base + "/generate", door.generate)
+    r.add_get("/metrics", door.metrics)
+    r.add_get("/weightlift/v1/status", door.status)
+    r.add_route("*", "/weightlift/v1/p2p/{tail:.*}", door.p2p)
+    r.add_route("*", "/v1/{tail:.*}", door.openai)
     return app

@@ -17,6 +17,7 @@ import json
 import os
 import struct
 from dataclasses import dataclass, field
+from typing import Any
 
 from weightlift.worker.weights.progress import LoadError
 
@@ -108,6 +109,24 @@ def parse_header(prefix: bytes, file_size: int, path: str) -> SafetensorsHeader:
     `prefix` holds at least the first 8 + N bytes of the file (it may be the whole file);
     `file_size` is the full size on disk. Raises SafetensorsFormatError naming file and tensor.
     """
+    n, doc = _header_json(prefix, file_size, path)
+    metadata = _metadata(path, doc.pop("__metadata__", None))
+    data_start = 8 + n
+    data_len = file_size - data_start
+    infos = [_tensor_info(path, name, entry, data_start, data_len) for name, entry in doc.items()]
+    infos.sort(key=lambda t: (t.begin, t.end))
+    _check_contiguous(path, infos, data_start, file_size)
+    return SafetensorsHeader(
+        path=path,
+        header_len=n,
+        file_size=file_size,
+        tensors={t.name: t for t in infos},
+        metadata=metadata,
+    )
+
+
+def _header_json(prefix: bytes, file_size: int, path: str) -> tuple[int, dict[str, Any]]:
+    """(header length N, the header's JSON object), every bound checked."""
     if file_size < 8 or len(prefix) < 8:
         raise SafetensorsFormatError(path, f"truncated: {file_size} bytes, too short for a header")
     (n,) = struct.unpack("<Q", prefix[:8])
@@ -127,64 +146,74 @@ def parse_header(prefix: bytes, file_size: int, path: str) -> SafetensorsHeader:
         raise SafetensorsFormatError(path, f"header is not valid JSON: {exc}") from None
     if not isinstance(doc, dict):
         raise SafetensorsFormatError(path, "header is not a JSON object")
-    metadata: dict[str, str] = {}
-    raw_meta = doc.pop("__metadata__", None)
-    if raw_meta is not None:
-        if not isinstance(raw_meta, dict) or not all(
-            isinstance(k, str) and isinstance(v, str) for k, v in raw_meta.items()
-        ):
-            raise SafetensorsFormatError(path, "__metadata__ must map strings to strings")
-        metadata = dict(raw_meta)
-    data_start = 8 + n
-    data_len = file_size - data_start
-    infos: list[TensorInfo] = []
-    for name, entry in doc.items():
-        if not isinstance(entry, dict):
-            raise SafetensorsFormatError(path, "entry is not an object", name)
-        extra = set(entry) - {"dtype", "shape", "data_offsets"}
-        missing = {"dtype", "shape", "data_offsets"} - set(entry)
-        if missing:
-            raise SafetensorsFormatError(path, f"entry lacks {sorted(missing)}", name)
-        if extra:
-            raise SafetensorsFormatError(path, f"entry has unknown keys {sorted(extra)}", name)
-        dtype = entry["dtype"]
-        if not isinstance(dtype, str) or dtype not in DTYPE_SIZES:
-            raise SafetensorsFormatError(path, f"unknown dtype {dtype!r}", name)
-        shape = _shape(path, name, entry["shape"])
-        offs = entry["data_offsets"]
-        if (
-            not isinstance(offs, list)
-            or len(offs) != 2
-            or not all(isinstance(o, int) and not isinstance(o, bool) for o in offs)
-        ):
-            raise SafetensorsFormatError(
-                path, f"data_offsets must be [begin, end] integers, got {offs!r}", name
-            )
-        begin, end = offs
-        if begin < 0 or end < begin:
-            raise SafetensorsFormatError(path, f"data_offsets {offs} are invalid", name)
-        if end > data_len:
-            raise SafetensorsFormatError(
-                path,
-                f"data_offsets {offs} go beyond the data section ({data_len} bytes): "
-                "the file is truncated or the offsets are out of range",
-                name,
-            )
-        numel = 1
-        for d in shape:
-            numel *= d
-            if numel > MAX_NUMEL:
-                raise SafetensorsFormatError(path, f"shape {list(shape)} is absurdly large", name)
-        expected = numel * DTYPE_SIZES[dtype]
-        if expected != end - begin:
-            raise SafetensorsFormatError(
-                path,
-                f"dtype {dtype} x shape {list(shape)} needs {expected} bytes "
-                f"but data_offsets {offs} span {end - begin}",
-                name,
-            )
-        infos.append(TensorInfo(name, dtype, shape, data_start + begin, data_start + end))
-    infos.sort(key=lambda t: (t.begin, t.end))
+    return n, doc
+
+
+def _metadata(path: str, raw: Any) -> dict[str, str]:
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in raw.items()
+    ):
+        raise SafetensorsFormatError(path, "__metadata__ must map strings to strings")
+    return dict(raw)
+
+
+def _tensor_info(path: str, name: str, entry: Any, data_start: int, data_len: int) -> TensorInfo:
+    """One header entry, validated: dtype, shape, offsets within the data, size = dtype x shape."""
+    if not isinstance(entry, dict):
+        raise SafetensorsFormatError(path, "entry is not an object", name)
+    extra = set(entry) - {"dtype", "shape", "data_offsets"}
+    missing = {"dtype", "shape", "data_offsets"} - set(entry)
+    if missing:
+        raise SafetensorsFormatError(path, f"entry lacks {sorted(missing)}", name)
+    if extra:
+        raise SafetensorsFormatError(path, f"entry has unknown keys {sorted(extra)}", name)
+    dtype = entry["dtype"]
+    if not isinstance(dtype, str) or dtype not in DTYPE_SIZES:
+        raise SafetensorsFormatError(path, f"unknown dtype {dtype!r}", name)
+    shape = _shape(path, name, entry["shape"])
+    begin, end = _offsets(path, name, entry["data_offsets"], data_len)
+    numel = 1
+    for d in shape:
+        numel *= d
+        if numel > MAX_NUMEL:
+            raise SafetensorsFormatError(path, f"shape {list(shape)} is absurdly large", name)
+    expected = numel * DTYPE_SIZES[dtype]
+    if expected != end - begin:
+        raise SafetensorsFormatError(
+            path,
+            f"dtype {dtype} x shape {list(shape)} needs {expected} bytes "
+            f"but data_offsets {[begin, end]} span {end - begin}",
+            name,
+        )
+    return TensorInfo(name, dtype, shape, data_start + begin, data_start + end)
+
+
+def _offsets(path: str, name: str, offs: Any, data_len: int) -> tuple[int, int]:
+    if (
+        not isinstance(offs, list)
+        or len(offs) != 2
+        or not all(isinstance(o, int) and not isinstance(o, bool) for o in offs)
+    ):
+        raise SafetensorsFormatError(
+            path, f"data_offsets must be [begin, end] integers, got {offs!r}", name
+        )
+    begin, end = offs
+    if begin < 0 or end < begin:
+        raise SafetensorsFormatError(path, f"data_offsets {offs} are invalid", name)
+    if end > data_len:
+        raise SafetensorsFormatError(
+            path,
+            f"data_offsets {offs} go beyond the data section ({data_len} bytes): "
+            "the file is truncated or the offsets are out of range",
+            name,
+        )
+    return begin, end
+
+
+def _check_contiguous(path: str, infos: list[TensorInfo], data_start: int, size: int) -> None:
+    """Sorted tensors cover the data section exactly: no overlap, no hole, nothing trailing."""
     pos = data_start
     prev: TensorInfo | None = None
     for t in infos:
@@ -199,17 +228,10 @@ def parse_header(prefix: bytes, file_size: int, path: str) -> SafetensorsHeader:
             )
         pos = t.end
         prev = t
-    if pos != file_size:
+    if pos != size:
         raise SafetensorsFormatError(
-            path, f"{file_size - pos} trailing bytes after the last tensor's data"
+            path, f"{size - pos} trailing bytes after the last tensor's data"
         )
-    return SafetensorsHeader(
-        path=path,
-        header_len=n,
-        file_size=file_size,
-        tensors={t.name: t for t in infos},
-        metadata=metadata,
-    )
 
 
 def read_header(path: str | os.PathLike[str]) -> SafetensorsHeader:
