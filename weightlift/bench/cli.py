@@ -13,6 +13,7 @@ BENCHMARKS = {
     "vllm": "weightlift.bench.vllm:vllm_command",
     "chaos": "weightlift.bench.chaos:chaos_command",
     "fuzz": "weightlift.bench.fuzz:fuzz_command",
+    "scale-out": "weightlift.bench.scaleout:scale_out_command",
 }
 
 
@@ -30,4 +31,4 @@ class _LazyBench(click.Group):
 
 @click.group(cls=_LazyBench)
 def bench_group() -> None:
-    """Benchmarks (tables, JSON and PNG): load, p2p, operator, vllm, chaos, fuzz."""
+    """Benchmarks (tables, JSON and PNG): load, p2p, operator, vllm, chaos, fuzz, scale-out."""

@@ -228,7 +228,6 @@ async def run_bench(
                 raise click.ClickException("the operator exited; see its log")
             await asyncio.sleep(0.5)
         ready_at = time.time()
-        all_ready = len(timeline.md_ready) == deployments
         ramp_cpu = meter.cpu_seconds() - cpu0
         component_cpu = {
             name: round(m.cpu_seconds() - component_cpu0[name], 1) for name, m in components.items()
@@ -256,10 +255,51 @@ async def run_bench(
             task.cancel()
         await asyncio.gather(*watches, return_exceptions=True)
 
+    return _result(
+        stack,
+        timeline,
+        (deployments, replicas, tensor, period),
+        Window(start, ready_at, steady_start, steady_end),
+        {
+            "ramp_cpu": ramp_cpu,
+            "steady_cpu": steady_cpu,
+            "sim_cpu": sim_cpu,
+            "peak_rss": peak_rss,
+            "rss": rss,
+        },
+        (sim0, sim1),
+        {"component_cpu": component_cpu, "ramp_load": ramp_load, "steady_load": steady_load},
+    )
+
+
+@dataclass(frozen=True)
+class Window:
+    """The ramp (start to all Ready) and the steady state, in wall-clock seconds."""
+
+    start: float
+    ready_at: float
+    steady_start: float
+    steady_end: float
+
+
+def _result(
+    stack: BenchStack,
+    timeline: Timeline,
+    shape: tuple[int, int, int, int],
+    w: Window,
+    meters: dict[str, float],
+    sims: tuple[dict[str, Any], dict[str, Any]],
+    machine: dict[str, Any],
+) -> dict[str, Any]:
+    """The benchmark's JSON document from what the run measured."""
+    deployments, replicas, tensor, period = shape
+    start, ready_at = w.start, w.ready_at
+    sim0, sim1 = sims
+    all_ready = len(timeline.md_ready) == deployments
     requests = apiaudit.completed(stack.audit_log)
     ramp = apiaudit.in_window(requests, start, ready_at)
-    steady = apiaudit.in_window(requests, steady_start, steady_end)
-    steady_span = steady_end - steady_start
+    steady = apiaudit.in_window(requests, w.steady_start, w.steady_end)
+    steady_span = w.steady_end - w.steady_start
 
     def rates(counts: dict[str, int]) -> dict[str, float]:
         return {k: round(v / steady_span, 2) for k, v in sorted(counts.items())}
@@ -286,13 +326,15 @@ async def run_bench(
             "deployments_ready": quantiles(timeline.md_ready, start, deployments),
         },
         "phases_seconds": {key: spread(v) for key, v in timeline.phases().items()},
-        "ramp_cpu_seconds_by_process": dict(sorted(component_cpu.items(), key=lambda kv: -kv[1])),
+        "ramp_cpu_seconds_by_process": dict(
+            sorted(machine["component_cpu"].items(), key=lambda kv: -kv[1])
+        ),
         "operator": {
-            "ramp_cpu_seconds": round(ramp_cpu, 2),
-            "ramp_cpu_cores": round(ramp_cpu / max(0.01, ready_at - start), 2),
-            "steady_cpu_cores": round(steady_cpu / steady_span, 3),
-            "peak_rss_mb": round(peak_rss, 1),
-            "rss_mb_end": round(rss, 1),
+            "ramp_cpu_seconds": round(meters["ramp_cpu"], 2),
+            "ramp_cpu_cores": round(meters["ramp_cpu"] / max(0.01, ready_at - start), 2),
+            "steady_cpu_cores": round(meters["steady_cpu"] / steady_span, 3),
+            "peak_rss_mb": round(meters["peak_rss"], 1),
+            "rss_mb_end": round(meters["rss"], 1),
         },
         "api_requests": {
             "ramp_total": len(ramp),
@@ -304,10 +346,14 @@ async def run_bench(
         },
         "simulated_workers": {
             "steady_requests_per_second": sim_requests,
-            "steady_cpu_cores": round(sim_cpu / steady_span, 3),
+            "steady_cpu_cores": round(meters["sim_cpu"] / steady_span, 3),
             "pod_addresses": sim1["pod_addresses"],
         },
-        "machine_busy_cores": {"ramp": ramp_load, "steady": steady_load, "of": os.cpu_count()},
+        "machine_busy_cores": {
+            "ramp": machine["ramp_load"],
+            "steady": machine["steady_load"],
+            "of": os.cpu_count(),
+        },
         "loadavg_1m_at_end": round(os.getloadavg()[0], 2),
     }
 
