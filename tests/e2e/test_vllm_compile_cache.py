@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -147,40 +148,78 @@ def llm(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, JSON]:
 
 
 @pytest.fixture(scope="module")
-def running(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Worker]]:
+def running() -> Iterator[list[Worker]]:
     started: list[Worker] = []
     yield started
     codes = {w.plan.pod_name: w.stop() for w in started}
     assert all(code == 0 for code in codes.values()), codes
 
 
+@dataclass
+class NodeA:
+    first_status: JSON
+    first_log: str
+    second: Worker  # still running: the source of the next test
+    second_status: JSON
+
+
 @pytest.fixture(scope="module")
-def node_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("node-a-vllm-cache")
+def node_a(
+    llm: tuple[Path, Path, JSON], running: list[Worker], tmp_path_factory: pytest.TempPathFactory
+) -> NodeA:
+    """Two starts of one model on one node (one cache root): the first compiles, the second
+    should load what the first compiled. The second keeps running."""
+    python, model, _ = llm
+    work = tmp_path_factory.mktemp("node-a")
+    cache = tmp_path_factory.mktemp("node-a-vllm-cache")
+    first = Worker(plan(model, "llm-0", Role.SOURCE, []), work, cache, python)
+    running.append(first)
+    first_status = first.wait_serving()
+    first_log = first.vllm_log
+    assert first.stop() == 0
+    running.remove(first)
+    second = Worker(plan(model, "llm-0b", Role.SOURCE, []), work, cache, python)
+    running.append(second)
+    return NodeA(first_status, first_log, second, second.wait_serving())
 
 
 @pytest.mark.timeout(TEST_TIMEOUT)
 def test_second_start_on_a_node_loads_the_compiled_artifact(
-    llm: tuple[Path, Path, JSON],
-    running: list[Worker],
-    node_cache: Path,
-    tmp_path_factory: pytest.TempPathFactory,
+    llm: tuple[Path, Path, JSON], node_a: NodeA
 ) -> None:
-    python, model, probe = llm
-    expected = probe["completion"]["expectedText"]
-    work = tmp_path_factory.mktemp("node-a")
-    first = Worker(plan(model, "llm-0", Role.SOURCE, []), work, node_cache, python)
-    running.append(first)
-    first.wait_serving()
-    assert first.complete(probe) == expected
-    assert SAVED in first.vllm_log and LOADED not in first.vllm_log, first.vllm_log[-3000:]
-    assert first.stop() == 0
-    running.remove(first)
-
-    second = Worker(plan(model, "llm-0b", Role.SOURCE, []), work, node_cache, python)
-    running.append(second)
-    second.wait_serving()
-    log = second.vllm_log
+    _, _, probe = llm
+    assert SAVED in node_a.first_log and LOADED not in node_a.first_log, node_a.first_log[-3000:]
+    assert node_a.first_status["compileCache"] == "none", node_a.first_status
+    log = node_a.second.vllm_log
     assert LOADED in log, log[-3000:]
     assert LOAD_FAILED not in log and SAVED not in log, log[-3000:]
-    assert second.complete(probe) == expected
+    assert node_a.second_status["compileCache"] == "hit", node_a.second_status
+    assert node_a.second.complete(probe) == probe["completion"]["expectedText"]
+
+
+@pytest.mark.timeout(TEST_TIMEOUT)
+def test_target_installs_the_source_cache_and_compiles_nothing(
+    llm: tuple[Path, Path, JSON],
+    node_a: NodeA,
+    running: list[Worker],
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """A target on another node (its own empty cache root) fetches the Ready source's compile
+    cache over the P2P surface, verifies and installs it: its vLLM loads the program instead of
+    compiling, and answers the same greedy text."""
+    python, model, probe = llm
+    source = node_a.second
+    cache = tmp_path_factory.mktemp("node-b-vllm-cache")
+    peer = PeerCandidate(pod=source.plan.pod_name, address=source.address)
+    target = Worker(
+        plan(model, "llm-1", Role.TARGET, [peer]), tmp_path_factory.mktemp("node-b"), cache, python
+    )
+    running.append(target)
+    st = target.wait_serving()
+    assert st["compileCache"] == "hit", st
+    assert st["loadedFrom"] == "peer:llm-0b", st
+    log = target.vllm_log
+    assert LOADED in log and str(cache) in log, log[-3000:]
+    assert SAVED not in log and LOAD_FAILED not in log, log[-3000:]
+    assert "compile cache" in target.log.read_text() and "installed" in target.log.read_text()
+    assert target.complete(probe) == source.complete(probe) == probe["completion"]["expectedText"]

@@ -712,6 +712,11 @@ class ReplicaStatus(ApiModel):
     bytes_total: int = Field(0, ge=0, description="Weight bytes this replica loads.")
     gbps: float | None = Field(None, description="Load throughput in GB/s.")
     load_seconds: float | None = Field(None, description="Seconds spent loading weights.")
+    compile_cache: str | None = Field(
+        None,
+        description="The engine's compiled program: hit (loaded, e.g. shipped from a source), "
+        "miss (<reason>) (compiled) or none (no compilation).",
+    )
     hooks_run: bool | None = Field(None, description="Whether init hooks ran.")
     ready: bool = Field(False, description="Passed its inference probe.")
     probe: ProbeResult | None = Field(None, description="Last inference probe result.")

@@ -166,6 +166,8 @@ class WorkerReport(ApiModel):
     bytes_total: int = 0
     gbps: float | None = None
     load_seconds: float | None = None
+    # The engine's compiled program: hit | miss (<reason>) | none ("" before the engine says).
+    compile_cache: str = ""
     hooks_run: bool = False
     hooks: list[HookReport] = Field(default_factory=list)
     # Where the load's seconds went, per step of the loader (P2P: manifest, alloc, agent,

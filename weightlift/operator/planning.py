@@ -688,6 +688,7 @@ def _replica_status(pod: ObservedPod) -> ReplicaStatus:
         bytes_total=report.bytes_total if report else 0,
         gbps=report.gbps if report else None,
         load_seconds=report.load_seconds if report else None,
+        compile_cache=(report.compile_cache or None) if report else None,
         hooks_run=report.hooks_run if report else None,
         ready=pod.inference_ready,
         probe=pod.probe,

@@ -33,6 +33,7 @@ from aiohttp import web
 
 from weightlift.api.worker import WorkerPhase, WorkerPlan, WorkerReport
 from weightlift.worker.engines.base import BringUp, not_served
+from weightlift.worker.engines.vllm.compile_cache import CompileCache
 from weightlift.worker.engines.vllm.plugin import DIE_WITH_PARENT_ENV
 from weightlift.worker.engines.vllm.serve import NOT_INSTALLED_EXIT
 from weightlift.worker.engines.vllm.weights import (
@@ -117,6 +118,8 @@ class VllmEngine:
         self._session: aiohttp.ClientSession | None = None
         self.started_at = 0.0
         self.app: web.Application | None = None
+        self.compile_cache = CompileCache(plan, workdir, engine_python())
+        self.log_offset = 0  # where this start's lines begin in vllm.log
 
     # -------------------------------------------------------------------------- lifecycle
     def start(self) -> None:
@@ -127,11 +130,12 @@ class VllmEngine:
         log.info("starting vLLM: %s", " ".join(cmd))
         self.started_at = time.monotonic()
         with self.log_path.open("ab") as out:
+            self.log_offset = out.tell()
             self.process = subprocess.Popen(
                 cmd,
                 stdout=out,
                 stderr=subprocess.STDOUT,
-                env=vllm_environment(),
+                env={**vllm_environment(), **self.compile_cache.env()},
                 # Same process group as the worker: whoever kills the pod's group kills vLLM too;
                 # and vLLM dies with the worker if the worker is killed alone.
                 preexec_fn=_die_with_parent,
@@ -148,6 +152,14 @@ class VllmEngine:
         if self.process is not None and self.process.poll() == NOT_INSTALLED_EXIT:
             return EngineFailed(self.log_tail().strip().splitlines()[-1], permanent=True)
         return EngineFailed(f"vLLM {what}; last lines of {self.log_path}:\n{self.log_tail()}")
+
+    def log_since_start(self) -> str:
+        try:
+            with self.log_path.open("rb") as f:
+                f.seek(self.log_offset)
+                return f.read().decode(errors="replace")
+        except OSError:
+            return ""
 
     def log_tail(self) -> str:
         try:
@@ -234,6 +246,7 @@ class VllmEngine:
         rep.phase = WorkerPhase.LOADING
         # Fail fast and permanently on a wrong directory.
         check_model_dir(self.plan.model_dir, weights=holds_weights(self.plan))
+        await self.compile_cache.before_start(self.session(), state.peer_token)
         self.start()
         reports = await self.wait_ready(float(self.plan.loading.load_timeout_seconds), rep)
         fold_steps(rep, reports)
@@ -250,12 +263,17 @@ class VllmEngine:
         failures = [f for r in reports for f in r.peer_failures]
         if failures:
             rep.message = "peer-to-peer failed, loaded from storage: " + "; ".join(failures)
+        addresses = {r.rank: r.manifest_address for r in reports if r.manifest_address}
+        proxy = None
+        if len(addresses) == self.plan.tensor_parallel:  # a source only with every rank
+            proxy = ManifestProxy(self, addresses)
+        # Packed before Ready: whoever sees this replica Ready can fetch its compile cache.
+        log_text = self.log_since_start()
+        rep.compile_cache, routes = await self.compile_cache.after_ready(log_text, proxy)
+        set_p2p_handler(app, routes)
         rep.phase = WorkerPhase.SERVING
         rep.timeline["serving"] = round(time.time(), 3)
         state.ready = True
-        addresses = {r.rank: r.manifest_address for r in reports if r.manifest_address}
-        if len(addresses) == self.plan.tensor_parallel:  # a source only with every rank
-            set_p2p_handler(app, ManifestProxy(self, addresses))
         log.info(
             "vLLM serves %s on %s after %.1fs (weights: %s from %s in %.3fs)",
             self.plan.served_model_name,
