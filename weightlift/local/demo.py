@@ -60,7 +60,8 @@ def render(obs: Observer) -> Any:
         f"loaded {st.get('loaded', '0%')}  {elapsed:5.1f}s",
     )
     table = Table(expand=False)
-    for col in ("replica", "role", "source", "phase", "loaded", "GB/s", "hooks", "probe"):
+    cols = ("replica", "role", "source", "phase", "loaded", "GB/s", "hooks", "compile", "probe")
+    for col in cols:
         table.add_column(col)
     pod_phase = {p["metadata"]["name"]: (p.get("status") or {}).get("phase", "") for p in obs.pods}
     rows = obs.replica_statuses()
@@ -78,13 +79,14 @@ def render(obs: Observer) -> Any:
             f"{_fmt_bytes(loaded)}/{_fmt_bytes(total)}{pct}",
             f"{gbps:.2f}" if isinstance(gbps, int | float) else "-",
             {True: "ran", False: "no", None: "-"}[rs.get("hooksRun")],
+            str(rs.get("compileCache") or "-")[:40],
             ("pass" if probe.get("passed") else str(probe.get("message", ""))[:40])
             if probe
             else "-",
         )
     for name, phase in sorted(pod_phase.items()):
         if name not in seen:
-            table.add_row(name, "", "", f"pod {phase}", "", "", "", "")
+            table.add_row(name, "", "", f"pod {phase}", "", "", "", "", "")
     return Group(head, table, Text(str(st.get("message", "")), style="dim"))
 
 
@@ -269,6 +271,7 @@ def _print_summary(console: Any, summary: JSON, probe: JSON, name: str) -> None:
         "hooks",
         "load s",
         "GB/s",
+        "compile",
         "ready after s",
     ):
         table.add_column(col)
@@ -281,6 +284,7 @@ def _print_summary(console: Any, summary: JSON, probe: JSON, name: str) -> None:
             "ran" if r["hooksRun"] else "no",
             f"{r['loadSeconds']:.2f}" if r["loadSeconds"] is not None else "-",
             f"{r['gbps']:.2f}" if r["gbps"] is not None else "-",
+            str(r.get("compileCache") or "-"),
             f"{r['secondsToReady']:.1f}" if r["secondsToReady"] is not None else "-",
         )
     console.print(table)

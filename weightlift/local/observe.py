@@ -143,6 +143,7 @@ class Observer:
                     "hooksRun": rs.get("hooksRun"),
                     "loadSeconds": rs.get("loadSeconds"),
                     "gbps": rs.get("gbps"),
+                    "compileCache": rs.get("compileCache"),
                     "bytesTotal": rs.get("bytesTotal"),
                     "ready": rs.get("ready"),
                     "secondsToReady": round(t.ready_at - t.first_seen, 3)
