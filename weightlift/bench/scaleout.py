@@ -97,7 +97,11 @@ def run_scale_out(
     model_dir = state_dir / "model"
     log(f"making a {size_mb:.0f} MB demo model")
     probe = make_demo_model(model_dir, size_mb)
-    with LocalStack(state_dir / "stack", model_path_prefixes=(str(model_dir),)) as stack:
+    # One GPU a replica: the process node advertises as many as the scale-out needs.
+    stack = LocalStack(
+        state_dir / "stack", model_path_prefixes=(str(model_dir),), gpus=max(8, replicas)
+    )
+    with stack:
         log("local stack up; applying the ModelDeployment")
         manifest = model_deployment(NAME, model_dir, replicas=replicas, probe=probe)
         obs = Observer(stack, NAME)
