@@ -16,7 +16,7 @@ from weightlift.api.model import (
     Role,
     SourceEndpoint,
 )
-from weightlift.api.worker import WorkerReport
+from weightlift.api.worker import PeerCandidate, PeerHandoff, WorkerPhase, WorkerReport
 from weightlift.operator.identity import model_identity
 from weightlift.operator.planning import Observed, ObservedPod, Plan, plan, pod_name
 
@@ -168,9 +168,19 @@ def check_plan(observed: Observed, result: Plan, spec: ModelDeploymentSpec) -> N
         assert desired.name == pod_name(NAME, identity, desired.replica)
         if desired.role == Role.SOURCE:
             assert desired.peers == [], "a storage source gets no peers"
-        else:
-            assert desired.peers, "a target needs at least one peer candidate"
+        elif desired.peers:
             assert all(p.model_identity == identity for p in desired.peers)
+        else:  # standby: only while no source of the identity is Ready
+            assert not result.status.sources, "a standby target while a source is Ready"
+            assert not [
+                s
+                for s in observed.sibling_sources
+                if s.model_identity == identity and s.deployment != NAME
+            ]
+    assert set(result.handoff) <= existing - set(result.delete), "hands off to a missing pod"
+    for name, handoff in result.handoff.items():
+        assert handoff.given, f"an empty hand-off to {name}"
+        assert not (handoff.peers and handoff.storage), f"peers and storage to {name}"
     live_after = [p for p in observed.pods if not p.terminating and p.name not in result.delete]
     if result.create:
         total = len(live_after) + len(result.create)
@@ -221,12 +231,16 @@ class Cluster:
             )
         for name, role in result.relabel.items():
             self.pods[name] = dataclasses.replace(self.pods[name], role=role)
+        for name, handoff in result.handoff.items():
+            self.pods[name] = dataclasses.replace(self.pods[name], handoff=handoff)
         for desired in result.create:
+            peers = [PeerCandidate(pod=s.pod, address=s.address) for s in desired.peers]
             self.pods[desired.name] = ObservedPod(
                 name=desired.name,
                 replica=desired.replica,
                 identity=desired.identity,
                 role=desired.role,
+                handoff=PeerHandoff(peers=peers) if peers else None,
             )
         self.previous = result.status
         self.plans.append(result)
@@ -242,6 +256,11 @@ class Cluster:
             self.update(name, node=f"gpu-{pod.replica}")
         elif pod.pod_ip is None:
             self.update(name, phase="Running", pod_ip=f"10.0.{pod.replica // 200}.{pod.replica}")
+        elif pod.waiting_for_peers:
+            # Standby: the worker did what needs no weights and waits to be handed peers.
+            self.update(name, worker=WorkerReport(phase=WorkerPhase.STANDBY))
+        elif pod.in_standby:  # handed peers or storage: it loads
+            self.update(name, worker=WorkerReport(phase=WorkerPhase.LOADING))
         elif not pod.pod_ready:
             self.update(name, pod_ready=True)
         elif pod.probe is None or not pod.probe.passed:
@@ -259,7 +278,13 @@ class Cluster:
 
     def movable(self) -> list[str]:
         return sorted(
-            (p.name for p in self.live() if not p.inference_ready and not p.failed),
+            (
+                p.name
+                for p in self.live()
+                if not p.inference_ready
+                and not p.failed
+                and not (p.waiting_for_peers and p.in_standby)
+            ),
             key=lambda n: (self.pods[n].replica, n),
         )
 

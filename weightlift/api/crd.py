@@ -217,13 +217,15 @@ def build_crd() -> dict[str, Any]:
         ("Ready", "string", ".status.ready", "Replicas that passed inference probes / desired"),
         ("Sources", "integer", ".status.readySources", "Ready P2P sources"),
         ("Loaded", "string", ".status.loaded", "Percent of weight bytes loaded"),
+        ("Standby", "integer", ".status.standby", "Targets waiting in Standby for peers"),
         ("Identity", "string", ".status.modelIdentity", "Model identity hash"),
     ]
     printer: list[dict[str, Any]] = [
         {"name": name, "type": typ, "jsonPath": path, "description": desc}
         for name, typ, path, desc in columns
     ]
-    printer[-1]["priority"] = 1  # only with -o wide
+    for column in printer[-2:]:
+        column["priority"] = 1  # only with -o wide
     printer.append({"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"})
     return {
         "apiVersion": "apiextensions.k8s.io/v1",

@@ -699,7 +699,7 @@ class ReplicaStatus(ApiModel):
     model_identity: str = Field(description="Identity of the weights this replica loads.")
     role: Role = Field(description="Source (from storage) or Target (from a peer).")
     phase: str = Field(
-        description="Pending, Scheduled, InitHooks, Loading, Serving, Ready, Failed."
+        description="Pending, Scheduled, InitHooks, Standby, Loading, Serving, Ready, Failed."
     )
     node: str | None = Field(None, description="Node the pod is bound to.")
     pod_ip: str | None = Field(None, alias="podIP", description="Pod IP.")
@@ -746,6 +746,9 @@ class ModelDeploymentStatus(ApiModel):
     updated_replicas: int = Field(0, ge=0, description="Ready replicas of the current identity.")
     ready: str = Field("0/0", description="ready/desired, for kubectl get.")
     ready_sources: int = Field(0, ge=0, description="Ready sources of the current identity.")
+    standby: int = Field(
+        0, ge=0, description="Targets started and waiting in Standby to be handed peers."
+    )
     loaded: str = Field("0%", description="Percent of weight bytes loaded, for kubectl get.")
     selector: str = Field("", description="Label selector of worker pods (scale subresource).")
     waiting_since: str | None = Field(

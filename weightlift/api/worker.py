@@ -36,11 +36,40 @@ ASSIGNMENT_ENV = "WEIGHTLIFT_ASSIGNMENT"
 # The P2P token of the model identity (a Secret's key, as env): targets send it, sources check it.
 PEER_TOKEN_ENV = "WEIGHTLIFT_PEER_TOKEN"
 PEER_TOKEN_KEY = "token"
+# A Target's hand-off file: the pod's weightlift.dev/peers annotation (a PeerHandoff as JSON),
+# projected by a downwardAPI volume, which the kubelet rewrites in place when it changes.
+PEERS_FILE_ENV = "WEIGHTLIFT_PEERS_FILE"
+PEERS_FILE = "peers.json"
 
 
 class PeerCandidate(ApiModel):
     pod: str = Field(description="Source pod name.")
     address: str = Field(description="host:port of the source worker's HTTP endpoint.")
+
+
+class PeerHandoff(ApiModel):
+    """What the operator hands a Target (the weightlift.dev/peers annotation): peers to pull
+    from, or storage. Neither: keep waiting in Standby."""
+
+    peers: list[PeerCandidate] = Field(default_factory=list)
+    storage: bool = False
+
+    @property
+    def given(self) -> bool:
+        return bool(self.peers) or self.storage
+
+    def to_text(self) -> str:
+        return self.model_dump_json(by_alias=True, exclude_defaults=True)
+
+    @classmethod
+    def parse(cls, text: str | None) -> PeerHandoff | None:
+        """The annotation's hand-off; None when it is empty or not one (nothing handed yet)."""
+        if not text or not text.strip():
+            return None
+        try:
+            return cls.model_validate_json(text)
+        except ValueError:
+            return None
 
 
 def plan_digest(text: str) -> str:
@@ -136,6 +165,9 @@ class WorkerPhase(StrEnum):
 
     STARTING = "Starting"
     INIT_HOOKS = "InitHooks"
+    # A Target that did everything that needs no weights (program opened, hooks run, memory
+    # faulted) and waits for the operator to hand it peers (or storage).
+    STANDBY = "Standby"
     LOADING = "Loading"
     SERVING = "Serving"
     FAILED = "Failed"

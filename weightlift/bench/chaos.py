@@ -412,7 +412,8 @@ def _source_signalled(sig: signal.Signals, stopped_for: float) -> Callable[[Run]
         run.wait(
             "a target pulling",
             lambda: (
-                run.pod_phase_seen({"Loading"}, 1)
+                # Targets start with their source (standby): they wait, or pull once it serves.
+                run.pod_phase_seen({"Standby", "Loading"}, 1)
                 and bool([r for r in run.replicas() if r.get("role") == "Target"])
                 and run.worker_pid("Source", {"Ready", "Serving"}) is not None
             ),

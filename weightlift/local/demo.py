@@ -272,9 +272,15 @@ def _print_summary(console: Any, summary: JSON, probe: JSON, name: str) -> None:
         "load s",
         "GB/s",
         "compile",
-        "ready after s",
+        "created at",
+        "standby at",
+        "ready at",
     ):
         table.add_column(col)
+
+    def at(value: float | None) -> str:
+        return f"{value:.1f}" if value is not None else "-"
+
     for r in summary["replicas"]:
         table.add_row(
             r["name"],
@@ -285,7 +291,16 @@ def _print_summary(console: Any, summary: JSON, probe: JSON, name: str) -> None:
             f"{r['loadSeconds']:.2f}" if r["loadSeconds"] is not None else "-",
             f"{r['gbps']:.2f}" if r["gbps"] is not None else "-",
             str(r.get("compileCache") or "-"),
-            f"{r['secondsToReady']:.1f}" if r["secondsToReady"] is not None else "-",
+            at(r.get("createdAt")),
+            at(r.get("standbyAt")),
+            at(r.get("readyAt")),
+        )
+    table.caption = "created / standby / ready at: seconds since the apply"
+    if summary.get("afterSourceRatio") is not None:
+        table.caption += (
+            f"; source Ready at {summary['sourceReadyAt']:.1f}s, all at "
+            f"{summary['readyAt']:.1f}s: (all - source) / source = "
+            f"{summary['afterSourceRatio']:.2f}"
         )
     console.print(table)
     timeline = Table(title="where each replica's seconds went (s)")

@@ -34,6 +34,9 @@ class Observer:
     stack: LocalStack
     name: str
     started: float = field(default_factory=time.monotonic)
+    # Wall clock when watching began: made just before the apply, the zero of the times in
+    # the summary (createdAt, standbyAt, readyAt).
+    applied: float = field(default_factory=time.time)
     times: dict[str, ReplicaTimes] = field(default_factory=dict)
     md: JSON | None = None
     pods: list[JSON] = field(default_factory=list)
@@ -125,6 +128,7 @@ class Observer:
             port = _container_port(pod)
             ip = rs.get("podIP") or (pod.get("status") or {}).get("podIP")
             t = self.times.get(rs["name"])
+            worker = _worker_timeline(ip, port) if ip else {}
             replicas.append(
                 {
                     "name": rs["name"],
@@ -149,9 +153,8 @@ class Observer:
                     "secondsToReady": round(t.ready_at - t.first_seen, 3)
                     if t is not None and t.ready_at is not None
                     else None,
-                    "timeline": replica_timeline(t, _worker_timeline(ip, port))
-                    if t is not None and ip
-                    else {},
+                    **self._moments(t, worker),
+                    "timeline": replica_timeline(t, worker) if t is not None and ip else {},
                 }
             )
         return {
@@ -159,8 +162,40 @@ class Observer:
             "secondsToReady": round(self.ready_at - self.started, 3)
             if self.ready_at is not None
             else None,
+            **standby_ratio(replicas),
             "replicas": replicas,
         }
+
+    def _moments(self, seen: ReplicaTimes | None, worker: dict[str, float]) -> JSON:
+        """createdAt, standbyAt (a Target that waited for peers) and readyAt: seconds since
+        the apply (the demo's polls: 0.25 s resolution; standbyAt from the worker's clock)."""
+
+        def since(at: float | None) -> float | None:
+            return round(at - self.applied, 3) if at is not None else None
+
+        moments: JSON = {
+            "createdAt": since(seen.first_seen if seen else None),
+            "readyAt": since(seen.ready_at if seen else None),
+        }
+        if "standby" in worker:
+            moments["standbyAt"] = since(worker["standby"])
+        return moments
+
+
+def standby_ratio(replicas: list[JSON]) -> JSON:
+    """When the first storage source and the whole deployment were Ready (seconds since the
+    apply) and (deployment Ready - source Ready) / source Ready: what standby shortens."""
+    sources = [
+        r["readyAt"]
+        for r in replicas
+        if r.get("readyAt") is not None and not str(r.get("loadedFrom") or "").startswith("peer:")
+    ]
+    ready = [r.get("readyAt") for r in replicas]
+    if not sources or not ready or any(at is None for at in ready):
+        return {}
+    source, everyone = min(sources), max(at for at in ready if at is not None)
+    ratio = round((everyone - source) / source, 3) if source > 0 else None
+    return {"sourceReadyAt": source, "readyAt": everyone, "afterSourceRatio": ratio}
 
 
 # Where a replica's seconds went, in order: each step ends at the named mark. Marks from the
@@ -176,6 +211,8 @@ TIMELINE_STEPS = (
     ("fetch", "fetch"),
     ("engine start", "engine"),
     ("hooks", "hooks"),
+    ("standby", "standby"),
+    ("wait for peers", "peers"),
     ("load", "load"),
     ("bind", "bind"),
     ("vLLM processing", "processed"),
@@ -198,8 +235,12 @@ def replica_timeline(seen: ReplicaTimes, worker: dict[str, float]) -> dict[str, 
         at = marks.get(mark)
         if at is None or prev is None:
             continue
+        if at < prev - 0.5:
+            # Out of order (a vLLM target waits for peers before its engine starts): folded
+            # into the step that follows, so the steps still add up to created -> ready.
+            continue
         out[step] = round(max(0.0, at - prev), 3)
-        prev = at
+        prev = max(prev, at)
     return out
 
 

@@ -10,9 +10,12 @@ real scheduler binds to it, and runs each container's command as a local process
   configMap/secret keys read from the API, `$(VAR)` references expanded;
 - volumes: hostPath -> the same path, persistentVolumeClaim -> its bound hostPath/local PV's
   directory, emptyDir -> a dir under the state dir, configMap/secret/
-  projected -> files under the state dir; a mountPath that differs from the local dir is rewritten
-  in env values (also inside JSON values such as WEIGHTLIFT_ASSIGNMENT) since there is no mount
-  namespace (configMap volume files are written as they are: the worker checks their digest);
+  projected -> files under the state dir; downwardAPI volumes as the kubelet writes them (each
+  file a symlink through `..data` to a timestamped dir) and rewritten the same atomic way when
+  the pod's labels or annotations change (`..data` swapped by a rename), never restarted; a
+  mountPath that differs from the local dir is rewritten in env values (also inside JSON values
+  such as WEIGHTLIFT_ASSIGNMENT) since there is no mount namespace (configMap volume files are
+  written as they are: the worker checks their digest);
 - probes: readiness/liveness (httpGet, tcpSocket, exec) as the pod declares them;
 - status: phase, podIP(s), hostIP, containerStatuses (waiting/running/terminated, exit code and a
   log-tail message, ready, restartCount), Initialized/ContainersReady/Ready conditions;
@@ -39,6 +42,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -180,6 +184,8 @@ class PodRunner(threading.Thread):
         self.finished = threading.Event()
         self.deleted = False  # finalized: the API object was deleted by us
         self.mounts: list[tuple[str, str]] = []
+        # downwardAPI volumes: dir -> (items, the data last written), refreshed on pod updates
+        self._downward: dict[Path, tuple[list[JSON], dict[str, str]]] = {}
 
     # -- inputs from the node's watch
     def update(self, pod: JSON) -> None:
@@ -242,6 +248,7 @@ class PodRunner(threading.Thread):
                 self._finalize(pod)
                 return
             if self._config_error is None:
+                self._refresh_downward(pod)
                 self._tick(pod)
             self._write_status()
             self._wake.wait(0.25)
@@ -527,12 +534,10 @@ class PodRunner(threading.Thread):
             elif "projected" in vol:
                 local[name] = self._projected(pod, vol_root / name, vol["projected"])
             elif "downwardAPI" in vol:
-                data = {
-                    i["path"]: self._field(pod, i["fieldRef"]["fieldPath"])
-                    for i in vol["downwardAPI"].get("items", [])
-                    if "fieldRef" in i
-                }
-                local[name] = self._write_files(vol_root / name, data, None)
+                items = vol["downwardAPI"].get("items", [])
+                data = self._downward_data(pod, items)
+                local[name] = write_atomic(vol_root / name, data)
+                self._downward[local[name]] = (items, data)
             else:
                 kind = next((k for k in vol if k != "name"), "?")
                 raise ConfigError(f"volume {name}: {kind} volumes are not supported locally")
@@ -586,6 +591,22 @@ class PodRunner(threading.Thread):
                 out.parent.mkdir(parents=True, exist_ok=True)
                 out.write_text(data[key])
         return root
+
+    def _downward_data(self, pod: JSON, items: list[JSON]) -> dict[str, str]:
+        return {
+            i["path"]: self._field(pod, i["fieldRef"]["fieldPath"])
+            for i in items
+            if "fieldRef" in i
+        }
+
+    def _refresh_downward(self, pod: JSON) -> None:
+        """What the kubelet does for downwardAPI volumes when the pod changes: rewrite the files
+        whose labels or annotations changed, atomically (a reader sees old or new, never half)."""
+        for root, (items, written) in list(self._downward.items()):
+            data = self._downward_data(pod, items)
+            if data != written:
+                write_atomic(root, data)
+                self._downward[root] = (items, data)
 
     def _projected(self, pod: JSON, root: Path, projected: JSON) -> Path:
         root.mkdir(parents=True, exist_ok=True)
@@ -855,6 +876,38 @@ class PodRunner(threading.Thread):
                 log.warning("pod %s: status update failed: %s", self.pod_name, exc)
         except httpx.HTTPError as exc:
             log.warning("pod %s: status update failed: %s", self.pod_name, exc)
+
+
+DATA_LINK = "..data"
+
+
+def write_atomic(root: Path, data: dict[str, str]) -> Path:
+    """Write `data` (relative path -> text) into `root` the way the kubelet's AtomicWriter does:
+    the files go into a new timestamped dir, `..data` is switched to it by renaming a symlink
+    over it (atomic), each top-level name is a symlink through `..data`, the old dir goes."""
+    root.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("..%Y_%m_%d_%H_%M_%S.", time.gmtime())
+    fresh = Path(tempfile.mkdtemp(prefix=stamp, dir=root))
+    fresh.chmod(0o755)
+    for rel, text in data.items():
+        out = fresh / rel
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text)
+        out.chmod(0o644)
+    link = root / DATA_LINK
+    old = os.readlink(link) if link.is_symlink() else None
+    tmp = root / f"{DATA_LINK}_tmp"
+    with contextlib.suppress(FileNotFoundError):
+        tmp.unlink()
+    tmp.symlink_to(fresh.name)
+    os.replace(tmp, link)
+    for top in {Path(rel).parts[0] for rel in data}:
+        visible = root / top
+        if not visible.is_symlink():
+            visible.symlink_to(f"{DATA_LINK}/{top}")
+    if old is not None and old != fresh.name:
+        shutil.rmtree(root / old, ignore_errors=True)
+    return root
 
 
 def _expand(value: str, env: dict[str, str]) -> str:

@@ -141,13 +141,18 @@ def delete_pod(core: client.CoreV1Api, namespace: str, name: str) -> None:
 def patch_pod_labels(
     core: client.CoreV1Api, namespace: str, name: str, labels: dict[str, str]
 ) -> None:
+    patch_pod_metadata(core, namespace, name, {"labels": labels})
+
+
+def patch_pod_metadata(core: client.CoreV1Api, namespace: str, name: str, metadata: Obj) -> None:
+    """Merge `metadata` (labels, annotations) into the pod's."""
     # Without an explicit type the client picks application/json-patch+json for any body, which
     # the API server rejects for a dict; this is a merge patch.
     _done(
         core.patch_namespaced_pod(
             name,
             namespace,
-            {"metadata": {"labels": labels}},
+            {"metadata": metadata},
             _content_type="application/merge-patch+json",
             _preload_content=False,
         )

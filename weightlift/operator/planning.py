@@ -31,7 +31,7 @@ from weightlift.api.uri import (
     is_local_path,
     path_allowed,
 )
-from weightlift.api.worker import WorkerPhase, WorkerReport
+from weightlift.api.worker import PeerCandidate, PeerHandoff, WorkerPhase, WorkerReport
 from weightlift.operator.identity import model_identity
 
 # How soon to look again while something is in motion (seconds).
@@ -66,6 +66,8 @@ class ObservedPod:
     failed_at: datetime | None = None  # when it failed (exit time, or first seen failed)
     worker: WorkerReport | None = None
     probe: ProbeResult | None = None
+    # What the weightlift.dev/peers annotation hands this pod (None: nothing yet).
+    handoff: PeerHandoff | None = None
 
     @property
     def failed(self) -> bool:
@@ -89,6 +91,17 @@ class ObservedPod:
     @property
     def loading(self) -> bool:
         return not self.terminating and not self.failed and not self.pod_ready
+
+    @property
+    def waiting_for_peers(self) -> bool:
+        """A Target created before any source was Ready, still not handed peers or storage."""
+        handed = self.handoff is not None and self.handoff.given
+        return self.role == Role.TARGET and self.loading and not handed
+
+    @property
+    def in_standby(self) -> bool:
+        """The worker says it is ready for its weights and waits for them."""
+        return self.loading and self.worker is not None and self.worker.phase == WorkerPhase.STANDBY
 
     @property
     def failure_message(self) -> str:
@@ -142,6 +155,8 @@ class Plan:
     create: list[DesiredPod] = field(default_factory=list)
     delete: dict[str, str] = field(default_factory=dict)  # pod -> reason
     relabel: dict[str, Role] = field(default_factory=dict)  # pod -> new role
+    # pod -> what its weightlift.dev/peers annotation hands it (peers or storage)
+    handoff: dict[str, PeerHandoff] = field(default_factory=dict)
     status: ModelDeploymentStatus = field(default_factory=ModelDeploymentStatus)
     events: list[Event] = field(default_factory=list)
     requeue_after: float = POLL_STEADY
@@ -286,7 +301,9 @@ def plan(spec: ModelDeploymentSpec | SpecError, observed: Observed) -> Plan:
     sources = [s for s in sources if s.pod not in result.delete]
     _promote(current, result)
     _roll_over(spec, current, old, result)
-    waiting = _scale_up(spec, observed, identity, current, old, sources, result)
+    wait_expired = _wait_expired(spec, observed)
+    _scale_up(spec, observed, identity, current, old, sources, wait_expired, result)
+    waiting = _hand_off(spec, observed, current, sources, wait_expired, result)
 
     phase, message = _phase(spec, current, old, waiting, result)
     if backing_off and phase != Phase.FAILED:
@@ -418,8 +435,17 @@ def _scale_down(
     excess = len(current) - spec.replicas
     if excess <= 0:
         return
-    # Cheapest first: not-ready before ready, targets before sources, highest index first.
-    victims = sorted(current, key=lambda p: (p.inference_ready, p.role == Role.SOURCE, -p.replica))
+    # Cheapest first: not-ready before ready, targets before sources, waiting for peers before
+    # loading, highest index first.
+    victims = sorted(
+        current,
+        key=lambda p: (
+            p.inference_ready,
+            p.role == Role.SOURCE,
+            not p.waiting_for_peers,
+            -p.replica,
+        ),
+    )
     remaining_sources = {s.pod for s in sources}
     for pod in victims:
         if excess == 0:
@@ -474,6 +500,16 @@ def _roll_over(
         result.delete[pod.name] = "rolled over to the new model identity"
 
 
+def _wait_expired(spec: ModelDeploymentSpec, observed: Observed) -> bool:
+    if spec.loading.wait_for_source_seconds == 0:
+        return True
+    return _was_waiting(observed) and _wait_left(spec, observed) <= 0
+
+
+def _peer_list(sources: list[SourceEndpoint]) -> list[PeerCandidate]:
+    return [PeerCandidate(pod=s.pod, address=s.address) for s in sources]
+
+
 def _scale_up(
     spec: ModelDeploymentSpec,
     observed: Observed,
@@ -481,15 +517,18 @@ def _scale_up(
     current: list[ObservedPod],
     old: list[ObservedPod],
     sources: list[SourceEndpoint],
+    wait_expired: bool,
     result: Plan,
-) -> int:
-    """Create missing replicas; returns how many wait for a source."""
+) -> None:
+    """Create every missing replica at once: the first initialSources load from storage; the
+    others are Targets, handed the Ready sources when there are any, else started in standby
+    (no peers yet: `_hand_off` gives them peers or storage later)."""
     need = spec.replicas - len(current)
     old_left = [p for p in old if p.name not in result.delete]
     if old_left:
         need = min(need, spec.replicas + spec.rollout.max_surge - len(current) - len(old_left))
     if need <= 0:
-        return 0
+        return
     # Lowest free index whose pod name exists nowhere (terminating pods included; names carry
     # only a prefix of the identity, so check names, not just indices of this identity).
     taken_names = {p.name for p in observed.pods}
@@ -508,41 +547,80 @@ def _scale_up(
     storage_loaders = sum(
         p.role == Role.SOURCE and not p.failed and p.name not in source_pods for p in current
     )
-    if spec.loading.wait_for_source_seconds == 0:
-        wait_expired = True
-    elif _was_waiting(observed):
-        wait_expired = _wait_left(spec, observed) <= 0
-    else:
-        wait_expired = False
-    waiting = expired = 0
     for _ in range(need):
-        if storage_only:
+        if storage_only or (wait_expired and not sources):
             role, peers = Role.SOURCE, []
         elif sources:
             role, peers = Role.TARGET, list(sources)
         elif storage_loaders < spec.loading.initial_sources:
             role, peers = Role.SOURCE, []
             storage_loaders += 1
-        elif wait_expired:
-            role, peers = Role.SOURCE, []
-            expired += 1
         else:
-            waiting += 1
-            continue
+            role, peers = Role.TARGET, []  # standby until a source is Ready
         replica = next(free)
         result.create.append(
             DesiredPod(pod_name(observed.name, identity, replica), replica, role, identity, peers)
         )
-    if expired and _was_waiting(observed):
+
+
+def _hand_off(
+    spec: ModelDeploymentSpec,
+    observed: Observed,
+    current: list[ObservedPod],
+    sources: list[SourceEndpoint],
+    wait_expired: bool,
+    result: Plan,
+) -> int:
+    """Hand Targets in standby their peers (the Ready sources) through the pod annotation the
+    kubelet projects into their hand-off file; when the wait for a source runs out, storage
+    (and the Source role). A Target handed peers that are all gone while it still waits gets
+    the sources there are now, or storage. Returns how many replicas still wait for a source
+    (created ones included)."""
+    if not pulls_from_peers(spec.loading, spec.runtime):
+        return 0  # such a Target's worker loads from storage without waiting (strategy.py)
+    kept = [p for p in current if p.name not in result.delete]
+    offer = PeerHandoff(peers=_peer_list(sources)) if sources else None
+    expired = 0
+    live = {s.pod for s in sources}
+    for pod in kept:
+        if pod.role != Role.TARGET or not pod.loading:
+            continue
+        handed = pod.handoff
+        stale = (
+            handed is not None
+            and handed.peers
+            and pod.in_standby
+            and not any(c.pod in live for c in handed.peers)
+        )
+        if not pod.waiting_for_peers and not stale:
+            continue
+        if offer is not None:
+            result.handoff[pod.name] = offer
+        elif wait_expired or stale:
+            result.handoff[pod.name] = PeerHandoff(storage=True)
+            result.relabel[pod.name] = Role.SOURCE
+            if stale:
+                result.events.append(
+                    Event(
+                        "Normal",
+                        "SourceGone",
+                        f"{pod.name}: the sources it was handed are gone and no other is "
+                        "Ready: loading from storage",
+                    )
+                )
+            else:
+                expired += 1
+    if expired:
         result.events.append(
             Event(
                 "Normal",
                 "WaitForSourceExpired",
                 f"no source became Ready within {spec.loading.wait_for_source_seconds}s: "
-                "loading from storage",
+                f"{expired} replica(s) load from storage",
             )
         )
-    return waiting
+    still = [p for p in kept if p.waiting_for_peers and p.name not in result.handoff]
+    return len(still) + sum(d.role == Role.TARGET and not d.peers for d in result.create)
 
 
 def _was_waiting(observed: Observed) -> bool:
@@ -597,7 +675,8 @@ def _phase(
             return Phase.PENDING, "waiting for worker pods to be scheduled"
         if waiting:
             return Phase.LOADING, (
-                f"replicas are loading weights; {waiting} replica(s) wait for a Ready source"
+                f"replicas are loading weights; {waiting} replica(s) in standby wait for a Ready "
+                "source"
             )
         return Phase.LOADING, "replicas are loading weights"
     if waiting:
@@ -643,6 +722,7 @@ def _status(
         updated_replicas=updated,
         ready=f"{ready}/{spec.replicas}",
         ready_sources=len(own_sources),
+        standby=sum(p.in_standby for p in current),
         loaded=f"{min(loaded, 100)}%",
         selector=f"{DEPLOYMENT_LABEL}={observed.name}",
         sources=own_sources,

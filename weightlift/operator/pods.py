@@ -19,12 +19,15 @@ from weightlift.api.worker import (
     ASSIGNMENT_ENV,
     PEER_TOKEN_ENV,
     PEER_TOKEN_KEY,
+    PEERS_FILE,
+    PEERS_FILE_ENV,
     PLAN_CONFIGMAP_ENV,
     PLAN_FILE_ENV,
     PLAN_KEY,
     PLAN_SHA256_ENV,
     Assignment,
     PeerCandidate,
+    PeerHandoff,
     SharedPlan,
 )
 from weightlift.operator.planning import DesiredPod
@@ -41,6 +44,10 @@ CREDENTIAL_KEYS = {
 }
 WORKER_UID = 1000
 PLAN_MOUNT = "/etc/weightlift/plan"
+# The hand-off file: the pod's weightlift.dev/peers annotation, projected by a downwardAPI
+# volume. The kubelet rewrites it in place (an atomic ..data symlink swap) when the operator
+# changes the annotation: how a Target started in standby learns its peers, with no restart.
+PEERS_MOUNT = "/etc/weightlift/peers"
 
 
 def model_mount(
@@ -137,7 +144,25 @@ def plan_env(
     if spec.runtime.type != RuntimeType.EXTERNAL:
         ref = {"name": token_secret_name(desired.identity), "key": PEER_TOKEN_KEY}
         env.append({"name": PEER_TOKEN_ENV, "valueFrom": {"secretKeyRef": ref}})
+        env.append({"name": PEERS_FILE_ENV, "value": f"{PEERS_MOUNT}/{PEERS_FILE}"})
     return env
+
+
+def handoff_annotation(desired: DesiredPod) -> str:
+    """A Target created with candidates is handed them at once; one in standby gets nothing
+    yet (empty) and waits; a Source reads storage and never this."""
+    if desired.role == Role.SOURCE:
+        return PeerHandoff(storage=True).to_text()
+    peers = [PeerCandidate(pod=s.pod, address=s.address) for s in desired.peers]
+    return PeerHandoff(peers=peers).to_text() if peers else ""
+
+
+def handoff_volume() -> dict[str, Any]:
+    item = {
+        "path": PEERS_FILE,
+        "fieldRef": {"fieldPath": f"metadata.annotations['{PEERS_ANNOTATION}']"},
+    }
+    return {"name": "peers", "downwardAPI": {"items": [item]}}
 
 
 def render_pod(
@@ -181,7 +206,8 @@ def render_pod(
         "resources": {"limits": limits, "requests": requests},
         "readinessProbe": {
             "httpGet": {**http_get, "path": "/v2/health/ready"},
-            "periodSeconds": 2,
+            # The kubelet's shortest period: a replica's Ready is on the path to its targets'.
+            "periodSeconds": 1,
             "failureThreshold": 2,
         },
         "livenessProbe": {
@@ -199,6 +225,7 @@ def render_pod(
             {"name": "dshm", "mountPath": "/dev/shm"},
             {"name": "tmp", "mountPath": "/tmp"},
             {"name": "plan", "mountPath": PLAN_MOUNT, "readOnly": True},
+            *([] if external else [{"name": "peers", "mountPath": PEERS_MOUNT, "readOnly": True}]),
             *model_mounts,
         ],
         "terminationMessagePolicy": "FallbackToLogsOnError",
@@ -218,9 +245,7 @@ def render_pod(
             "name": desired.name,
             "namespace": namespace,
             "labels": labels,
-            "annotations": {
-                PEERS_ANNOTATION: ",".join(s.pod for s in desired.peers),
-            },
+            "annotations": {PEERS_ANNOTATION: handoff_annotation(desired)},
             "ownerReferences": [
                 {
                     "apiVersion": f"{GROUP}/{VERSION}",
@@ -254,6 +279,7 @@ def render_pod(
                 {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": template.shm_size}},
                 {"name": "tmp", "emptyDir": {}},
                 {"name": "plan", "configMap": {"name": plan.name}},
+                *([] if external else [handoff_volume()]),
                 *model_volumes,
             ],
         },

@@ -20,6 +20,7 @@ from pydantic import ValidationError
 
 from weightlift.api.labels import (
     IDENTITY_LABEL,
+    PEERS_ANNOTATION,
     PLAN_LABEL,
     REPLICA_LABEL,
     ROLE_LABEL,
@@ -35,7 +36,7 @@ from weightlift.api.model import (
     pulls_from_peers,
 )
 from weightlift.api.times import parse_rfc3339
-from weightlift.api.worker import WorkerPhase, WorkerReport
+from weightlift.api.worker import PeerHandoff, WorkerPhase, WorkerReport
 from weightlift.operator import kube
 from weightlift.operator.identity import model_identity
 from weightlift.operator.planning import (
@@ -257,6 +258,7 @@ async def observe_pod(
         failure=failure,
         worker=report,
         probe=probe,
+        handoff=PeerHandoff.parse((meta.get("annotations") or {}).get(PEERS_ANNOTATION)),
     )
     if observed.failed:
         failed_at = _finished_at(pod) or state.failures_seen.setdefault(
@@ -390,11 +392,14 @@ def pod_essentials(pod: Mapping[str, Any]) -> dict[str, Any]:
         if c.get("type") in ("Ready", "PodScheduled")
     ]
     labels = meta.get("labels") or {}
+    annotations = meta.get("annotations") or {}
+    kept = {key: annotations[key] for key in POD_ANNOTATIONS_READ if key in annotations}
     return {
         "metadata": {
             "name": meta.get("name"),
             "uid": meta.get("uid"),
             "labels": {key: labels[key] for key in POD_LABELS_READ if key in labels},
+            **({"annotations": kept} if kept else {}),
             **(
                 {"deletionTimestamp": meta["deletionTimestamp"]}
                 if "deletionTimestamp" in meta
@@ -413,6 +418,7 @@ def pod_essentials(pod: Mapping[str, Any]) -> dict[str, Any]:
 
 # The pod labels a pass reads (observe_pod, pods.role_of, _sweep_plans).
 POD_LABELS_READ = (REPLICA_LABEL, IDENTITY_LABEL, ROLE_LABEL, PLAN_LABEL)
+POD_ANNOTATIONS_READ = (PEERS_ANNOTATION,)
 
 
 def _slim_termination(terminated: Mapping[str, Any]) -> dict[str, Any]:
@@ -521,9 +527,37 @@ async def _replan_with_published_sources(
 
 def _starts_storage_load(spec: ModelDeploymentSpec, result: Plan) -> bool:
     """The plan creates a replica that loads from storage although it could pull from a peer."""
-    return pulls_from_peers(spec.loading, spec.runtime) and any(
-        d.role == Role.SOURCE for d in result.create
+    return pulls_from_peers(spec.loading, spec.runtime) and (
+        any(d.role == Role.SOURCE for d in result.create)
+        or any(h.storage for h in result.handoff.values())
     )
+
+
+async def _patch_pods(
+    state: OperatorState,
+    namespace: str,
+    result: Plan,
+    logger: logging.Logger | logging.LoggerAdapter[Any],
+) -> None:
+    """Relabels and hand-offs (the weightlift.dev/peers annotation the kubelet projects into a
+    waiting Target's hand-off file), one merge patch per pod, all at once: a Target in standby
+    starts pulling as soon as its file changes."""
+    patches: dict[str, dict[str, Any]] = {}
+    for pod, role in result.relabel.items():
+        patches.setdefault(pod, {})["labels"] = {ROLE_LABEL: str(role)}
+    for pod, handoff in result.handoff.items():
+        patches.setdefault(pod, {})["annotations"] = {PEERS_ANNOTATION: handoff.to_text()}
+        what = "storage" if handoff.storage else ", ".join(c.pod for c in handoff.peers)
+        logger.info("handing %s to pod %s", what, pod)
+
+    async def patch(pod: str, metadata: dict[str, Any]) -> None:
+        try:
+            await asyncio.to_thread(kube.patch_pod_metadata, state.core, namespace, pod, metadata)
+        except ApiException as exc:
+            if exc.status != 404:  # a pod deleted meanwhile needs nothing
+                raise
+
+    await asyncio.gather(*(patch(pod, metadata) for pod, metadata in patches.items()))
 
 
 def _surface_rejection(result: Plan, message: str, previous: dict[str, Any]) -> None:
@@ -607,10 +641,7 @@ async def apply(
     for pod, reason in result.delete.items():
         logger.info("deleting pod %s: %s", pod, reason)
         await asyncio.to_thread(kube.delete_pod, state.core, namespace, pod)
-    for pod, role in result.relabel.items():
-        await asyncio.to_thread(
-            kube.patch_pod_labels, state.core, namespace, pod, {ROLE_LABEL: str(role)}
-        )
+    await _patch_pods(state, namespace, result, logger)
     rejected: list[str] = []
     plans: dict[str, PlanConfigMap] = {}  # identity -> this revision's plan
     for desired in result.create:

@@ -41,6 +41,7 @@ from weightlift.worker.loaders.strategy import wants_peer_to_peer
 from weightlift.worker.peer_auth import RedactingFilter
 from weightlift.worker.plan import read_plan
 from weightlift.worker.server import WorkerState, build_app
+from weightlift.worker.standby import hand_off, handoff_path, starts_in_standby
 from weightlift.worker.storage.fetch import is_remote, materialize
 from weightlift.worker.weights.header import SafetensorsFormatError
 from weightlift.worker.weights.progress import LoadProgress
@@ -120,7 +121,7 @@ class Worker:
         ctx.fetch_started = progress.started
         # Progress from the first byte: the download counts as the first rank's load.
         self.state.progress = {self.plan.ranks[0]: progress}
-        weights = not wants_peer_to_peer(self.plan)
+        weights = not (wants_peer_to_peer(self.plan) or ctx.handoff_file is not None)
         fetch = functools.partial(materialize, self.plan, progress, weights=weights)
         ctx.fetched = await in_daemon_thread(fetch)
         for warning in ctx.fetched.warnings:
@@ -130,9 +131,18 @@ class Worker:
 
     async def _bring_up(self, app: web.Application) -> None:
         ctx = BringUp(state=self.state, app=app, pull_options=self.pull_options)
+        path = handoff_path()
+        if starts_in_standby(self.plan, path):
+            ctx.handoff_file = path
         await self.fetch_model(ctx)
         self._stamp("fetch")
         assert self.engine is not None
+        if ctx.handoff_file is not None and not getattr(self.engine, "prepares_standby", False):
+            # An engine that cannot prepare before its peers are known (vLLM, so far) starts
+            # once they are: made again with the handed plan.
+            self.plan = await hand_off(self.state.report, ctx.handoff_file, self.plan)
+            ctx.handoff_file = None
+            self.engine = self.state.engine = create_engine(self.plan)
         await self.engine.bring_up(ctx)
         self.published = True
 

@@ -264,6 +264,8 @@ class FrontDoor:
             return _error(
                 f"model {self.name!r} is not loaded yet (phase {self.state.report.phase})", 503
             )
+        if not self.state.ready:  # closed until the verified weights are in
+            return _error(f"the OpenAI API is not ready (phase {self.state.report.phase})", 503)
         return await engine.openai(request)
 
     async def generate(self, request: web.Request) -> web.StreamResponse:

@@ -18,8 +18,8 @@ def test_steps_are_differences_of_consecutive_marks() -> None:
         "serving": 105.5,
     }
     got = replica_timeline(seen, worker)
-    vllm_only = {"engine start", "vLLM processing"}
-    assert list(got) == [step for step, _ in TIMELINE_STEPS if step not in vllm_only]
+    not_here = {"engine start", "vLLM processing", "standby", "wait for peers"}
+    assert list(got) == [step for step, _ in TIMELINE_STEPS if step not in not_here]
     assert got["scheduling"] == 0.5
     assert got["process start"] == 0.5
     assert got["imports + server"] == 2.0
@@ -48,6 +48,35 @@ def test_a_vllm_replica_shows_engine_start_hooks_load_and_processing() -> None:
     assert got["engine start"] == 25.0 and got["hooks"] == 0.5 and got["load"] == 0.5
     assert got["vLLM processing"] == 0.25 and got["serve"] == 9.75 and got["probe"] == 1.0
     assert sum(got.values()) == 40.0
+
+
+def test_a_target_in_standby_shows_its_preparation_and_its_wait_for_peers() -> None:
+    seen = ReplicaTimes(first_seen=100.0, scheduled_at=100.0, ready_at=112.0)
+    worker = {
+        "process": 100.0,
+        "server": 103.0,
+        "fetch": 103.0,
+        "hooks": 103.5,
+        "standby": 106.0,  # program opened, pull buffers faulted in
+        "peers": 110.0,  # the hand-off file named a Ready source
+        "load": 110.25,
+        "bind": 110.5,
+        "serving": 110.5,
+    }
+    got = replica_timeline(seen, worker)
+    assert got["standby"] == 2.5 and got["wait for peers"] == 4.0 and got["load"] == 0.25
+    assert sum(got.values()) == 12.0
+
+
+def test_a_mark_out_of_order_is_folded_into_the_next_step() -> None:
+    """A vLLM target waits for its peers before vLLM starts: the engine's marks come later."""
+    seen = ReplicaTimes(first_seen=0.0, scheduled_at=0.0, ready_at=30.0)
+    worker = {"process": 0.0, "server": 3.0, "standby": 3.0, "peers": 10.0, "engine": 25.0}
+    worker |= {"hooks": 25.5, "load": 26.0, "serving": 29.0}
+    got = replica_timeline(seen, worker)
+    assert "standby" not in got and "wait for peers" not in got  # before hooks: folded
+    assert got["engine start"] == 22.0
+    assert sum(got.values()) == 30.0
 
 
 def test_missing_marks_are_skipped_not_invented() -> None:

@@ -32,6 +32,7 @@ from tests.support.planning import no_sources
 from weightlift.api.labels import (
     DEPLOYMENT_LABEL,
     IDENTITY_LABEL,
+    PEERS_ANNOTATION,
     REPLICA_LABEL,
     ROLE_LABEL,
     SOURCES_OF_LABEL,
@@ -356,11 +357,17 @@ async def test_first_source_pod_status_and_event(
     uid = created["metadata"]["uid"]
 
     await eventually(lambda: cluster.pods(**{DEPLOYMENT_LABEL: "llama"}), what="a pod")
-    # The pod's own event wakes a second pass: it must not add more while no source is Ready.
+    # Every replica at once: the source and two targets in standby (no peers until a source is
+    # Ready). The pods' own events wake more passes: they must not add more.
     await slow_timer.after("llama", 1)
     pods = cluster.pods(**{DEPLOYMENT_LABEL: "llama"})
-    assert len(pods) == 1, [p["metadata"]["name"] for p in pods]
+    assert len(pods) == 3, [p["metadata"]["name"] for p in pods]
+    pods.sort(key=lambda p: int(p["metadata"]["labels"][REPLICA_LABEL]))
     pod = pods[0]
+    for target in pods[1:]:
+        assert target["metadata"]["labels"][ROLE_LABEL] == "Target"
+        assert cluster.plan_of(target).peers == []
+        assert not target["metadata"]["annotations"].get(PEERS_ANNOTATION)
     labels = pod["metadata"]["labels"]
     assert labels[ROLE_LABEL] == "Source"
     assert labels[REPLICA_LABEL] == "0"
@@ -388,7 +395,7 @@ async def test_first_source_pod_status_and_event(
         return (md or {}).get("status") or None
 
     found = await eventually(status, what="a status")
-    assert found["replicas"] == 1
+    assert found["replicas"] == 3
     assert found["ready"] == "0/3"
     assert found["readyReplicas"] == 0
     assert found["phase"] in ("Pending", "WaitingForSource", "Loading")

@@ -51,6 +51,11 @@ def roles(result: Plan) -> list[tuple[int, Role]]:
     return [(d.replica, d.role) for d in result.create]
 
 
+def standby(result: Plan) -> list[int]:
+    """Replicas created as Targets without peers: they start and wait in Standby."""
+    return [d.replica for d in result.create if d.role == Role.TARGET and not d.peers]
+
+
 def reasons(result: Plan) -> list[str]:
     return [e.reason for e in result.events]
 
@@ -67,10 +72,13 @@ ID = ident(SPEC)
 
 
 @pytest.mark.parametrize("initial", [1, 2, 3])
-def test_first_initial_sources_load_from_storage_the_rest_wait(initial: int) -> None:
+def test_first_initial_sources_load_from_storage_the_rest_start_in_standby(initial: int) -> None:
     spec = make_spec(4, initial_sources=initial)
     result = run(spec, observe())
-    assert roles(result) == [(i, Role.SOURCE) for i in range(initial)]
+    assert roles(result) == [(i, Role.SOURCE) for i in range(initial)] + [
+        (i, Role.TARGET) for i in range(initial, 4)
+    ]
+    assert standby(result) == list(range(initial, 4))
     assert all(d.peers == [] for d in result.create)
     assert result.status.waiting_since == rfc3339(T0)
     assert result.status.sources == []
@@ -84,27 +92,28 @@ def test_no_waiting_when_initial_sources_cover_all_replicas() -> None:
     assert result.status.waiting_since is None
 
 
-def test_waiting_phase_when_the_only_source_is_probing() -> None:
+def test_standby_targets_wait_while_the_only_source_is_probing() -> None:
     pods = [mkpod(SPEC, 0, Role.SOURCE, state="loaded")]
+    pods += [mkpod(SPEC, i, Role.TARGET, state="loading") for i in (1, 2)]
     result = run(SPEC, observe(pods))
-    assert result.create == [], "a loaded source that has not passed its probe is no source"
-    assert result.status.phase == Phase.WAITING_FOR_SOURCE
-    assert "2 replica(s) wait" in result.status.message
+    assert result.create == [] and result.handoff == {}, "a source not yet probed is no source"
+    assert result.status.phase == Phase.LOADING
+    assert "2 replica(s) in standby wait" in result.status.message
     assert result.status.waiting_since == rfc3339(T0)
 
 
 def test_loading_phase_mentions_waiting_replicas() -> None:
     pods = [mkpod(SPEC, 0, Role.SOURCE, state="loading")]
     result = run(SPEC, observe(pods))
-    assert result.create == []
+    assert standby(result) == [1, 2]
     assert result.status.phase == Phase.LOADING
-    assert "2 replica(s) wait for a Ready source" in result.status.message
+    assert "2 replica(s) in standby wait for a Ready source" in result.status.message
 
 
 @pytest.mark.parametrize("state", ["pending", "scheduled", "loading", "loaded", "probe-failed"])
 def test_a_source_that_is_not_inference_ready_makes_others_wait(state: str) -> None:
     result = run(SPEC, observe([mkpod(SPEC, 0, Role.SOURCE, state=state)]))
-    assert result.create == []
+    assert standby(result) == [1, 2] and len(result.create) == 2
     assert result.status.sources == []
     assert result.status.ready_sources == 0
     assert result.status.waiting_since is not None
@@ -148,7 +157,7 @@ def test_tensor_parallel_sources_advertise_every_rank() -> None:
 def test_ready_pod_without_ip_is_not_a_source() -> None:
     pods = [mkpod(SPEC, 0, Role.SOURCE, pod_ip=None)]
     result = run(SPEC, observe(pods))
-    assert result.create == []
+    assert standby(result) == [1, 2]
     assert result.status.sources == []
 
 
@@ -156,9 +165,10 @@ def test_waiting_since_is_kept_across_reconciles() -> None:
     since = rfc3339(T0 - timedelta(seconds=100))
     previous = ModelDeploymentStatus(waiting_since=since)
     pods = [mkpod(SPEC, 0, Role.SOURCE, state="loading")]
+    pods += [mkpod(SPEC, i, Role.TARGET, state="loading") for i in (1, 2)]
     result = run(SPEC, observe(pods, previous=previous))
     assert result.status.waiting_since == since
-    assert result.create == []
+    assert result.create == [] and result.handoff == {}
     # Next look no later than when the wait runs out (200 s left), here the loading poll.
     assert result.requeue_after == POLL_WHILE_LOADING
 
@@ -173,9 +183,16 @@ def test_requeue_wakes_up_when_the_wait_runs_out() -> None:
 def test_expired_wait_loads_from_storage_and_says_so() -> None:
     since = rfc3339(T0 - timedelta(seconds=301))
     pods = [mkpod(SPEC, 0, Role.SOURCE, state="loading")]
+    # Missing replicas are created as storage sources; the ones in standby are handed storage.
     result = run(SPEC, observe(pods, previous=ModelDeploymentStatus(waiting_since=since)))
     assert roles(result) == [(1, Role.SOURCE), (2, Role.SOURCE)]
     assert all(d.peers == [] for d in result.create)
+    assert result.status.waiting_since is None
+    pods += [mkpod(SPEC, i, Role.TARGET, state="loading") for i in (1, 2)]
+    result = run(SPEC, observe(pods, previous=ModelDeploymentStatus(waiting_since=since)))
+    assert result.create == []
+    assert {n: h.storage for n, h in result.handoff.items()} == {p.name: True for p in pods[1:]}
+    assert result.relabel == {p.name: Role.SOURCE for p in pods[1:]}
     assert "WaitForSourceExpired" in reasons(result)
     assert result.status.waiting_since is None
 
@@ -191,7 +208,7 @@ def test_garbage_waiting_since_restarts_the_wait_instead_of_crashing() -> None:
     previous = ModelDeploymentStatus(waiting_since="yesterday-ish")
     pods = [mkpod(SPEC, 0, Role.SOURCE, state="loading")]
     result = run(SPEC, observe(pods, previous=previous))
-    assert result.create == []
+    assert standby(result) == [1, 2]
     assert result.status.waiting_since == rfc3339(T0)
 
 
@@ -229,7 +246,9 @@ def test_external_runtime_replicas_all_load_from_storage() -> None:
 
 def test_peer_to_peer_strategy_waits_like_auto() -> None:
     spec = make_spec(3, strategy="PeerToPeer")
-    assert roles(run(spec, observe())) == [(0, Role.SOURCE)]
+    first = run(spec, observe())
+    assert roles(first) == [(0, Role.SOURCE), (1, Role.TARGET), (2, Role.TARGET)]
+    assert standby(first) == [1, 2]
     result = run(spec, observe([mkpod(spec, 0, Role.SOURCE)]))
     assert roles(result) == [(1, Role.TARGET), (2, Role.TARGET)]
 
@@ -249,14 +268,14 @@ def test_sibling_deployment_with_the_same_identity_counts_as_a_source() -> None:
 
 def test_sibling_with_another_identity_does_not_count() -> None:
     result = run(SPEC, observe(siblings=[sibling("0123456789abcdef")]))
-    assert roles(result) == [(0, Role.SOURCE)]
+    assert roles(result)[0] == (0, Role.SOURCE) and standby(result) == [1, 2]
     assert result.status.waiting_since is not None
 
 
 def test_own_stale_entry_in_sibling_list_is_ignored() -> None:
     stale = sibling(ID, pod=pod_name(NAME, ID, 0), deployment=NAME)
     result = run(SPEC, observe(siblings=[stale]))
-    assert roles(result) == [(0, Role.SOURCE)]
+    assert roles(result)[0] == (0, Role.SOURCE) and standby(result) == [1, 2]
 
 
 def test_own_and_sibling_sources_are_both_candidates() -> None:
@@ -437,7 +456,9 @@ def test_rollover_deletes_old_replicas_that_are_not_ready_right_away() -> None:
     result = run(make_spec(2, revision="v2"), observe(old))
     assert set(result.delete) == {old[1].name}
     assert "superseded" in result.delete[old[1].name]
-    assert len(result.create) == 1
+    # Within maxSurge (1 old left + 2 new = 3): a storage source and a target in standby.
+    assert roles(result) == [(0, Role.SOURCE), (1, Role.TARGET)]
+    assert standby(result) == [1]
 
 
 def test_rollover_retires_one_old_target_per_new_ready_replica() -> None:
@@ -782,7 +803,7 @@ def test_only_what_pod_events_do_not_show_is_polled_fast() -> None:
     spec = make_spec(3)
     # The source is pending and the others wait for it: pod events say when it moves.
     pending = run(spec, observe([mkpod(spec, 0, Role.SOURCE, state="scheduled")]))
-    assert pending.status.waiting_since is not None and not pending.create
+    assert pending.status.waiting_since is not None and standby(pending) == [1, 2]
     assert pending.requeue_after == min(POLL_PENDING, 7.0)
     # A running worker's loading progress and its probe show only when asked.
     for state in ("loading", "loaded", "probe-failed"):

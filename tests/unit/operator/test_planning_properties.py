@@ -149,13 +149,22 @@ def test_plan_invariants_hold_for_any_observed_state(
         if spec.loading.strategy in ("Preload", "Direct"):
             assert desired.role == Role.SOURCE
         elif sources_exist:
-            assert desired.role == Role.TARGET
-        else:
-            assert desired.role == Role.SOURCE
+            assert desired.role == Role.TARGET and desired.peers
+        else:  # a storage source, or a target in standby until a source is Ready
+            assert desired.role == Role.SOURCE or not desired.peers
+
+    # Hand-offs go to loading targets: the Ready sources, or storage (then as a Source).
+    for name, handoff in result.handoff.items():
+        pod = next(p for p in current_after if p.name == name)
+        assert pod.role == Role.TARGET and pod.loading
+        assert bool(handoff.peers) == sources_exist
+        assert handoff.storage == (result.relabel.get(name) == Role.SOURCE)
+    storage_handoffs = {n for n, h in result.handoff.items() if h.storage}
 
     # Promotion: at most one, a Ready target of the current identity, only if no Source is left.
-    assert len(result.relabel) <= 1
-    for name, role in result.relabel.items():
+    promoted = {n: r for n, r in result.relabel.items() if n not in storage_handoffs}
+    assert len(promoted) <= 1
+    for name, role in promoted.items():
         pod = next(p for p in current if p.name == name)
         assert role == Role.SOURCE and pod.role == Role.TARGET and pod.inference_ready
         assert not any(p.role == Role.SOURCE and not p.failed for p in current_after)

@@ -44,39 +44,93 @@ def test_cold_start_settles_ready_with_the_right_roles(replicas: int, strategy: 
     assert [c.status for c in final.status.conditions] == ["True"] * 4
 
 
-def test_cold_start_targets_wait_until_the_source_passes_its_probe() -> None:
+def test_cold_start_creates_every_replica_at_once_targets_standby_until_a_source() -> None:
     cluster = Cluster(make_spec(3))
     first = cluster.reconcile()
-    assert [(d.replica, d.role) for d in first.create] == [(0, Role.SOURCE)]
+    created = [(d.replica, d.role, d.peers) for d in first.create]
+    assert created == [(0, Role.SOURCE, []), (1, Role.TARGET, []), (2, Role.TARGET, [])]
     assert first.status.waiting_since is not None
-    source = first.create[0].name
-    for _ in range(3):  # scheduled, running, loaded (probe not yet passed)
+    assert first.handoff == {}
+    source, *targets = (d.name for d in first.create)
+    for target in targets:  # scheduled, running, then Standby: nothing more without peers
+        for _ in range(3):
+            cluster.advance(target)
+        assert cluster.pods[target].in_standby
+    for _ in range(3):  # the source: scheduled, running, loaded (probe not yet passed)
         cluster.advance(source)
         step = cluster.reconcile()
-        assert step.create == [], "targets must wait for a Ready source"
+        assert step.create == [] and step.handoff == {}, "nothing to hand before a Ready source"
         assert step.status.waiting_since == first.status.waiting_since
         assert step.status.sources == []
+        assert step.status.standby == 2
+        assert {r.phase for r in step.status.replica_statuses if r.name in targets} == {"Standby"}
     cluster.advance(source)  # probe passes
     step = cluster.reconcile()
-    assert [(d.replica, d.role) for d in step.create] == [(1, Role.TARGET), (2, Role.TARGET)]
-    assert all([p.pod for p in d.peers] == [source] for d in step.create)
+    assert step.create == []
+    assert sorted(step.handoff) == sorted(targets)
+    assert all(
+        [p.pod for p in h.peers] == [source] and not h.storage for h in step.handoff.values()
+    )
     assert step.status.waiting_since is None
     assert [s.pod for s in step.status.sources] == [source]
+    again = cluster.reconcile()  # handed once: the annotation says so, nothing more to hand
+    assert again.handoff == {}
 
 
-def test_wait_for_source_expiry_loads_remaining_replicas_from_storage() -> None:
+def test_wait_for_source_expiry_hands_storage_to_the_waiting_targets() -> None:
     cluster = Cluster(make_spec(3, wait=60))
     first = cluster.reconcile()
+    targets = [d.name for d in first.create if d.role == Role.TARGET]
+    assert len(targets) == 2
     cluster.now += timedelta(seconds=59)
     early = cluster.reconcile()
-    assert early.create == []
+    assert early.create == [] and early.handoff == {}
     assert early.requeue_after <= 1.0
     cluster.now += timedelta(seconds=2)
     late = cluster.reconcile()
-    assert [(d.replica, d.role) for d in late.create] == [(1, Role.SOURCE), (2, Role.SOURCE)]
+    assert late.create == []
+    assert sorted(late.handoff) == targets
+    assert all(h.storage and not h.peers for h in late.handoff.values())
+    assert late.relabel == {t: Role.SOURCE for t in targets}
     assert "WaitForSourceExpired" in [e.reason for e in late.events]
     assert late.status.waiting_since is None
     assert first.status.waiting_since is not None
+
+
+def test_a_standby_target_whose_handed_source_died_gets_another_or_storage() -> None:
+    cluster = Cluster(make_spec(3))
+    first = cluster.reconcile()
+    source, t1, t2 = (d.name for d in first.create)
+    cluster.make_ready(source)
+    for t in (t1, t2):
+        for _ in range(3):
+            cluster.advance(t)
+    handed = cluster.reconcile()
+    assert sorted(handed.handoff) == [t1, t2]
+    cluster.make_ready(t1)  # t1 pulled and is Ready; t2 has not read its hand-off yet
+    cluster.update(t1, worker=None)
+    cluster.update(source, phase="Failed", failure="OOMKilled", pod_ready=False)
+    step = cluster.reconcile()
+    assert [p.pod for p in step.handoff[t2].peers] == [t1], "the surviving Ready replica"
+    cluster.update(t1, phase="Failed", failure="OOMKilled", pod_ready=False)
+    cluster.update(t2, handoff=step.handoff[t2])
+    step = cluster.reconcile()
+    assert step.handoff[t2].storage and step.relabel[t2] == Role.SOURCE
+    assert "SourceGone" in [e.reason for e in step.events]
+
+
+def test_scale_down_during_standby_removes_the_waiting_targets_first() -> None:
+    cluster = Cluster(make_spec(4))
+    first = cluster.reconcile()
+    names = [d.name for d in first.create]
+    for name in names[1:3]:  # two targets reach Standby, the last one is still pending
+        for _ in range(3):
+            cluster.advance(name)
+    cluster.advance(names[0])
+    cluster.spec = make_spec(2)
+    step = cluster.reconcile()
+    assert sorted(step.delete) == sorted(names[2:]), step.delete
+    assert names[0] not in step.delete
 
 
 def _rolled(spec: ModelDeploymentSpec, field: str) -> ModelDeploymentSpec:

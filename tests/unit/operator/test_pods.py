@@ -21,6 +21,7 @@ from weightlift.api.worker import (
     PLAN_FILE_ENV,
     PLAN_SHA256_ENV,
     Assignment,
+    PeerHandoff,
     SharedPlan,
     WorkerPlan,
     plan_digest,
@@ -256,7 +257,30 @@ def test_worker_plan_env_carries_the_peers_of_a_target_in_order() -> None:
         ("llama-a-0", "10.0.0.5:8000"),
         ("other-b-0", "10.0.0.6:8000"),
     ]
-    assert pod["metadata"]["annotations"]["weightlift.dev/peers"] == "llama-a-0,other-b-0"
+    # The same candidates in the hand-off annotation, projected into the worker's hand-off file.
+    handoff = PeerHandoff.parse(pod["metadata"]["annotations"]["weightlift.dev/peers"])
+    assert handoff is not None and not handoff.storage
+    assert [(p.pod, p.address) for p in handoff.peers] == [
+        ("llama-a-0", "10.0.0.5:8000"),
+        ("other-b-0", "10.0.0.6:8000"),
+    ]
+    volume = next(v for v in pod["spec"]["volumes"] if v["name"] == "peers")
+    (item,) = volume["downwardAPI"]["items"]
+    assert item["fieldRef"]["fieldPath"] == "metadata.annotations['weightlift.dev/peers']"
+    container = pod["spec"]["containers"][0]
+    mount = next(m for m in container["volumeMounts"] if m["name"] == "peers")
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["WEIGHTLIFT_PEERS_FILE"] == f"{mount['mountPath']}/{item['path']}"
+
+
+def test_a_target_in_standby_is_handed_nothing_yet_and_a_source_storage() -> None:
+    spec = make_spec()
+    waiting = render(spec, desired(spec, replica=1, role=Role.TARGET, peers=[]))
+    assert waiting["metadata"]["annotations"]["weightlift.dev/peers"] == ""
+    assert PeerHandoff.parse("") is None
+    source = render(spec, desired(spec, replica=0, role=Role.SOURCE, peers=[]))
+    handed = PeerHandoff.parse(source["metadata"]["annotations"]["weightlift.dev/peers"])
+    assert handed is not None and handed.storage
 
 
 def test_worker_plan_defaults_the_served_name_to_the_deployment() -> None:
@@ -353,7 +377,7 @@ def test_file_uri_is_a_path_in_the_image_without_a_volume() -> None:
     spec = make_spec(model={"uri": "file:///opt/models/demo"})
     assert model_mount(spec) == ("/opt/models/demo", [], [])
     pod = render(spec)
-    assert {v["name"] for v in pod["spec"]["volumes"]} == {"dshm", "tmp", "plan"}
+    assert {v["name"] for v in pod["spec"]["volumes"]} == {"dshm", "tmp", "plan", "peers"}
     assert plan_of(pod, spec).model_dir == "/opt/models/demo"
 
 

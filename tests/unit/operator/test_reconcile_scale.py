@@ -143,6 +143,10 @@ def test_the_pod_index_keeps_only_what_a_pass_reads() -> None:
         "labels": {REPLICA_LABEL: "0", ROLE_LABEL: "Source"},
     }
     assert slim["spec"] == {"nodeName": "gpu-0"}
+    # The hand-off annotation is kept: planning reads what a Target was handed.
+    pod["metadata"]["annotations"]["weightlift.dev/peers"] = '{"storage":true}'
+    kept = reconcile.pod_essentials(pod)["metadata"]["annotations"]
+    assert kept == {"weightlift.dev/peers": '{"storage":true}'}
     assert slim["status"]["conditions"] == [
         {"type": "Ready", "status": "True"},
         {"type": "PodScheduled", "status": "True"},

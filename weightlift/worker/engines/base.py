@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from aiohttp import web
@@ -43,6 +44,9 @@ class BringUp:
     fetch_started: float | None = None
     # Replaces the P2P options derived from the plan (benchmarks: READ size, a throttle).
     pull_options: PullOptions | None = None
+    # A Target created before any source was Ready: its hand-off file (worker/standby.py), to
+    # wait on once everything that needs no weights is done. None: no standby.
+    handoff_file: Path | None = None
 
     def stamp(self, step: str) -> None:
         """The report's timeline: when `step` ended (wall clock, so the demo can line it up

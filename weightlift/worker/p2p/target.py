@@ -30,7 +30,7 @@ from typing import Any
 import httpx
 import torch
 
-from weightlift.worker.p2p import P2P_PREFIX
+from weightlift.worker.p2p import P2P_PREFIX, reserve
 from weightlift.worker.p2p.expected import ExpectedTensor, ShapeMismatch, check_manifest
 from weightlift.worker.p2p.manifest import RankManifest, align_up, checksum, element_size
 from weightlift.worker.p2p.nixl_compat import nixl
@@ -141,6 +141,10 @@ def _layout_size(expected: dict[str, ExpectedTensor]) -> int | None:
         except KeyError:
             return None
     return total
+
+
+# Public: what a Target in standby reserves ahead of the pull (reserve.py).
+layout_size = _layout_size
 
 
 class _Prefault:
@@ -326,9 +330,12 @@ def pull_from_peer(
         # allocate it and start faulting it in now (see _Prefault).
         early_size = _layout_size(expected) if expected is not None else None
         if early_size is not None:
-            buf = torch.empty(max(early_size, 1), dtype=torch.uint8, device=device)
-            if opts.prefault and host:
-                prefault = _Prefault(buf, opts.prefault_chunk_bytes)
+            # Faulted in already while this Target waited in standby (reserve.py), or now.
+            buf = reserve.take(device, early_size)
+            if buf is None:
+                buf = torch.empty(max(early_size, 1), dtype=torch.uint8, device=device)
+                if opts.prefault and host:
+                    prefault = _Prefault(buf, opts.prefault_chunk_bytes)
         manifest = fetch_manifest(client, address, identity=identity, rank=rank, peer=pod)
         try:
             check_manifest(manifest, identity=identity, rank=rank, expected=expected, peer=pod)

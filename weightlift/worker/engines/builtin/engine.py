@@ -32,6 +32,7 @@ from weightlift.worker.loaders.strategy import (
 )
 from weightlift.worker.peer_auth import warn_if_open
 from weightlift.worker.server import WorkerState, set_p2p_handler
+from weightlift.worker.standby import hand_off, reserve_destination
 from weightlift.worker.storage.fetch import materialize
 from weightlift.worker.weights.files import shard_index
 from weightlift.worker.weights.progress import LoadError, LoadProgress
@@ -58,6 +59,9 @@ def resolve_devices(plan: WorkerPlan) -> dict[int, torch.device]:
 class BuiltinEngine:
     """One replica's PT2 program and weights, in the worker's own process."""
 
+    # Opens its program and faults in its pull buffers while it waits for peers (standby).
+    prepares_standby = True
+
     def __init__(self, plan: WorkerPlan) -> None:
         self.plan = plan
         self.devices = resolve_devices(plan)
@@ -74,7 +78,8 @@ class BuiltinEngine:
             self.plan = self.plan.model_copy(update={"model_dir": ctx.fetched.model_dir})
         await self.init_hooks(ctx.state)
         ctx.stamp("hooks")
-        bound = await self.load_and_bind(ctx)
+        runtime = await self.stand_by(ctx) if ctx.handoff_file is not None else None
+        bound = await self.load_and_bind(ctx, runtime)
         for p in ctx.state.progress.values():
             if p.finished is None:
                 p.finish()
@@ -86,7 +91,8 @@ class BuiltinEngine:
     def _prewarm_p2p(self) -> None:
         """The first NIXL agent of a process costs ~0.5 s of library loading: pay it while the
         init hooks run, not inside the timed pull."""
-        if not wants_peer_to_peer(self.plan):
+        standby = self.ctx is not None and self.ctx.handoff_file is not None
+        if not (wants_peer_to_peer(self.plan) or standby):
             return
         try:
             from weightlift.worker.p2p.target import prewarm_nixl
@@ -172,17 +178,34 @@ class BuiltinEngine:
                 LoadProgress(started=fetch_started) if fetch_started is not None else LoadProgress()
             )
 
-    async def load_and_bind(self, ctx: BringUp) -> Bound:
+    async def stand_by(self, ctx: BringUp) -> Pt2Runtime:
+        """Standby (worker/standby.py): open the program and fault in the pull buffers, then
+        wait for the operator to hand peers or storage; returns the opened program."""
+        assert ctx.handoff_file is not None
+        runtime, reserved = await asyncio.gather(
+            in_daemon_thread(Pt2Runtime.open, self.plan.model_dir),
+            in_daemon_thread(reserve_destination, self.plan, self.devices),
+        )
+        log.info("standby: program open, %d bytes of pull buffers faulted in", reserved)
+        self.plan = await hand_off(ctx.state.report, ctx.handoff_file, self.plan)
+        return runtime
+
+    async def load_and_bind(self, ctx: BringUp, runtime: Pt2Runtime | None = None) -> Bound:
         state, rep = ctx.state, ctx.state.report
         rep.phase = WorkerPhase.LOADING
         # The program opens beside the weight loads (both after the init hooks): opening it is
         # mostly torch.export's own imports (~2-3 s of CPU on first use), which the P2P READs
-        # and file reads, out of the GIL, overlap.
-        opening = asyncio.ensure_future(in_daemon_thread(Pt2Runtime.open, self.plan.model_dir))
+        # and file reads, out of the GIL, overlap. A Target in standby opened it already.
+        opening: asyncio.Future[Pt2Runtime]
+        if runtime is None:
+            opening = asyncio.ensure_future(in_daemon_thread(Pt2Runtime.open, self.plan.model_dir))
+        else:
+            opening = asyncio.get_running_loop().create_future()
+            opening.set_result(runtime)
         self._start_progress(state, ctx.fetch_started)
         jobs = [in_daemon_thread(self._load_rank, r, state.progress[r]) for r in self.plan.ranks]
         try:
-            runtime, results = await asyncio.wait_for(
+            opened, results = await asyncio.wait_for(
                 asyncio.gather(opening, asyncio.gather(*jobs)),
                 timeout=self.plan.loading.load_timeout_seconds,
             )
@@ -195,9 +218,9 @@ class BuiltinEngine:
         )
         tensors_by_rank = {r: t for r, (_, t) in zip(self.plan.ranks, results, strict=True)}
         bound: Bound = await in_daemon_thread(
-            runtime.bind, tensors_by_rank, self._files_by_rank(), self.plan.model.dtype
+            opened.bind, tensors_by_rank, self._files_by_rank(), self.plan.model.dtype
         )
-        self.runtime = runtime
+        self.runtime = opened
         ctx.stamp("bind")
         return bound
 

@@ -1,0 +1,152 @@
+"""Standby on the process node, for real: a Target starts with its source, prepares (hooks,
+program, pull buffers) and waits in Standby, never Ready, until the operator hands it peers
+through its pod annotation, which the node projects into a file the worker watches. The source
+is frozen (SIGSTOP) until the target is seen in Standby, so the order never depends on timing."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from tests.support.e2e import READY_TIMEOUT
+from weightlift.api.labels import PEERS_ANNOTATION
+from weightlift.api.worker import PeerCandidate, PeerHandoff
+from weightlift.local.kubeclient import MERGE
+from weightlift.local.observe import Observer, infer
+from weightlift.local.stack import LocalStack
+
+JSON = dict[str, Any]
+Deploy = Callable[..., Observer]
+
+
+def _row(obs: Observer, replica: int) -> JSON:
+    return next((r for r in obs.replica_statuses() if r.get("replica") == replica), {})
+
+
+def _pod_ip(obs: Observer, name: str) -> str:
+    pod = next(p for p in obs.pods if p["metadata"]["name"] == name)
+    ip: str = pod["status"]["podIP"]
+    return ip
+
+
+@contextmanager
+def frozen_source(stack: LocalStack, obs: Observer) -> Iterator[str]:
+    """Stop replica 0's worker process as soon as it exists; resume it on exit."""
+    key: list[str] = []
+
+    def started(o: Observer) -> bool:
+        for pod in o.pods:
+            if pod["metadata"]["labels"].get("weightlift.dev/replica") == "0":
+                name = f"{stack.namespace}/{pod['metadata']['name']}"
+                if stack.node.pids().get(name):
+                    key.append(name)
+                    return True
+        return False
+
+    obs.wait(started, READY_TIMEOUT, "the source's worker process", interval=0.05)
+    pids = stack.node.pids()[key[0]]
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        yield key[0].split("/")[1]
+    finally:
+        for pid in pids:
+            os.kill(pid, signal.SIGCONT)
+
+
+def _wait_standby(obs: Observer, replica: int) -> JSON:
+    obs.wait(
+        lambda o: _row(o, replica).get("phase") == "Standby" and o.status().get("standby") == 1,
+        READY_TIMEOUT,
+        f"replica {replica} in Standby",
+    )
+    return _row(obs, replica)
+
+
+def test_a_target_waits_in_standby_then_pulls_from_its_source(
+    stack: LocalStack, deployments: Deploy, demo_model: tuple[Path, JSON]
+) -> None:
+    model_dir, probe = demo_model
+    obs = deployments("standby", model_dir, probe, replicas=2)
+    with frozen_source(stack, obs) as source:
+        target = _wait_standby(obs, 1)
+        assert target["role"] == "Target" and target["hooksRun"] is True
+        assert not target["ready"] and not _row(obs, 0).get("ready")
+        # Both pods exist at once; the target is not Ready and its model routes are closed.
+        assert len(obs.pods) == 2
+        pod = next(p for p in obs.pods if p["metadata"]["name"] == target["name"])
+        assert pod["metadata"]["annotations"].get(PEERS_ANNOTATION) == ""
+        ready = [c for c in pod["status"].get("conditions", []) if c["type"] == "Ready"]
+        assert ready and ready[0]["status"] == "False"
+        url = f"http://{_pod_ip(obs, target['name'])}:8000"
+        refused = httpx.post(f"{url}/v2/models/standby/infer", json=probe["request"], timeout=10)
+        assert refused.status_code == 503 and "Standby" in refused.text
+    obs.wait_ready(READY_TIMEOUT)
+    target = _row(obs, 1)
+    assert target["loadedFrom"] == f"peer:{source}" and target["role"] == "Target"
+    summary = obs.summary()
+    moments = {r["name"]: r for r in summary["replicas"]}[target["name"]]
+    assert moments["createdAt"] <= moments["standbyAt"] <= moments["readyAt"]
+    assert summary["sourceReadyAt"] <= summary["readyAt"]
+    out = infer(url, "standby", probe["request"])["outputs"]
+    src = infer(f"http://{_pod_ip(obs, source)}:8000", "standby", probe["request"])["outputs"]
+    assert out == src
+
+
+def test_wait_for_source_expiry_hands_the_target_storage(
+    stack: LocalStack, deployments: Deploy, demo_model: tuple[Path, JSON]
+) -> None:
+    model_dir, probe = demo_model
+    obs = deployments("expiry", model_dir, probe, replicas=2, wait_for_source_seconds=3)
+    with frozen_source(stack, obs):
+        obs.wait(
+            lambda o: bool(_row(o, 1).get("ready")),
+            READY_TIMEOUT,
+            "the target Ready from storage while its source is frozen",
+        )
+        target = _row(obs, 1)
+        assert target["loadedFrom"] == "storage:hostpath" and target["role"] == "Source"
+        events = stack.kube.get(
+            f"/api/v1/namespaces/{stack.namespace}/events",
+            {"fieldSelector": "involvedObject.name=expiry"},
+        )["items"]
+        assert "WaitForSourceExpired" in {e["reason"] for e in events}
+    obs.wait_ready(READY_TIMEOUT)
+
+
+def test_a_peer_of_another_identity_is_refused(
+    stack: LocalStack, deployments: Deploy, demo_model: tuple[Path, JSON]
+) -> None:
+    """Someone hands a waiting target a Ready pod of another model identity (another revision):
+    it refuses (peer token and identity differ) and loads its own weights from storage."""
+    model_dir, probe = demo_model
+    foreign = deployments("foreign", model_dir, probe, replicas=1, revision="2")
+    foreign.wait_ready(READY_TIMEOUT)
+    foreign_pod = foreign.replica_statuses()[0]["name"]
+    address = f"{_pod_ip(foreign, foreign_pod)}:8000"
+    obs = deployments("victim", model_dir, probe, replicas=2)
+    with frozen_source(stack, obs):
+        target = _wait_standby(obs, 1)
+        handoff = PeerHandoff(peers=[PeerCandidate(pod=foreign_pod, address=address)])
+        stack.kube.patch(
+            f"/api/v1/namespaces/{stack.namespace}/pods/{target['name']}",
+            {"metadata": {"annotations": {PEERS_ANNOTATION: handoff.to_text()}}},
+            content_type=MERGE,
+        )
+        obs.wait(
+            lambda o: bool(_row(o, 1).get("ready")),
+            READY_TIMEOUT,
+            "the target Ready from storage after refusing the foreign peer",
+        )
+        assert _row(obs, 1)["loadedFrom"] == "storage:hostpath"
+    # It did try the foreign peer, and the peer refused it.
+    logs = stack.node.config.state_dir.glob(f"pods/{stack.namespace}_{target['name']}_*/*.log")
+    text = "\n".join(p.read_text(errors="replace") for p in logs)
+    assert f"peer {foreign_pod}" in text and "falling back to storage" in text, text[-3000:]
+    obs.wait_ready(READY_TIMEOUT)

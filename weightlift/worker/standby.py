@@ -1,0 +1,122 @@
+"""Standby: a Target created before any source is Ready does what needs no weights, then waits
+for the operator to hand it peers.
+
+The hand-off is the pod's weightlift.dev/peers annotation (api.worker.PeerHandoff as JSON),
+projected into a file by a downwardAPI volume; the kubelet rewrites that file in place when the
+annotation changes (an atomic `..data` symlink swap), so the waiting worker polls one small file
+and never restarts. Peers are checked as always: the pull names this pod's model identity and
+sends its peer token, and a source of another identity refuses (p2p/target.py).
+
+The wait is bounded twice: the operator hands storage when no source is Ready within
+`waitForSourceSeconds`; should the operator say nothing (it is down), the worker itself loads
+from storage a grace period later.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from pathlib import Path
+
+import torch
+
+from weightlift.api.model import Role, pulls_from_peers
+from weightlift.api.worker import PEERS_FILE_ENV, PeerHandoff, WorkerPhase, WorkerPlan, WorkerReport
+from weightlift.worker.p2p import reserve
+from weightlift.worker.weights.progress import LoadError
+
+log = logging.getLogger(__name__)
+
+POLL_SECONDS = 0.05
+# Beyond waitForSourceSeconds: how long a worker waits for the operator's own decision.
+OPERATOR_GRACE_SECONDS = 60.0
+
+
+def handoff_path(environ: dict[str, str] | None = None) -> Path | None:
+    value = (os.environ if environ is None else environ).get(PEERS_FILE_ENV)
+    return Path(value) if value else None
+
+
+def starts_in_standby(plan: WorkerPlan, path: Path | None) -> bool:
+    """A Target that may pull from peers, created without any: it waits to be handed them."""
+    return (
+        path is not None
+        and plan.role == Role.TARGET
+        and pulls_from_peers(plan.loading, plan.runtime)
+        and not plan.peers
+    )
+
+
+def read_handoff(path: Path) -> PeerHandoff | None:
+    """What the hand-off file says now; None while nothing is handed (or it is unreadable)."""
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError):
+        return None
+    handoff = PeerHandoff.parse(text)
+    return handoff if handoff is not None and handoff.given else None
+
+
+async def wait_for_handoff(path: Path, limit: float) -> PeerHandoff:
+    """Poll the hand-off file until it hands something; storage after `limit` seconds."""
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        handoff = read_handoff(path)
+        if handoff is not None:
+            return handoff
+        await asyncio.sleep(POLL_SECONDS)
+    log.warning("no peers handed within %.0fs (%s): loading from storage", limit, path)
+    return PeerHandoff(storage=True)
+
+
+def wait_limit(plan: WorkerPlan) -> float:
+    return plan.loading.wait_for_source_seconds + OPERATOR_GRACE_SECONDS
+
+
+def reserve_destination(plan: WorkerPlan, devices: dict[int, torch.device]) -> int:
+    """Allocate and fault in each local rank's pull buffer (sized from the shard headers, as
+    the pull lays it out); returns the bytes reserved. A rank whose headers cannot be read
+    reserves nothing: its pull allocates as usual and says what is wrong."""
+    from weightlift.worker.p2p.expected import expected_for_rank
+    from weightlift.worker.p2p.target import layout_size
+
+    total = 0
+    for rank in plan.ranks:
+        try:
+            expected = expected_for_rank(
+                plan.model_dir, rank, plan.tensor_parallel, plan.model.dtype
+            )
+        except (LoadError, ValueError, OSError) as exc:
+            log.info("rank %d: nothing reserved ahead of the pull (%s)", rank, exc)
+            continue
+        size = layout_size(expected) if expected is not None else None
+        if size is not None:
+            reserve.reserve(devices[rank], size)
+            total += size
+    return total
+
+
+def apply_handoff(plan: WorkerPlan, handoff: PeerHandoff) -> WorkerPlan:
+    """The plan with the handed peers (none: storage), and reserved memory freed for storage."""
+    if handoff.storage or not handoff.peers:
+        freed = reserve.release()
+        if freed:
+            log.info("handed storage: released %d reserved bytes", freed)
+        return plan.model_copy(update={"peers": []})
+    return plan.model_copy(update={"peers": list(handoff.peers)})
+
+
+async def hand_off(report: WorkerReport, path: Path, plan: WorkerPlan) -> WorkerPlan:
+    """Phase Standby until the hand-off file names peers or storage; the plan to load with.
+    The report's timeline gets `standby` (prepared, waiting) and `peers` (handed)."""
+    report.phase = WorkerPhase.STANDBY
+    report.timeline["standby"] = round(time.time(), 3)
+    handoff = await wait_for_handoff(path, wait_limit(plan))
+    report.timeline["peers"] = round(time.time(), 3)
+    handed = apply_handoff(plan, handoff)
+    if not handed.peers:
+        report.role = str(Role.SOURCE)
+    log.info("standby over: %s", handoff.to_text())
+    return handed
