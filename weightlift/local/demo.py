@@ -36,6 +36,8 @@ from weightlift.local.stack import (
 
 log = logging.getLogger("weightlift.demo")
 
+INSTALL_KINDS = ("process", "helm")
+
 # ---------------------------------------------------------------------------------- view
 
 
@@ -155,6 +157,14 @@ def _sigterm_raises() -> Iterator[None]:
     help="builtin: a PT2 demo model on weightlift's server. vllm: a tiny Llama on vLLM's CPU "
     "build with weightlift loading (its environment is built once under $WL_CACHE).",
 )
+@click.option(
+    "--install",
+    type=click.Choice(INSTALL_KINDS),
+    default="process",
+    show_default=True,
+    help="process: the operator as a local process (admin kubeconfig). helm: `helm install` "
+    "the chart; the operator runs as its pod under the chart's ServiceAccount.",
+)
 def demo_command(
     replicas: int,
     model_size_mb: float,
@@ -165,6 +175,7 @@ def demo_command(
     name: str,
     storage: str,
     runtime: str,
+    install: str,
 ) -> None:
     """Control plane, process node, operator, demo model, ModelDeployment: watch it get Ready."""
     from rich.console import Console
@@ -175,7 +186,7 @@ def demo_command(
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     state_dir = state_dir.resolve()
     model_dir = state_dir / ("llm" if runtime == "vllm" else "model")
-    stack = LocalStack(state_dir, model_path_prefixes=(str(model_dir),))
+    stack = LocalStack(state_dir, model_path_prefixes=(str(model_dir),), install=install)
     where: DemoStorage | None = None
     with _sigterm_raises():
         try:
@@ -187,9 +198,10 @@ def demo_command(
             console.print(f"[green]✓[/] demo model in {model_dir}")
             with console.status("bringing up the local cluster") as status:
                 stack.up(progress=lambda msg: status.update(msg))
+            operator = stack.operator_info()
             console.print(
                 f"[green]✓[/] control plane, process node [bold]{stack.node_name}[/], operator up"
-                f"  (KUBECONFIG={stack.kubeconfig})"
+                f" ({_who(operator)})  (KUBECONFIG={stack.kubeconfig})"
             )
             with console.status(f"putting the model in {storage} storage"):
                 where = prepare_storage(
@@ -211,7 +223,12 @@ def demo_command(
             with Live(render(obs), console=console, refresh_per_second=8) as live:
                 obs.wait_ready(timeout, tick=lambda o: live.update(render(o)))
                 live.update(render(obs))
-            summary = {**obs.summary(), "storage": storage, "uri": where.model["uri"]}
+            summary = {
+                **obs.summary(),
+                "storage": storage,
+                "uri": where.model["uri"],
+                "operator": operator,
+            }
             _print_summary(console, summary, probe, name)
             if json_out is not None:
                 json_out.parent.mkdir(parents=True, exist_ok=True)
@@ -239,6 +256,15 @@ def demo_command(
                     where.close()
                 stack.down()
             console.print("[green]✓[/] everything stopped")
+
+
+def _who(operator: JSON) -> str:
+    if operator["installedBy"] == "helm":
+        return (
+            f"helm release {operator['release']}: pod {operator['namespace']}/{operator['pod']}"
+            f" as ServiceAccount {operator['serviceAccount']}"
+        )
+    return f"local process {operator['pid']}"
 
 
 def _prepare_vllm(console: Any, stack: LocalStack, model_dir: Path) -> JSON:

@@ -56,6 +56,13 @@ import httpx
 
 from weightlift.api.times import now_micro, now_rfc3339
 from weightlift.local.kubeclient import JSON, MERGE, Kube, KubeError
+from weightlift.local.podidentity import (
+    MountError,
+    kubernetes_service_env,
+    prepare_mountpoints,
+    real_mounts,
+    with_mounts,
+)
 from weightlift.local.procs import child_options, signal_group, stop_group
 
 log = logging.getLogger("weightlift.processnode")
@@ -232,7 +239,7 @@ class PodRunner(threading.Thread):
             c.waiting = {"reason": "ContainerCreating"}
         self._write_status()
         try:
-            self.mounts = self._prepare_volumes(pod)
+            self.mounts = self._mount_volumes(pod)
             self._run_init_containers(pod)
         except ConfigError as exc:
             self._config_error = str(exc)
@@ -298,8 +305,8 @@ class PodRunner(threading.Thread):
             out.write(f"--- {now_rfc3339()} start {argv}\n".encode())
             out.flush()
             try:
-                c.proc = subprocess.Popen(argv, **_pod_process(out, cwd, env))
-            except OSError as exc:
+                c.proc = subprocess.Popen(argv, **self._process_options(c, out, cwd, env))
+            except (OSError, MountError, subprocess.SubprocessError) as exc:
                 c.proc = None
                 c.terminated = {
                     "exitCode": 128,
@@ -327,6 +334,18 @@ class PodRunner(threading.Thread):
             self.pod_ip,
         )
         self.node.event(pod, "Normal", "Started", f"Started container {c.name} (pid {c.proc.pid})")
+
+    def _process_options(
+        self, c: ContainerRun, out: IO[bytes], cwd: str, env: dict[str, str]
+    ) -> dict[str, Any]:
+        """Popen options of a container's process; mounts below /var/run/secrets (the
+        ServiceAccount token) are bind-mounted there in a mount namespace of its own."""
+        options = _pod_process(out, cwd, env)
+        binds = real_mounts(c.spec, self._translate)
+        if binds:
+            prepare_mountpoints(binds)
+            options["preexec_fn"] = with_mounts(options["preexec_fn"], binds)
+        return options
 
     def _on_exit(self, pod: JSON, c: ContainerRun) -> None:
         assert c.proc is not None
@@ -379,6 +398,28 @@ class PodRunner(threading.Thread):
         lines = [ln for ln in tail.strip().splitlines() if ln.strip()]
         return "\n".join(lines[-20:])
 
+    def _mount_volumes(self, pod: JSON) -> list[tuple[str, str]]:
+        """`_prepare_volumes`, retried as the kubelet retries a mount (a ConfigMap or a token
+        that is not there yet: the namespace's kube-root-ca.crt is published moments after
+        the namespace), for up to a minute; then the last error stands."""
+        deadline, delay, warned = time.monotonic() + 60.0, 0.5, False
+        while True:
+            try:
+                return self._prepare_volumes(pod)
+            except ConfigError as exc:
+                stop = self.node.stopping.is_set() or self._gone.is_set()
+                if (
+                    stop
+                    or time.monotonic() > deadline
+                    or self.pod["metadata"].get("deletionTimestamp")
+                ):
+                    raise
+                if not warned:
+                    self.node.event(pod, "Warning", "FailedMount", str(exc))
+                    warned = True
+            self._wake.wait(delay)
+            delay = min(delay * 2, 8.0)
+
     def _run_init_containers(self, pod: JSON) -> None:
         for spec in pod["spec"].get("initContainers", []):
             argv, env, cwd = self._command(pod, spec)
@@ -421,6 +462,7 @@ class PodRunner(threading.Thread):
         env["PATH"] = f"{cfg.bin_dir}:{os.environ.get('PATH', '/usr/bin:/bin')}"
         env["HOSTNAME"] = self.pod_name
         env["PYTHONUNBUFFERED"] = "1"
+        env.update(kubernetes_service_env(self.node.kube.config.server))
         env.update(cfg.extra_env)
         ns = self.namespace
         for src in spec.get("envFrom", []):
@@ -613,11 +655,11 @@ class PodRunner(threading.Thread):
         for source in projected.get("sources", []):
             if "configMap" in source:
                 cm = source["configMap"]
-                data = self._configmap(self.namespace, cm["name"], {"optional": True})
+                data = self._configmap(self.namespace, cm["name"], cm)
                 self._write_files(root, data, cm.get("items"))
             elif "secret" in source:
                 sec = source["secret"]
-                data = self._secret(self.namespace, sec["name"], {"optional": True})
+                data = self._secret(self.namespace, sec["name"], sec)
                 self._write_files(root, data, sec.get("items"))
             elif "downwardAPI" in source:
                 data = {
@@ -649,7 +691,7 @@ class PodRunner(threading.Thread):
                     )
                     (root / sat.get("path", "token")).write_text(tr["status"]["token"])
                 except KubeError as exc:
-                    log.warning("pod %s: no service account token: %s", self.pod_name, exc)
+                    raise ConfigError(f"service account {sa}: no token: {exc}") from exc
         return root
 
     def _translate(self, path: str) -> str:

@@ -28,6 +28,7 @@ from weightlift.api.model import GROUP, PLURAL, VERSION
 from weightlift.local.kubeclient import JSON, MERGE, Kube, KubeError
 from weightlift.local.processnode import LOCAL_NODE_LABEL, ProcessNode
 from weightlift.local.procs import UpDown, child_options, stop_group
+from weightlift.local.release import HelmRelease
 
 log = logging.getLogger("weightlift.demo")
 
@@ -105,6 +106,9 @@ class LocalStack(UpDown):
     operator_env: dict[str, str] = field(default_factory=dict)
     # Directories hostpath:// model URIs may name (the operator's --model-path-prefix).
     model_path_prefixes: tuple[str, ...] = ()
+    # "process": the operator is a local process with the admin kubeconfig. "helm": the chart
+    # is installed with the real helm binary and the operator runs as its pod (release.py).
+    install: str = "process"
 
     kube: Kube = field(init=False)
     node: ProcessNode = field(init=False)
@@ -112,6 +116,7 @@ class LocalStack(UpDown):
     _cluster: Any = field(init=False, default=None)
     _operator: subprocess.Popen[bytes] | None = field(init=False, default=None)
     _node_started: bool = field(init=False, default=False)
+    release: HelmRelease | None = field(init=False, default=None)
 
     # -- up
     def up(self, progress: Callable[[str], None] = lambda _msg: None) -> None:
@@ -128,12 +133,45 @@ class LocalStack(UpDown):
         info = self._cluster.up()
         self.kubeconfig = Path(info.kubeconfig)
         self.kube = Kube(self.kubeconfig)
+        if self.install == "helm":  # the CRD comes from the chart
+            progress(f"starting process node {self.node_name}")
+            self._start_node()
+            progress("helm install helm/weightlift (the operator runs as the chart's pod)")
+            self._install_release()
+            return
         progress("applying the ModelDeployment CRD")
         apply_crd(self.kube)
         progress(f"starting process node {self.node_name}")
         self._start_node()
         progress("starting operator")
         self._start_operator()
+
+    def chart_values(self) -> JSON:
+        """The chart values that give the operator pod what `_start_operator` gives the
+        process: the watched namespace, path prefixes, log level and extra env."""
+        return {
+            "watchNamespaces": [self.namespace],
+            "modelPathPrefixes": [str(Path(p).resolve()) for p in self.model_path_prefixes],
+            "logLevel": "debug" if self.operator_verbose else "info",
+            "extraEnv": [{"name": k, "value": v} for k, v in self.operator_env.items()],
+        }
+
+    def _install_release(self) -> None:
+        self.release = HelmRelease(self.kubeconfig, self.kube, values=self.chart_values())
+        self.release.install()
+
+    def operator_info(self) -> JSON:
+        """Who runs the operator: the demo's `--json` "operator"."""
+        if self.release is None:
+            return {"installedBy": "process", "pid": self.operator_pid}
+        pod = self.release.operator_pod() or {"metadata": {}, "spec": {}}
+        return {
+            "installedBy": "helm",
+            "release": self.release.name,
+            "namespace": self.release.namespace,
+            "pod": pod["metadata"].get("name"),
+            "serviceAccount": pod["spec"].get("serviceAccountName"),
+        }
 
     def _start_operator(self) -> None:
         log_path = self.state_dir / "operator.log"
@@ -192,14 +230,32 @@ class LocalStack(UpDown):
         self.node.start()
         self._node_started = True
 
+    def operator_log(self) -> Path:
+        """The operator's log: its process's, or its pod's container log on the node."""
+        if self.release is not None and self._node_started:
+            pod = self.release.operator_pod()
+            if pod is not None:
+                runner = self.node.pods().get(f"{self.release.namespace}/{pod['metadata']['name']}")
+                if runner is not None and runner.containers:
+                    return runner.containers[0].log_path
+        return self.state_dir / "operator.log"
+
     def operator_log_tail(self, lines: int = 40) -> str:
         try:
-            text = (self.state_dir / "operator.log").read_text(errors="replace").splitlines()
+            text = self.operator_log().read_text(errors="replace").splitlines()
         except OSError:
             return "(no operator log)"
         return "\n".join(text[-lines:])
 
     def check_operator(self) -> None:
+        if self.release is not None:
+            pod = self.release.operator_pod()
+            statuses = ((pod or {}).get("status") or {}).get("containerStatuses") or [{}]
+            state = statuses[0].get("state") or {}
+            if pod is None or "terminated" in state or statuses[0].get("restartCount"):
+                raise RuntimeError(
+                    f"operator pod is not running ({state}):\n{self.operator_log_tail()}"
+                )
         if self._operator is not None and self._operator.poll() is not None:
             raise RuntimeError(
                 f"operator exited with {self._operator.returncode}:\n{self.operator_log_tail()}"

@@ -10,12 +10,22 @@ import click
 from weightlift.operator.probes import PROBE_NETWORKS_ENV, allowed_networks
 from weightlift.operator.reconcile import MODEL_PATH_PREFIXES_ENV, model_path_prefixes
 
+LOG_LEVELS = ("debug", "info", "warning", "error")
+# kopf namespace patterns: a name with one of these is a glob (or a negation), found by scanning.
+GLOB_CHARS = set("*?[!")
+
 
 @click.command("operator")
 @click.option("--namespace", "-n", "namespaces", multiple=True, help="Namespace to watch (repeat).")
 @click.option("--all-namespaces", "-A", is_flag=True, help="Watch the whole cluster.")
 @click.option(
     "--liveness-port", type=int, default=None, help="Serve kopf's liveness probe on /healthz."
+)
+@click.option(
+    "--liveness-host",
+    default="0.0.0.0",
+    show_default=True,
+    help="Address the liveness endpoint binds (e.g. the pod IP).",
 )
 @click.option(
     "--probe-networks",
@@ -29,13 +39,22 @@ from weightlift.operator.reconcile import MODEL_PATH_PREFIXES_ENV, model_path_pr
     help="A directory below which hostpath:// and file:// model URIs are allowed (repeat; env "
     f"{MODEL_PATH_PREFIXES_ENV}, comma separated). None given: such URIs are refused.",
 )
-@click.option("--verbose", "-v", is_flag=True, help="Debug logging.")
+@click.option(
+    "--log-level",
+    type=click.Choice(LOG_LEVELS, case_sensitive=False),
+    default="info",
+    show_default=True,
+    help="Log level (--verbose is debug).",
+)
+@click.option("--verbose", "-v", is_flag=True, help="Debug logging (--log-level debug).")
 def operator_command(
     namespaces: tuple[str, ...],
     all_namespaces: bool,
     liveness_port: int | None,
+    liveness_host: str,
     probe_networks: str | None,
     path_prefixes: tuple[str, ...],
+    log_level: str,
     verbose: bool,
 ) -> None:
     """Run the weightlift operator against the current kubeconfig (or in-cluster config)."""
@@ -58,18 +77,26 @@ def operator_command(
         model_path_prefixes()
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--model-path-prefix") from exc
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
-    if not verbose:
+    level = logging.DEBUG if verbose else getattr(logging, log_level.upper())
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if level > logging.DEBUG:
         # httpx logs every request at INFO: one line per probe and status read of every pod.
         logging.getLogger("httpx").setLevel(logging.WARNING)
     import weightlift.operator.handlers  # noqa: F401  (registers the handlers)
 
+    settings = kopf.OperatorSettings()
+    # Named namespaces only: nothing to discover, so no cluster-wide list/watch of namespaces
+    # and CRDs (the chart grants those only in cluster-wide mode). Scanning on, kopf retried a
+    # forbidden namespace LIST for a minute before it served the named ones.
+    settings.scanning.disabled = not all_namespaces and not any(
+        set(ns) & GLOB_CHARS for ns in namespaces
+    )
     kopf.run(
+        settings=settings,
         standalone=True,
         clusterwide=all_namespaces,
         namespaces=() if all_namespaces else namespaces,
-        liveness_endpoint=f"http://0.0.0.0:{liveness_port}/healthz" if liveness_port else None,
+        liveness_endpoint=f"http://{liveness_host}:{liveness_port}/healthz"
+        if liveness_port
+        else None,
     )

@@ -115,11 +115,15 @@ def test_watch_namespaces_bind_per_namespace(helm: Path) -> None:
     cluster_bindings = {b["roleRef"]["name"] for b in by_kind(docs, "ClusterRoleBinding")}
     assert cluster_bindings == {"wl-operator-cluster"}  # no cluster-wide pod access
     args = by_kind(docs, "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]["args"]
-    assert args == ["--namespace=models", "--namespace=staging"]
+    assert [a for a in args if a.startswith("--namespace")] == [
+        "--namespace=models",
+        "--namespace=staging",
+    ]
+    assert "--all-namespaces" not in args
     cluster_role = next(
         r for r in by_kind(docs, "ClusterRole") if r["metadata"]["name"] == "wl-operator-cluster"
     )
-    assert ("", "namespaces") not in rules(cluster_role)
+    assert rules(cluster_role) == {("", "nodes"): {"list"}}  # no namespace or CRD scanning
 
 
 def test_worker_role_only_reads_modeldeployments(helm: Path) -> None:
@@ -133,14 +137,47 @@ def test_worker_role_only_reads_modeldeployments(helm: Path) -> None:
     assert ("models", "weightlift-worker") in accounts
 
 
-def test_values_schema_rejects_bad_values(helm: Path) -> None:
+@pytest.mark.parametrize(
+    ("setting", "key"),
+    [
+        ("livenessPort=80", "/livenessPort"),
+        ("replicas=-1", "/replicas"),
+        ("replicas=2", "/replicas"),
+        ("logLevel=loud", "/logLevel"),
+        ("image.repository=", "/image/repository"),
+        ("image.tag=not a tag", "/image/tag"),
+        ("extraEnv[0].name=1BAD", "/extraEnv/0/name"),
+    ],
+)
+def test_values_schema_rejects_bad_values_naming_the_key(
+    helm: Path, setting: str, key: str
+) -> None:
     result = subprocess.run(
-        [str(helm), "template", "wl", str(CHART), "--set", "livenessPort=80"],
+        [str(helm), "template", "wl", str(CHART), "--set", setting],
         capture_output=True,
         text=True,
     )
     assert result.returncode != 0
-    assert "livenessPort" in result.stderr
+    assert f"at '{key}'" in result.stderr, result.stderr
+
+
+def test_operator_pod_gets_level_env_and_its_own_liveness_address(helm: Path) -> None:
+    docs = template(
+        helm,
+        "--set",
+        "logLevel=debug",
+        "--set",
+        "extraEnv[0].name=A",
+        "--set",
+        "extraEnv[0].value=b",
+    )
+    (container,) = by_kind(docs, "Deployment")[0]["spec"]["template"]["spec"]["containers"]
+    assert "--log-level=debug" in container["args"]
+    assert "--liveness-host=$(POD_IP)" in container["args"]
+    pod_ip = {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}
+    assert pod_ip in container["env"] and {"name": "A", "value": "b"} in container["env"]
+    (paused,) = by_kind(template(helm, "--set", "replicas=0"), "Deployment")
+    assert paused["spec"]["replicas"] == 0
 
 
 def test_model_path_policy_follows_the_prefixes_value(helm: Path) -> None:

@@ -1,0 +1,134 @@
+"""The chart installed for real: `helm install helm/weightlift` into the local control plane.
+
+The operator then runs as the chart's Deployment's pod on the process node (a `weightlift
+operator` process started with the pod's command, args and env), under the chart's
+ServiceAccount: its token and the cluster CA at /var/run/secrets/kubernetes.io/serviceaccount
+(podidentity.py), no kubeconfig. Helm itself runs with the admin kubeconfig, as an admin's would.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from weightlift.local.cluster import tool_path
+from weightlift.local.kubeclient import JSON, Kube
+
+CHART = Path(__file__).resolve().parents[2] / "helm" / "weightlift"
+OPERATOR_CONTAINER = "operator"
+
+
+class ReleaseError(RuntimeError):
+    """helm failed, or the operator pod did not come up; the message says which and why."""
+
+
+@dataclass
+class HelmRelease:
+    """One release of the chart. `values` are the chart's values (see values.yaml)."""
+
+    kubeconfig: Path
+    kube: Kube
+    name: str = "weightlift"
+    namespace: str = "weightlift"
+    values: dict[str, Any] = field(default_factory=dict)
+    chart: Path = CHART
+    timeout: float = 120.0
+
+    @property
+    def service_account(self) -> str:
+        """The operator's ServiceAccount (the chart's `weightlift.fullname`)."""
+        return f"{self.name}-operator"[:63].rstrip("-")
+
+    @property
+    def selector(self) -> str:
+        return f"app.kubernetes.io/name=weightlift,app.kubernetes.io/instance={self.name}"
+
+    def helm(self, *args: str, values: dict[str, Any] | None = None) -> str:
+        """Run helm with the admin kubeconfig; `values` go in as a values file (stdin)."""
+        argv = [str(tool_path("helm")), *args, "--kubeconfig", str(self.kubeconfig)]
+        stdin = None
+        if values is not None:
+            argv += ["--values", "-"]
+            stdin = yaml.safe_dump(values)
+        res = subprocess.run(
+            argv, input=stdin, capture_output=True, text=True, timeout=self.timeout + 30
+        )
+        if res.returncode != 0:
+            raise ReleaseError(f"helm {args[0]} {self.name} failed: {res.stderr.strip()}")
+        return res.stdout
+
+    def install(self, wait_for: str | None = None) -> JSON:
+        """`helm install` (the release's namespace created), then wait until the operator pod
+        runs; returns that pod. `wait_for`: a pod name the new pod must differ from."""
+        self.helm(
+            "install",
+            self.name,
+            str(self.chart),
+            "--namespace",
+            self.namespace,
+            "--create-namespace",
+            values=self.values,
+        )
+        return self.wait_operator(replacing=wait_for)
+
+    def upgrade(self, values: dict[str, Any]) -> JSON:
+        """`helm upgrade` with these values (the chart's defaults beneath them); waits for the
+        operator pod the new revision rolls out."""
+        before = self.operator_pod()
+        self.values = values
+        self.helm(
+            "upgrade", self.name, str(self.chart), "--namespace", self.namespace, values=values
+        )
+        return self.wait_operator(replacing=before["metadata"]["name"] if before else None)
+
+    def uninstall(self) -> None:
+        self.helm("uninstall", self.name, "--namespace", self.namespace, "--wait")
+
+    def status(self) -> JSON:
+        out: JSON = json.loads(
+            self.helm("status", self.name, "--namespace", self.namespace, "-o", "json")
+        )
+        return out
+
+    # -- the operator pod
+    def operator_pods(self) -> list[JSON]:
+        listing = self.kube.get(
+            f"/api/v1/namespaces/{self.namespace}/pods", {"labelSelector": self.selector}
+        )
+        items: list[JSON] = listing["items"]
+        return items
+
+    def operator_pod(self) -> JSON | None:
+        """The release's live operator pod (not being deleted), if any."""
+        live = [p for p in self.operator_pods() if not p["metadata"].get("deletionTimestamp")]
+        return live[0] if live else None
+
+    def wait_operator(self, replacing: str | None = None) -> JSON:
+        """Until exactly one operator pod exists, is not `replacing`, and its container runs
+        and is ready; ReleaseError with the pod's state when not within the timeout."""
+        deadline = time.monotonic() + self.timeout
+        last: JSON | None = None
+        while time.monotonic() < deadline:
+            pods = self.operator_pods()
+            if len(pods) == 1 and pods[0]["metadata"]["name"] != replacing:
+                last = pods[0]
+                if _running_and_ready(last):
+                    return last
+            time.sleep(0.2)
+        state = json.dumps((last or {}).get("status", {}).get("containerStatuses"), indent=1)
+        raise ReleaseError(
+            f"operator pod of release {self.name} not running after {self.timeout:.0f}s: {state}"
+        )
+
+
+def _running_and_ready(pod: JSON) -> bool:
+    for status in (pod.get("status") or {}).get("containerStatuses") or []:
+        if status.get("name") == OPERATOR_CONTAINER:
+            return bool(status.get("ready")) and "running" in (status.get("state") or {})
+    return False
