@@ -41,8 +41,8 @@ class HelmRelease:
     timeout: float = 120.0
 
     @property
-    def service_account(self) -> str:
-        """The operator's ServiceAccount (the chart's `weightlift.fullname`)."""
+    def fullname(self) -> str:
+        """The chart's `weightlift.fullname`: the operator's Deployment and ServiceAccount."""
         return f"{self.name}-operator"[:63].rstrip("-")
 
     @property
@@ -77,15 +77,23 @@ class HelmRelease:
         )
         return self.wait_operator(replacing=wait_for)
 
-    def upgrade(self, values: dict[str, Any]) -> JSON:
-        """`helm upgrade` with these values (the chart's defaults beneath them); waits for the
-        operator pod the new revision rolls out."""
+    def upgrade(self, values: dict[str, Any], chart: Path | None = None) -> JSON:
+        """`helm upgrade` with these values (the chart's defaults beneath them) and this chart
+        (default: the release's); waits for the operator pod the new revision rolls out, or,
+        when the pod template did not change (RBAC only), for the pod that runs."""
         before = self.operator_pod()
+        generation = self.deployment_generation()
         self.values = values
-        self.helm(
-            "upgrade", self.name, str(self.chart), "--namespace", self.namespace, values=values
-        )
-        return self.wait_operator(replacing=before["metadata"]["name"] if before else None)
+        chart_dir = str(chart or self.chart)
+        self.helm("upgrade", self.name, chart_dir, "--namespace", self.namespace, values=values)
+        if before is None or self.deployment_generation() == generation:
+            return self.wait_operator()
+        return self.wait_operator(replacing=before["metadata"]["name"])
+
+    def deployment_generation(self) -> int:
+        path = f"/apis/apps/v1/namespaces/{self.namespace}/deployments/{self.fullname}"
+        deployment = self.kube.get_or_none(path)
+        return int(deployment["metadata"]["generation"]) if deployment else 0
 
     def uninstall(self) -> None:
         self.helm("uninstall", self.name, "--namespace", self.namespace, "--wait")

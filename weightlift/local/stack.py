@@ -109,6 +109,8 @@ class LocalStack(UpDown):
     # "process": the operator is a local process with the admin kubeconfig. "helm": the chart
     # is installed with the real helm binary and the operator runs as its pod (release.py).
     install: str = "process"
+    # Extra kube-apiserver flags (e.g. an audit log).
+    apiserver_args: tuple[str, ...] = ()
 
     kube: Kube = field(init=False)
     node: ProcessNode = field(init=False)
@@ -128,7 +130,10 @@ class LocalStack(UpDown):
         # No kwok GPU nodes: every worker pod must land on the process node and really run.
         # Bound to this process: a killed test run or demo leaves no control plane behind.
         self._cluster = ControlPlane(
-            self.state_dir / "cluster", nodes=GpuNodeSpec(count=0), bind_to_parent=True
+            self.state_dir / "cluster",
+            nodes=GpuNodeSpec(count=0),
+            bind_to_parent=True,
+            apiserver_args=self.apiserver_args,
         )
         info = self._cluster.up()
         self.kubeconfig = Path(info.kubeconfig)
@@ -249,10 +254,11 @@ class LocalStack(UpDown):
 
     def check_operator(self) -> None:
         if self.release is not None:
+            # No pod: the release is rolling (upgrade) or uninstalled; its own waits report.
             pod = self.release.operator_pod()
             statuses = ((pod or {}).get("status") or {}).get("containerStatuses") or [{}]
             state = statuses[0].get("state") or {}
-            if pod is None or "terminated" in state or statuses[0].get("restartCount"):
+            if "terminated" in state or statuses[0].get("restartCount"):
                 raise RuntimeError(
                     f"operator pod is not running ({state}):\n{self.operator_log_tail()}"
                 )

@@ -668,6 +668,8 @@ async def apply(
         await _sweep_plans(state, meta, pods, spec, result.status.model_identity, logger)
     previous = state.status_of(uid, body) or {}
     if rejected:
+        # A forbidden or refused request names its verb and resource (the API server's words).
+        logger.warning("%s", rejected[0])
         _surface_rejection(result, rejected[0], previous)
     # The label that finds this deployment's sources goes on before the sources are published
     # and comes off after they are withdrawn: a label-selected read never misses a source.

@@ -1,0 +1,306 @@
+"""The chart's release lifecycle, with the real helm binary, on a real control plane.
+
+`helm install` runs the operator as the chart's pod on the process node under the chart's
+ServiceAccount (token and CA at /var/run/secrets/kubernetes.io/serviceaccount, no kubeconfig);
+examples/minimal.yaml gets Ready; `helm upgrade` with a new log level and path prefixes rolls the
+operator pod while the deployment stays Ready; a Role without one verb makes the operator say
+which request was forbidden; `helm uninstall` removes the operator and its RBAC and keeps the
+CRD and the ModelDeployments (README); a reinstall adopts them. The API server's audit log shows
+who made each request. One stack for the module; the tests run in order.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import shutil
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from tests.e2e.conftest import _require_binaries
+from tests.support.e2e import READY_TIMEOUT
+from weightlift.local.kubeclient import MERGE
+from weightlift.local.observe import Observer
+from weightlift.local.podidentity import SERVICE_ACCOUNT_DIR
+from weightlift.local.release import CHART
+from weightlift.local.stack import LocalStack, make_demo_model, md_path
+
+JSON = dict[str, Any]
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "minimal.yaml"
+OPERATOR_USER = "system:serviceaccount:weightlift:weightlift-operator"
+# The operator's two clients: kopf's own (aiohttp) and the kubernetes client's writes.
+OPERATOR_AGENTS = ("kopf/", "OpenAPI-Generator/")
+NAME = "tiny"
+
+pytestmark = pytest.mark.timeout(900)
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("helm-release")
+
+
+@pytest.fixture(scope="module")
+def stack(root: Path) -> Iterator[LocalStack]:
+    _require_binaries()
+    policy = root / "audit-policy.yaml"
+    policy.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "audit.k8s.io/v1",
+                "kind": "Policy",
+                "omitStages": ["RequestReceived"],
+                "rules": [{"level": "Metadata"}],
+            }
+        )
+    )
+    s = LocalStack(
+        root / "stack",
+        node_name="helm-node",
+        install="helm",
+        model_path_prefixes=(str(root / "models"),),
+        worker_env={"CUDA_VISIBLE_DEVICES": ""},
+        apiserver_args=(
+            f"--audit-policy-file={policy}",
+            f"--audit-log-path={root / 'audit.log'}",
+            "--audit-log-format=json",
+            "--audit-log-mode=blocking",
+            "--audit-log-maxsize=0",
+        ),
+    )
+    (root / "models").mkdir()
+    with s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def model_dir(root: Path) -> Path:
+    out = root / "models" / NAME
+    make_demo_model(out, 4.0, hook=False)
+    return out
+
+
+def operator_process(stack: LocalStack) -> tuple[JSON, int]:
+    assert stack.release is not None
+    pod = stack.release.operator_pod()
+    assert pod is not None, "no operator pod"
+    runner = stack.node.pods()[f"{stack.release.namespace}/{pod['metadata']['name']}"]
+    (pid,) = runner.pids()
+    return pod, pid
+
+
+def environ(pid: int) -> dict[str, str]:
+    raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return dict(item.decode().split("=", 1) for item in raw if b"=" in item)
+
+
+def jwt_claims(token: str) -> JSON:
+    payload = token.split(".")[1]
+    claims: JSON = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+    return claims
+
+
+def ready_observer(stack: LocalStack, replicas: int) -> Observer:
+    """Until the operator has seen the current spec and exactly `replicas` pods are Ready."""
+
+    def converged(o: Observer) -> bool:
+        generation = int(((o.md or {}).get("metadata") or {}).get("generation", 0))
+        return (
+            int(o.status().get("observedGeneration", 0)) >= generation
+            and o.phase() == "Ready"
+            and int(o.status().get("readyReplicas", 0)) == replicas
+            and len(o.pods) == replicas
+        )
+
+    obs = Observer(stack, NAME)
+    obs.wait(converged, READY_TIMEOUT, f"{NAME}: {replicas} replicas Ready")
+    return obs
+
+
+def worker_uids(stack: LocalStack) -> set[str]:
+    return {p["metadata"]["uid"] for p in stack.pods(NAME)}
+
+
+def exists(stack: LocalStack, path: str) -> bool:
+    return stack.kube.get_or_none(path) is not None
+
+
+def test_install_runs_the_operator_as_the_charts_pod(stack: LocalStack) -> None:
+    pod, pid = operator_process(stack)
+    assert pod["spec"]["serviceAccountName"] == "weightlift-operator"
+    env = environ(pid)
+    assert "KUBECONFIG" not in env
+    assert env["KUBERNETES_SERVICE_HOST"] == "127.0.0.1"
+    # The process's own view of the filesystem (its mount namespace): what a kubelet mounts.
+    # Resolved first: /var/run is a symlink to /run, which /proc/PID/root would resolve on
+    # the host's side.
+    mounted = Path(f"/proc/{pid}/root{Path(SERVICE_ACCOUNT_DIR).resolve()}")
+    claims = jwt_claims((mounted / "token").read_text())
+    assert claims["sub"] == OPERATOR_USER
+    assert claims["kubernetes.io"]["pod"]["name"] == pod["metadata"]["name"]
+    assert "BEGIN CERTIFICATE" in (mounted / "ca.crt").read_text()
+    assert (mounted / "namespace").read_text() == "weightlift"
+    assert not Path(SERVICE_ACCOUNT_DIR, "token").exists(), "the host's view must not change"
+    crd = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/modeldeployments.weightlift.dev"
+    assert exists(stack, crd), "the chart installs the CRD"
+
+
+def test_example_gets_ready(stack: LocalStack, model_dir: Path) -> None:
+    manifest = yaml.safe_load(EXAMPLE.read_text())
+    assert manifest["metadata"]["name"] == NAME
+    manifest["spec"]["model"]["uri"] = f"hostpath://{model_dir}"
+    stack.apply(manifest)
+    obs = ready_observer(stack, 2)
+    endpoint = next(r["endpoint"] for r in obs.summary()["replicas"])
+    meta = httpx.get(f"{endpoint}/v2/models/{NAME}", timeout=10).json()
+    assert meta["name"] == NAME
+
+
+def test_upgrade_rolls_the_operator_and_the_deployment_stays_ready(
+    stack: LocalStack, root: Path
+) -> None:
+    assert stack.release is not None
+    before_pod, _ = operator_process(stack)
+    before_workers = worker_uids(stack)
+    other = root / "models-b"
+    other.mkdir()
+    values = {
+        **stack.release.values,
+        "logLevel": "debug",
+        "modelPathPrefixes": [str(root / "models"), str(other)],
+    }
+    phases: list[str] = []
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            md = stack.get_md(NAME) or {}
+            phases.append(str((md.get("status") or {}).get("phase")))
+            time.sleep(0.2)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        new_pod = stack.release.upgrade(values)
+        ready_observer(stack, 2)
+    finally:
+        done.set()
+        sampler.join()
+    assert new_pod["metadata"]["name"] != before_pod["metadata"]["name"]
+    _, pid = operator_process(stack)
+    argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
+    assert "--log-level=debug" in argv
+    assert f"--model-path-prefix={other}" in argv
+    assert phases and set(phases) == {"Ready"}, f"phases seen during the upgrade: {set(phases)}"
+    assert worker_uids(stack) == before_workers, "the upgrade must not touch worker pods"
+    # The admission policy follows the new prefixes too.
+    probe = {
+        "apiVersion": "weightlift.dev/v1alpha1",
+        "kind": "ModelDeployment",
+        "metadata": {"name": "admitted", "namespace": "default"},
+        "spec": {"model": {"uri": f"hostpath://{other}/m"}, "replicas": 0},
+    }
+    stack.kube.create(md_path("default"), probe, {"dryRun": "All"})
+
+
+def test_a_missing_verb_is_reported_naming_verb_and_resource(stack: LocalStack, root: Path) -> None:
+    assert stack.release is not None
+    chart = root / "chart-no-pod-create"
+    shutil.copytree(CHART, chart)
+    rbac = chart / "templates" / "rbac.yaml"
+    full = '["get", "list", "watch", "create", "delete", "patch"]'
+    assert full in rbac.read_text()
+    rbac.write_text(rbac.read_text().replace(full, '["get", "list", "watch", "delete", "patch"]'))
+    values = dict(stack.release.values)
+    stack.release.upgrade(values, chart=chart)
+    stack.kube.patch(md_path("default", NAME), {"spec": {"replicas": 3}}, content_type=MERGE)
+    want = 'cannot create resource "pods"'
+    obs = Observer(stack, NAME)
+    obs.wait(lambda o: want in str(o.status().get("message")), 120, "the forbidden create")
+    assert OPERATOR_USER in str(obs.status()["message"])
+    events = stack.kube.get(
+        "/api/v1/namespaces/default/events", {"fieldSelector": f"involvedObject.name={NAME}"}
+    )["items"]
+    assert any(e["reason"] == "FailedCreate" and want in e["message"] for e in events)
+    assert want in stack.operator_log().read_text()
+    # The chart as it is grants it again: the third replica comes.
+    stack.release.upgrade(values, chart=CHART)
+    ready_observer(stack, 3)
+
+
+def test_uninstall_removes_operator_and_rbac_and_keeps_crd_and_deployments(
+    stack: LocalStack,
+) -> None:
+    assert stack.release is not None
+    stack.kube.patch(md_path("default", NAME), {"spec": {"replicas": 2}}, content_type=MERGE)
+    ready_observer(stack, 2)
+    workers = worker_uids(stack)
+    stack.release.uninstall()
+    deadline = time.monotonic() + 60
+    while stack.release.operator_pods() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not stack.release.operator_pods()
+    rbac = "/apis/rbac.authorization.k8s.io/v1"
+    for path in (
+        "/apis/apps/v1/namespaces/weightlift/deployments/weightlift-operator",
+        "/api/v1/namespaces/weightlift/serviceaccounts/weightlift-operator",
+        f"{rbac}/clusterroles/weightlift-operator",
+        f"{rbac}/clusterroles/weightlift-operator-cluster",
+        f"{rbac}/clusterrolebindings/weightlift-operator-cluster",
+        f"{rbac}/namespaces/default/rolebindings/weightlift-operator",
+        f"{rbac}/namespaces/default/roles/weightlift-worker",
+        "/api/v1/namespaces/default/serviceaccounts/weightlift-worker",
+    ):
+        assert not exists(stack, path), f"{path} outlived helm uninstall"
+    crd = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/modeldeployments.weightlift.dev"
+    assert exists(stack, crd), "helm keeps CRDs from crds/ (README)"
+    assert stack.get_md(NAME) is not None
+    assert worker_uids(stack) == workers, "worker pods keep serving without the operator"
+    for pod in stack.pods(NAME):
+        ready = httpx.get(f"http://{pod['status']['podIP']}:8000/v2/health/ready", timeout=10)
+        assert ready.status_code == 200, pod["metadata"]["name"]
+
+
+def test_reinstall_adopts_the_existing_deployment(stack: LocalStack) -> None:
+    assert stack.release is not None
+    workers = worker_uids(stack)
+    stack.release.install()
+    stack.kube.patch(md_path("default", NAME), {"spec": {"replicas": 1}}, content_type=MERGE)
+    obs = Observer(stack, NAME)
+    obs.wait(
+        lambda o: len(o.pods) == 1 and int(o.status().get("readyReplicas", 0)) == 1,
+        READY_TIMEOUT,
+        "scaled to 1 by the reinstalled operator",
+    )
+    assert worker_uids(stack) < workers, "the kept replica is one of the pods it adopted"
+
+
+def test_every_operator_request_ran_as_the_charts_service_account(
+    stack: LocalStack, root: Path
+) -> None:
+    by_user: dict[str, int] = {}
+    verbs: set[tuple[str, str]] = set()
+    for line in (root / "audit.log").read_text().splitlines():
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        if not event.get("userAgent", "").startswith(OPERATOR_AGENTS):
+            continue
+        user = event["user"]["username"]
+        by_user[user] = by_user.get(user, 0) + 1
+        ref = event.get("objectRef") or {}
+        verbs.add((event["verb"], ref.get("resource", "")))
+    assert set(by_user) == {OPERATOR_USER}, by_user
+    # Both clients were seen at work: kopf watching, the kubernetes client writing.
+    assert {("watch", "modeldeployments"), ("create", "pods"), ("patch", "modeldeployments")} <= (
+        verbs
+    ), verbs
