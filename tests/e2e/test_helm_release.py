@@ -29,7 +29,7 @@ from tests.support.e2e import READY_TIMEOUT
 from weightlift.local.kubeclient import MERGE
 from weightlift.local.observe import Observer
 from weightlift.local.podidentity import SERVICE_ACCOUNT_DIR
-from weightlift.local.release import CHART
+from weightlift.local.release import CHART, HelmRelease, ReleaseError
 from weightlift.local.stack import LocalStack, make_demo_model, md_path
 
 JSON = dict[str, Any]
@@ -281,6 +281,24 @@ def test_reinstall_adopts_the_existing_deployment(stack: LocalStack) -> None:
         "scaled to 1 by the reinstalled operator",
     )
     assert worker_uids(stack) < workers, "the kept replica is one of the pods it adopted"
+
+
+def test_a_second_install_is_refused_by_helm_and_breaks_nothing(stack: LocalStack) -> None:
+    """The same release again; another release (the CRD already there) whose worker namespace
+    is the first one's: helm's own errors, and the first release keeps working."""
+    release = stack.release
+    assert release is not None
+    running, _ = operator_process(stack)
+    with pytest.raises(ReleaseError, match="cannot reuse a name that is still in use"):
+        release.install()
+    other = HelmRelease(
+        stack.kubeconfig, stack.kube, name="other", namespace="other", values=release.values
+    )
+    with pytest.raises(ReleaseError, match=r"weightlift-worker.* exists and cannot be imported"):
+        other.install()
+    assert release.status()["info"]["status"] == "deployed"
+    assert operator_process(stack)[0]["metadata"]["uid"] == running["metadata"]["uid"]
+    ready_observer(stack, 1)
 
 
 def test_every_operator_request_ran_as_the_charts_service_account(

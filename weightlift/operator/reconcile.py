@@ -40,6 +40,7 @@ from weightlift.api.worker import PeerHandoff, WorkerPhase, WorkerReport
 from weightlift.operator import kube
 from weightlift.operator.identity import model_identity
 from weightlift.operator.planning import (
+    POLL_PENDING,
     Event,
     Observed,
     ObservedPod,
@@ -565,6 +566,9 @@ def _surface_rejection(result: Plan, message: str, previous: dict[str, Any]) -> 
     status and once as an Event, instead of failing the whole reconcile."""
     status = result.status
     status.message = message
+    # Retried at the pending poll, not the steady one: once the cause is fixed (RBAC granted,
+    # quota freed) the replica comes within seconds.
+    result.requeue_after = min(result.requeue_after, POLL_PENDING)
     for condition in status.conditions:
         if condition.type == "Scheduled":
             condition.status, condition.reason, condition.message = "False", "FailedCreate", message
