@@ -17,7 +17,8 @@ from weightlift.api.labels import DEPLOYMENT_LABEL, MANAGED_BY
 from weightlift.api.model import GROUP, KIND, PLURAL, VERSION
 from weightlift.operator import kube
 from weightlift.operator.diffbase import DigestDiffBaseStorage
-from weightlift.operator.reconcile import OperatorState, pod_essentials, reconcile
+from weightlift.operator.reconcile import pod_essentials, reconcile
+from weightlift.operator.state import OperatorState
 
 log = logging.getLogger("weightlift.operator")
 
@@ -109,11 +110,12 @@ async def reconcile_loop(
         pods = list(pods_index.get(uid, []))
         try:
             delay = await reconcile(state, body, pods, sources_of, logger)
-            state.errors.pop(uid, None)
+            state.deployment(uid).error = None
         except Exception as exc:  # never let one object take the operator down
             logger.exception("reconcile of %s/%s failed", namespace, body.metadata.name)
-            if state.errors.get(uid) != str(exc):  # one Event per new error, not per retry
-                state.errors[uid] = str(exc)
+            record = state.deployment(uid)
+            if record.error != str(exc):  # one Event per new error, not per retry
+                record.error = str(exc)
                 await state.post_event(dict(body), "Warning", "ReconcileError", str(exc))
             delay = 5.0
         await _sleep(wake, stopped, delay)

@@ -4,9 +4,7 @@
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import math
-import os
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -22,7 +20,6 @@ from weightlift.api.model import (
 from weightlift.api.times import now_rfc3339
 from weightlift.api.worker import WorkerReport
 
-PROBE_NETWORKS_ENV = "WEIGHTLIFT_PROBE_NETWORKS"
 STATUS_TIMEOUT = 2.0
 # Requests to workers in flight at once. httpcore's pool matches every queued request against
 # every connection on each change (quadratic): 400 pods probed at once kept the operator busy in
@@ -80,27 +77,6 @@ class BoundedTransport(httpx.AsyncBaseTransport):
 def worker_client() -> httpx.AsyncClient:
     """The operator's one client for every worker (status reports and inference probes)."""
     return httpx.AsyncClient(transport=BoundedTransport(), trust_env=False)
-
-
-def allowed_networks() -> list[ipaddress.IPv4Network | ipaddress.IPv6Network] | None:
-    raw = os.environ.get(PROBE_NETWORKS_ENV, "").strip()
-    if not raw:
-        return None
-    parts = (part.strip() for part in raw.split(","))
-    return [ipaddress.ip_network(part, strict=False) for part in parts if part]
-
-
-def may_contact(pod_ip: str) -> bool:
-    """False for pod IPs outside WEIGHTLIFT_PROBE_NETWORKS (when set): simulated pods (kwok) have
-    made-up addresses that must not receive traffic."""
-    networks = allowed_networks()
-    if networks is None:
-        return True
-    try:
-        address = ipaddress.ip_address(pod_ip)
-    except ValueError:
-        return False
-    return any(address in net for net in networks)
 
 
 async def fetch_report(client: httpx.AsyncClient, address: str) -> WorkerReport | None:

@@ -5,16 +5,11 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import os
-import posixpath
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-import httpx
-from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
@@ -49,12 +44,10 @@ from weightlift.operator.planning import (
     host_port,
     plan,
 )
-from weightlift.operator.pods import GPU_RESOURCE, plan_for, render_pod, role_of
+from weightlift.operator.pods import plan_for, render_pod, role_of
 from weightlift.operator.probes import (
     fetch_report,
-    may_contact,
     probe_inference,
-    worker_client,
 )
 from weightlift.operator.shared_objects import (
     PlanConfigMap,
@@ -62,12 +55,8 @@ from weightlift.operator.shared_objects import (
     sweep_selector,
     token_secret_manifest,
 )
+from weightlift.operator.state import OperatorState
 
-NODE_CACHE_SECONDS = 60.0
-# How long a pass waits for pods it created to show up in kopf's pod index (the pod watch wakes
-# the loop as soon as they do); after that the index is trusted again. Under load kopf's watch
-# lags by more than 10 s: each give-up was a create answered 409 (up to 7 a pod at 1000 x 4).
-CREATED_POD_WAIT_SECONDS = 60.0
 # Probe times change on every probe. When nothing else in the status did, they are written at
 # most this often: 1000 deployments probed every 10 s would otherwise patch 100 statuses a second
 # (and each patch comes back to kopf's watch). Any other change is written at once.
@@ -77,132 +66,6 @@ PROBE_TIME_REFRESH_SECONDS = 120.0
 # or a pod that is not Ready reads it at once. At 1000 x 4 with 10 s probes the re-read with
 # every probe was half of the operator's steady-state requests and CPU.
 REPORT_REFRESH_SECONDS = 60.0
-MODEL_PATH_PREFIXES_ENV = "WEIGHTLIFT_MODEL_PATH_PREFIXES"
-
-
-def model_path_prefixes(environ: Mapping[str, str] | None = None) -> tuple[str, ...]:
-    """Directories hostpath:// and file:// URIs may name: WEIGHTLIFT_MODEL_PATH_PREFIXES,
-    comma separated, each absolute and normalised (ValueError otherwise)."""
-    raw = (os.environ if environ is None else environ).get(MODEL_PATH_PREFIXES_ENV, "")
-    prefixes = tuple(p.strip() for p in raw.split(",") if p.strip())
-    for prefix in prefixes:
-        if not prefix.startswith("/") or prefix == "/" or posixpath.normpath(prefix) != prefix:
-            raise ValueError(
-                f"{MODEL_PATH_PREFIXES_ENV}: {prefix!r} is not an absolute, normalised directory "
-                "other than /"
-            )
-    return prefixes
-
-
-@dataclass
-class OperatorState:
-    """What the operator keeps between reconciles: clients, wake-ups, probe memory."""
-
-    core: client.CoreV1Api
-    custom: client.CustomObjectsApi
-    http: httpx.AsyncClient
-    wakes: dict[str, asyncio.Event] = field(default_factory=dict)
-    probes: dict[str, tuple[float, ProbeResult]] = field(default_factory=dict)  # pod uid ->
-    # pod uid -> (monotonic time read, report), while Serving
-    reports: dict[str, tuple[float, WorkerReport]] = field(default_factory=dict)
-    failures_seen: dict[str, datetime] = field(default_factory=dict)  # pod uid -> first seen
-    # ModelDeployment uid -> the status this operator last wrote. The status is ours, and the
-    # live body lags behind our own writes until the watch brings them back: planning against
-    # the lagging copy would post the same phase Event twice.
-    statuses: dict[str, dict[str, Any]] = field(default_factory=dict)
-    errors: dict[str, str] = field(default_factory=dict)  # uid -> last failed pass's error
-    written_at: dict[str, float] = field(default_factory=dict)  # uid -> last status write
-    # uid -> {pod name: give-up time}: pods created by this operator that kopf's index has not
-    # shown yet. A pass planning without them would create them again (409s) and count wrong.
-    awaited: dict[str, dict[str, float]] = field(default_factory=dict)
-    node_gpus: tuple[float, int | None] = (0.0, None)
-    _node_fetch: asyncio.Future[int | None] | None = None
-    model_path_prefixes: tuple[str, ...] = ()  # see planning.Observed
-    # What exists beside the pods (operator/shared_objects.py), so each is created once per operator
-    # life, not once per pod: (uid, plan ConfigMap name) and (uid, identity of a token Secret).
-    plan_maps: set[tuple[str, str]] = field(default_factory=set)
-    tokens: set[tuple[str, str]] = field(default_factory=set)
-    # Deployments (uids) on which pods of two plans were seen: the older plan ConfigMaps are
-    # swept when only pods of the current plan are left. uid -> the plan label last seen.
-    stale_plans: set[str] = field(default_factory=set)
-    plan_labels: dict[str, str] = field(default_factory=dict)
-
-    @classmethod
-    def from_environment(cls) -> OperatorState:
-        api = kube.load_config()
-        return cls(
-            core=client.CoreV1Api(api),
-            custom=client.CustomObjectsApi(api),
-            http=worker_client(),
-            model_path_prefixes=model_path_prefixes(),
-        )
-
-    def wake_event(self, uid: str) -> asyncio.Event:
-        return self.wakes.setdefault(uid, asyncio.Event())
-
-    def wake(self, uid: str) -> None:
-        if uid in self.wakes:
-            self.wakes[uid].set()
-
-    def forget(self, uid: str) -> None:
-        self.wakes.pop(uid, None)
-        self.statuses.pop(uid, None)
-        self.errors.pop(uid, None)
-        self.written_at.pop(uid, None)
-        self.awaited.pop(uid, None)
-        self.stale_plans.discard(uid)
-        self.plan_labels.pop(uid, None)
-        self.plan_maps = {k for k in self.plan_maps if k[0] != uid}
-        self.tokens = {k for k in self.tokens if k[0] != uid}
-
-    def await_pod(self, uid: str, name: str) -> None:
-        self.awaited.setdefault(uid, {})[name] = time.monotonic() + CREATED_POD_WAIT_SECONDS
-
-    def awaited_pods(self, uid: str, indexed: set[str]) -> list[str]:
-        """Pods created for `uid` that are still missing from the index (and not given up on)."""
-        waiting = self.awaited.get(uid, {})
-        now = time.monotonic()
-        for name in [n for n, until in waiting.items() if n in indexed or until < now]:
-            del waiting[name]
-        if not waiting:
-            self.awaited.pop(uid, None)
-        return list(waiting)
-
-    def status_of(self, uid: str, body: Mapping[str, Any]) -> dict[str, Any] | None:
-        """The ModelDeployment's status as last written: ours if we wrote one, else the body's."""
-        written = self.statuses.get(uid)
-        return written if written is not None else body.get("status")
-
-    def forget_pod(self, uid: str) -> None:
-        """A deleted pod's probe and failure memory goes with it."""
-        self.probes.pop(uid, None)
-        self.reports.pop(uid, None)
-        self.failures_seen.pop(uid, None)
-
-    async def post_event(
-        self, involved: Mapping[str, Any], kind: str, reason: str, message: str
-    ) -> None:
-        """The operator's one path to Events; best effort (the status carries the same truth)."""
-        try:
-            await asyncio.to_thread(kube.post_event, self.core, involved, kind, reason, message)
-        except Exception:
-            name = involved.get("metadata", {}).get("name")
-            logging.getLogger(__name__).warning("could not post event %s on %s", reason, name)
-
-    async def max_node_gpus(self) -> int | None:
-        """Cached; when it runs out, one LIST of nodes serves every pass waiting for it."""
-        fetched, value = self.node_gpus
-        if time.monotonic() - fetched <= NODE_CACHE_SECONDS:
-            return value
-        if self._node_fetch is None or self._node_fetch.done():
-            self._node_fetch = asyncio.ensure_future(
-                asyncio.to_thread(kube.max_node_gpus, self.core, GPU_RESOURCE)
-            )
-        fetch = self._node_fetch
-        value = await asyncio.shield(fetch)
-        if self._node_fetch is fetch:
-            self.node_gpus = (time.monotonic(), value)
-        return value
 
 
 def _pod_ready(pod: dict[str, Any]) -> bool:
@@ -241,7 +104,9 @@ async def observe_pod(
     address = host_port(ip, spec.runtime.port) if ip else None
     failure, report = _termination(pod)
     pod_ready = _pod_ready(pod)
-    reachable = address is not None and may_contact(ip) and status.get("phase") == "Running"
+    reachable = (
+        address is not None and state.settings.may_contact(ip) and status.get("phase") == "Running"
+    )
     if report is None and reachable and address is not None:
         report = await _report(state, meta["uid"], address, spec, pod_ready)
     probe = await _probe(state, meta["uid"], address, model, spec, pod_ready and reachable)
@@ -262,9 +127,10 @@ async def observe_pod(
         handoff=PeerHandoff.parse((meta.get("annotations") or {}).get(PEERS_ANNOTATION)),
     )
     if observed.failed:
-        failed_at = _finished_at(pod) or state.failures_seen.setdefault(
-            meta["uid"], datetime.now(UTC)
-        )
+        record = state.pod(meta["uid"])
+        if record.failure_seen is None:
+            record.failure_seen = datetime.now(UTC)
+        failed_at = _finished_at(pod) or record.failure_seen
         observed = dataclasses.replace(observed, failed_at=failed_at)
     return observed
 
@@ -286,27 +152,27 @@ async def _report(
     """The worker's report. A serving worker's report stays as it is until the worker stops
     serving: while its pod stays Ready and its probes pass, the last one is reused (see
     REPORT_REFRESH_SECONDS)."""
-    last = state.reports.get(uid)
+    last = state.pod(uid).report
     if last is not None and pod_ready and _probe_passing(state, uid):
         period = spec.probe.period_seconds if spec.probe else 10
         if time.monotonic() - last[0] < max(REPORT_REFRESH_SECONDS, period):
             return last[1]
     report = await fetch_report(state.http, address)
     if report is not None and report.phase == WorkerPhase.SERVING and pod_ready:
-        state.reports[uid] = (time.monotonic(), report)
+        state.pod(uid).report = (time.monotonic(), report)
     else:
-        state.reports.pop(uid, None)
+        state.pod(uid).report = None
     return report
 
 
 def _probe_passing(state: OperatorState, uid: str) -> bool:
-    last = state.probes.get(uid)
+    last = state.pod(uid).probe
     return last is not None and last[1].passed
 
 
 def _probe_due(state: OperatorState, uid: str, spec: ModelDeploymentSpec) -> bool:
     """No passing probe of the pod, or its period ran out."""
-    last = state.probes.get(uid)
+    last = state.pod(uid).probe
     period = spec.probe.period_seconds if spec.probe else 10
     return last is None or not last[1].passed or time.monotonic() - last[0] >= period
 
@@ -320,17 +186,18 @@ async def _probe(
     probe_now: bool,
 ) -> ProbeResult | None:
     """Probe a loaded replica: until it passes on every pass, then every periodSeconds."""
-    last = state.probes.get(uid)
+    record = state.pod(uid)
+    last = record.probe
     if not probe_now or address is None:
         if last is not None and not probe_now:
-            state.probes.pop(uid, None)  # not loaded (anymore): forget, it must pass again
+            record.probe = None  # not loaded (anymore): forget, it must pass again
         return None
     if last is not None and not _probe_due(state, uid, spec):
         return last[1]
     result = await probe_inference(
         state.http, address, model, spec.probe, last[1] if last else None
     )
-    state.probes[uid] = (time.monotonic(), result)
+    record.probe = (time.monotonic(), result)
     return result
 
 
@@ -468,7 +335,7 @@ async def reconcile(
         sibling_sources=siblings,
         previous=_previous_status(state.status_of(uid, body)),
         max_node_gpus=max_gpus,
-        model_path_prefixes=state.model_path_prefixes,
+        model_path_prefixes=state.settings.model_path_prefixes,
     )
     result = plan(spec, observed)
     if not isinstance(spec, SpecError) and _starts_storage_load(spec, result):
@@ -484,7 +351,7 @@ def _only_probe_times_moved(
 ) -> bool:
     """True when the new status differs from the last one written only in probe times and
     latencies, and that write is recent (see PROBE_TIME_REFRESH_SECONDS)."""
-    last = state.written_at.get(uid)
+    last = state.deployment(uid).written_at
     if last is None or time.monotonic() - last >= PROBE_TIME_REFRESH_SECONDS:
         return False
     return _without_probe_times(written) == _without_probe_times(previous)
@@ -585,14 +452,15 @@ async def _ensure_beside_pods(
 ) -> None:
     """The plan ConfigMap and the P2P token Secret exist before a pod that mounts them."""
     namespace, name, uid = meta["namespace"], meta["name"], meta["uid"]
-    if (uid, plan.name) not in state.plan_maps:
+    record = state.deployment(uid)
+    if plan.name not in record.plan_maps:
         manifest = configmap_manifest(plan, namespace, name, uid)
         await asyncio.to_thread(kube.create_configmap, state.core, namespace, manifest)
-        state.plan_maps.add((uid, plan.name))
-    if spec.runtime.type != RuntimeType.EXTERNAL and (uid, identity) not in state.tokens:
+        record.plan_maps.add(plan.name)
+    if spec.runtime.type != RuntimeType.EXTERNAL and identity not in record.tokens:
         secret = token_secret_manifest(identity, namespace, name, uid)
         await asyncio.to_thread(kube.ensure_owned_secret, state.core, namespace, secret)
-        state.tokens.add((uid, identity))
+        record.tokens.add(identity)
 
 
 async def _sweep_plans(
@@ -605,7 +473,7 @@ async def _sweep_plans(
 ) -> None:
     """Delete older revisions' plan ConfigMaps once no pod of this deployment uses them (one
     deletecollection per rollover; nothing at all while no older plan was seen)."""
-    uid = meta["uid"]
+    record = state.deployment(meta["uid"])
     in_use: set[str] = {
         str(label)
         for p in pods
@@ -613,22 +481,24 @@ async def _sweep_plans(
     }
     if len(in_use) != 1 or not identity:
         if len(in_use) > 1:
-            state.stale_plans.add(uid)
+            record.stale_plans = True
         return
     (label,) = in_use
-    if state.plan_labels.setdefault(uid, label) != label:
-        state.plan_labels[uid] = label
-        state.stale_plans.add(uid)
-    if uid not in state.stale_plans:
+    if record.plan_label is None:
+        record.plan_label = label
+    elif record.plan_label != label:
+        record.plan_label = label
+        record.stale_plans = True
+    if not record.stale_plans:
         return  # cheap: the plan is not recomputed on every pass
     if label != plan_for(meta["name"], meta["namespace"], spec, identity).label:
         return  # only pods of an older revision are left; its successors are on their way
-    state.stale_plans.discard(uid)
+    record.stale_plans = False
     selector = sweep_selector(meta["name"], {label})
     try:
         await asyncio.to_thread(kube.delete_configmaps, state.core, meta["namespace"], selector)
     except ApiException as exc:
-        state.stale_plans.add(uid)  # the next pass tries again
+        record.stale_plans = True  # the next pass tries again
         logger.warning("sweeping old plan ConfigMaps: %s", kube.api_error(exc))
 
 
@@ -691,8 +561,8 @@ async def apply(
     written = {k: v for k, v in patch.items() if v is not None}
     if written != previous and not _only_probe_times_moved(state, uid, written, previous):
         await asyncio.to_thread(kube.patch_status, state.custom, namespace, name, patch)
-        state.statuses[uid] = written
-        state.written_at[uid] = time.monotonic()
+        record = state.deployment(uid)
+        record.status, record.written_at = written, time.monotonic()
     if labelled and not publishing:
         await asyncio.to_thread(
             kube.patch_deployment_labels, state.custom, namespace, name, {SOURCES_OF_LABEL: None}

@@ -7,8 +7,12 @@ import os
 
 import click
 
-from weightlift.operator.probes import PROBE_NETWORKS_ENV, allowed_networks
-from weightlift.operator.reconcile import MODEL_PATH_PREFIXES_ENV, model_path_prefixes
+from weightlift.operator.settings import (
+    MODEL_PATH_PREFIXES_ENV,
+    PROBE_NETWORKS_ENV,
+    parse_networks,
+    parse_path_prefixes,
+)
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 # kopf namespace patterns: a name with one of these is a glob (or a negation), found by scanning.
@@ -65,16 +69,17 @@ def operator_command(
         namespaces = tuple(ns for ns in env_ns.split(",") if ns)
         if not namespaces:
             raise click.UsageError("give --namespace NS (repeatable) or --all-namespaces")
+    # Flags win over the env; the handlers read both into one Settings at start-up.
     if probe_networks:
         os.environ[PROBE_NETWORKS_ENV] = probe_networks
     try:
-        allowed_networks()
+        parse_networks(os.environ.get(PROBE_NETWORKS_ENV, ""))
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--probe-networks") from exc
     if path_prefixes:
         os.environ[MODEL_PATH_PREFIXES_ENV] = ",".join(path_prefixes)
     try:
-        model_path_prefixes()
+        parse_path_prefixes(os.environ.get(MODEL_PATH_PREFIXES_ENV, ""))
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--model-path-prefix") from exc
     level = logging.DEBUG if verbose else getattr(logging, log_level.upper())

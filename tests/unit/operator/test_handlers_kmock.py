@@ -51,8 +51,9 @@ from weightlift.api.worker import (
 from weightlift.operator import handlers, kube
 from weightlift.operator.identity import model_identity
 from weightlift.operator.planning import SpecError
-from weightlift.operator.reconcile import OperatorState, parse_spec
+from weightlift.operator.reconcile import parse_spec
 from weightlift.operator.reconcile import reconcile as real_reconcile
+from weightlift.operator.state import OperatorState
 
 NS = "wl-test"
 MD_RESOURCE = kmock.resource(GROUP, VERSION, PLURAL)
@@ -722,7 +723,7 @@ async def test_the_sources_of_label_follows_the_published_sources(
         }
         pod["metadata"]["labels"][IDENTITY_LABEL] = _identity_of(md["spec"])
         passed = ProbeResult(passed=True, message="ok", last_probe_time="2026-01-01T00:00:00Z")
-        state.probes["pod-uid-0"] = (time.monotonic(), passed)
+        state.pod("pod-uid-0").probe = (time.monotonic(), passed)
         await real_reconcile(state, cluster.md("solo") or md, [ready_pod], no_sources, log)
         labelled = cluster.md("solo") or {}
         identity = labelled["status"]["modelIdentity"]

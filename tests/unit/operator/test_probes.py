@@ -14,14 +14,13 @@ from aiohttp import web
 from weightlift.api.model import InferenceProbe, ProbeResult
 from weightlift.local.net import free_port
 from weightlift.operator.probes import (
-    PROBE_NETWORKS_ENV,
     BoundedTransport,
     fetch_report,
-    may_contact,
     probe_inference,
     request_from_metadata,
     worker_client,
 )
+from weightlift.operator.settings import MODEL_PATH_PREFIXES_ENV, PROBE_NETWORKS_ENV, Settings
 
 MODEL = "adder"
 METADATA = {
@@ -422,28 +421,40 @@ async def test_fetch_report_returns_none_when_refused(http: httpx.AsyncClient) -
 # ------------------------------------------------------------------------------ may_contact
 
 
-def test_may_contact_anything_when_unrestricted(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(PROBE_NETWORKS_ENV, raising=False)
+def may_contact(ip: str, networks: str | None = None) -> bool:
+    env = {} if networks is None else {PROBE_NETWORKS_ENV: networks}
+    return Settings.from_environment(env).may_contact(ip)
+
+
+def test_may_contact_anything_when_unrestricted() -> None:
     assert may_contact("10.244.1.7")
     assert may_contact("127.0.0.1")
 
 
-def test_may_contact_only_inside_the_configured_networks(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(PROBE_NETWORKS_ENV, "127.0.0.0/8, 10.1.0.0/16,fd00::/8")
-    assert may_contact("127.0.3.4")
-    assert may_contact("10.1.200.3")
-    assert may_contact("fd00::12")
-    assert not may_contact("10.2.0.1")
-    assert not may_contact("192.168.1.1")
-    assert not may_contact("2001:db8::1")
-    assert not may_contact("not-an-ip")
-    assert not may_contact("")
+def test_may_contact_only_inside_the_configured_networks() -> None:
+    nets = "127.0.0.0/8, 10.1.0.0/16,fd00::/8"
+    assert may_contact("127.0.3.4", nets)
+    assert may_contact("10.1.200.3", nets)
+    assert may_contact("fd00::12", nets)
+    assert not may_contact("10.2.0.1", nets)
+    assert not may_contact("192.168.1.1", nets)
+    assert not may_contact("2001:db8::1", nets)
+    assert not may_contact("not-an-ip", nets)
+    assert not may_contact("", nets)
 
 
-def test_may_contact_ignores_blank_entries(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(PROBE_NETWORKS_ENV, "127.0.0.0/8, ,")
-    assert may_contact("127.0.0.1")
-    assert not may_contact("10.0.0.1")
+def test_may_contact_ignores_blank_entries() -> None:
+    assert may_contact("127.0.0.1", "127.0.0.0/8, ,")
+    assert not may_contact("10.0.0.1", "127.0.0.0/8, ,")
+
+
+def test_a_bad_network_or_prefix_names_its_variable() -> None:
+    with pytest.raises(ValueError, match=PROBE_NETWORKS_ENV):
+        Settings.from_environment({PROBE_NETWORKS_ENV: "10.0.0.0/33"})
+    with pytest.raises(ValueError, match=MODEL_PATH_PREFIXES_ENV):
+        Settings.from_environment({MODEL_PATH_PREFIXES_ENV: "models/relative"})
+    settings = Settings.from_environment({MODEL_PATH_PREFIXES_ENV: "/data, /models"})
+    assert settings.model_path_prefixes == ("/data", "/models")
 
 
 async def test_requests_beyond_the_bound_wait_and_all_complete(worker: Worker) -> None:

@@ -21,9 +21,10 @@ from tests.support.planning import no_sources
 from weightlift.api.labels import REPLICA_LABEL, ROLE_LABEL, SOURCES_OF_LABEL
 from weightlift.api.model import ProbeResult
 from weightlift.operator import kube, reconcile
+from weightlift.operator import state as operator_state
 from weightlift.operator.diffbase import DigestDiffBaseStorage
 from weightlift.operator.planning import SpecError
-from weightlift.operator.reconcile import OperatorState
+from weightlift.operator.state import OperatorState
 
 UID = "3c1f7c3e-0000-4000-8000-000000000001"
 
@@ -51,12 +52,12 @@ async def test_a_pass_waits_for_pods_it_created_to_reach_the_index() -> None:
     assert state.awaited_pods(UID, set()) == ["llama-abc-0"]
     # Indexed: nothing is awaited any more.
     assert state.awaited_pods(UID, {"llama-abc-0"}) == []
-    assert UID not in state.awaited
+    assert not state.deployment(UID).awaited
 
 
 def test_a_pod_that_never_shows_up_is_given_up_on(monkeypatch: pytest.MonkeyPatch) -> None:
     state = _state()
-    monkeypatch.setattr(reconcile, "CREATED_POD_WAIT_SECONDS", 0.0)
+    monkeypatch.setattr(operator_state, "CREATED_POD_WAIT_SECONDS", 0.0)
     state.await_pod(UID, "llama-abc-0")
     time.sleep(0.01)
     assert state.awaited_pods(UID, set()) == []
@@ -73,7 +74,7 @@ def test_probe_times_alone_wait_for_the_refresh(monkeypatch: pytest.MonkeyPatch)
     later = _status("2026-01-01T00:00:10Z", 4.5)
     # Never written by this operator: write.
     assert not reconcile._only_probe_times_moved(state, UID, later, before)
-    state.written_at[UID] = time.monotonic()
+    state.deployment(UID).written_at = time.monotonic()
     assert reconcile._only_probe_times_moved(state, UID, later, before)
     # Anything else that moved is written at once.
     moved = _status("2026-01-01T00:00:10Z", 4.5, phase="Degraded")
@@ -195,24 +196,26 @@ async def test_a_serving_workers_report_is_reread_only_when_stale_or_in_doubt(
     assert report is not None and len(reads) == 2
     # Serving, probes passing: the report is reused, probe period after probe period.
     await reconcile._report(state, "uid-0", address, spec, pod_ready=True)
-    state.probes["uid-0"] = (time.monotonic(), ProbeResult(passed=True, message="ok"))
+    state.pod("uid-0").probe = (time.monotonic(), ProbeResult(passed=True, message="ok"))
     for _ in range(3):
         report = await reconcile._report(state, "uid-0", address, spec, pod_ready=True)
-    state.probes["uid-0"] = (time.monotonic() - 3600, ProbeResult(passed=True, message="ok"))
+    state.pod("uid-0").probe = (time.monotonic() - 3600, ProbeResult(passed=True, message="ok"))
     report = await reconcile._report(state, "uid-0", address, spec, pod_ready=True)
     assert report is not None and report.phase == "Serving" and len(reads) == 3
     # Read again once it is REPORT_REFRESH_SECONDS old...
-    read_at, last = state.reports["uid-0"]
-    state.reports["uid-0"] = (read_at - reconcile.REPORT_REFRESH_SECONDS, last)
+    cached = state.pod("uid-0").report
+    assert cached is not None
+    read_at, last = cached
+    state.pod("uid-0").report = (read_at - reconcile.REPORT_REFRESH_SECONDS, last)
     await reconcile._report(state, "uid-0", address, spec, pod_ready=True)
     assert len(reads) == 4
     # ...at once after a failed probe, and when the pod is no longer Ready.
-    state.probes["uid-0"] = (time.monotonic(), ProbeResult(passed=False, message="wrong output"))
+    state.pod("uid-0").probe = (time.monotonic(), ProbeResult(passed=False, message="wrong output"))
     await reconcile._report(state, "uid-0", address, spec, pod_ready=True)
     assert len(reads) == 5
-    state.probes["uid-0"] = (time.monotonic(), ProbeResult(passed=True, message="ok"))
+    state.pod("uid-0").probe = (time.monotonic(), ProbeResult(passed=True, message="ok"))
     await reconcile._report(state, "uid-0", address, spec, pod_ready=False)
-    assert len(reads) == 6 and "uid-0" not in state.reports
+    assert len(reads) == 6 and state.pod("uid-0").report is None
     await state.http.aclose()
 
 

@@ -1,0 +1,75 @@
+"""The operator's settings: read and checked once when it starts, one frozen object after.
+
+`weightlift operator` takes them as flags (or the env variables below, which the chart sets);
+every pass and probe reads the object, never the environment.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import posixpath
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+MODEL_PATH_PREFIXES_ENV = "WEIGHTLIFT_MODEL_PATH_PREFIXES"
+PROBE_NETWORKS_ENV = "WEIGHTLIFT_PROBE_NETWORKS"
+
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+def _split(raw: str) -> list[str]:
+    return [part.strip() for part in raw.split(",") if part.strip()]
+
+
+def parse_path_prefixes(raw: str) -> tuple[str, ...]:
+    """Directories hostpath:// and file:// URIs may name: comma separated, each absolute and
+    normalised and not / (ValueError naming the variable otherwise)."""
+    prefixes = tuple(_split(raw))
+    for prefix in prefixes:
+        if not prefix.startswith("/") or prefix == "/" or posixpath.normpath(prefix) != prefix:
+            raise ValueError(
+                f"{MODEL_PATH_PREFIXES_ENV}: {prefix!r} is not an absolute, normalised directory "
+                "other than /"
+            )
+    return prefixes
+
+
+def parse_networks(raw: str) -> tuple[Network, ...] | None:
+    """CIDRs the operator may contact (None: anywhere); ValueError naming the variable."""
+    parts = _split(raw)
+    if not parts:
+        return None
+    try:
+        return tuple(ipaddress.ip_network(part, strict=False) for part in parts)
+    except ValueError as exc:
+        raise ValueError(f"{PROBE_NETWORKS_ENV}: {exc}") from None
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What the operator was started with."""
+
+    # hostpath:// and file:// URIs must lie below one of these (none: such URIs are refused).
+    model_path_prefixes: tuple[str, ...] = ()
+    # Pod IPs the operator may send status reads and probes to; None: any. Simulated pods
+    # (kwok) have made-up addresses that must not receive traffic.
+    probe_networks: tuple[Network, ...] | None = None
+
+    @classmethod
+    def from_environment(cls, environ: Mapping[str, str] | None = None) -> Settings:
+        env = os.environ if environ is None else environ
+        return cls(
+            model_path_prefixes=parse_path_prefixes(env.get(MODEL_PATH_PREFIXES_ENV, "")),
+            probe_networks=parse_networks(env.get(PROBE_NETWORKS_ENV, "")),
+        )
+
+    def may_contact(self, pod_ip: str) -> bool:
+        """False for pod IPs outside `probe_networks` (when set) and for non-addresses."""
+        if self.probe_networks is None:
+            return True
+        try:
+            address = ipaddress.ip_address(pod_ip)
+        except ValueError:
+            return False
+        return any(address in net for net in self.probe_networks)

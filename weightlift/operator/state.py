@@ -1,0 +1,151 @@
+"""What the operator keeps between passes: its clients and settings, one record per
+ModelDeployment and one per pod. A deleted object's record goes with one `pop`."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import httpx
+from kubernetes import client
+
+from weightlift.api.worker import WorkerReport
+from weightlift.operator import kube
+from weightlift.operator.pods import GPU_RESOURCE
+from weightlift.operator.probes import ProbeResult, worker_client
+from weightlift.operator.settings import Settings
+
+NODE_CACHE_SECONDS = 60.0
+# How long a pass waits for pods it created to show up in kopf's pod index (the pod watch wakes
+# the loop as soon as they do); after that the index is trusted again: kopf's watch can lag by
+# more than 10 s under load, and planning without the pods would create them again (409s).
+CREATED_POD_WAIT_SECONDS = 60.0
+
+
+@dataclass
+class DeploymentRecord:
+    """One ModelDeployment (by uid)."""
+
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    # The status this operator last wrote and when. The status is ours, and the live body lags
+    # behind our own writes until the watch brings them back: planning against the lagging copy
+    # would post the same phase Event twice.
+    status: dict[str, Any] | None = None
+    written_at: float | None = None
+    error: str | None = None  # the last failed pass's error (one Event per new error)
+    # Pods created by this operator that kopf's index has not shown yet: name -> give-up time.
+    awaited: dict[str, float] = field(default_factory=dict)
+    # What exists beside the pods (shared_objects.py), created once per operator life: plan
+    # ConfigMap names and the model identities whose token Secret exists.
+    plan_maps: set[str] = field(default_factory=set)
+    tokens: set[str] = field(default_factory=set)
+    # Pods of two plans were seen: the older plan ConfigMaps are swept once only pods of the
+    # current plan are left. The plan label last seen tells a new plan.
+    stale_plans: bool = False
+    plan_label: str | None = None
+
+
+@dataclass
+class PodRecord:
+    """One worker pod (by uid): its probe and report memory."""
+
+    probe: tuple[float, ProbeResult] | None = None  # (monotonic time, result)
+    report: tuple[float, WorkerReport] | None = None  # (monotonic time read), while Serving
+    failure_seen: datetime | None = None  # first seen failed
+
+
+@dataclass
+class OperatorState:
+    """Clients, settings and the records; handlers get it from kopf's memo."""
+
+    core: client.CoreV1Api
+    custom: client.CustomObjectsApi
+    http: httpx.AsyncClient
+    settings: Settings = field(default_factory=Settings)
+    deployments: dict[str, DeploymentRecord] = field(default_factory=dict)
+    pods: dict[str, PodRecord] = field(default_factory=dict)
+    node_gpus: tuple[float, int | None] = (0.0, None)
+    _node_fetch: asyncio.Future[int | None] | None = None
+
+    @classmethod
+    def from_environment(cls) -> OperatorState:
+        api = kube.load_config()
+        return cls(
+            core=client.CoreV1Api(api),
+            custom=client.CustomObjectsApi(api),
+            http=worker_client(),
+            settings=Settings.from_environment(),
+        )
+
+    # -- records
+    def deployment(self, uid: str) -> DeploymentRecord:
+        return self.deployments.setdefault(uid, DeploymentRecord())
+
+    def pod(self, uid: str) -> PodRecord:
+        return self.pods.setdefault(uid, PodRecord())
+
+    def forget(self, uid: str) -> None:
+        self.deployments.pop(uid, None)
+
+    def forget_pod(self, uid: str) -> None:
+        """A deleted pod's probe and failure memory goes with it."""
+        self.pods.pop(uid, None)
+
+    # -- wake-ups
+    def wake_event(self, uid: str) -> asyncio.Event:
+        return self.deployment(uid).wake
+
+    def wake(self, uid: str) -> None:
+        record = self.deployments.get(uid)
+        if record is not None:
+            record.wake.set()
+
+    # -- what a pass needs
+    def await_pod(self, uid: str, name: str) -> None:
+        self.deployment(uid).awaited[name] = time.monotonic() + CREATED_POD_WAIT_SECONDS
+
+    def awaited_pods(self, uid: str, indexed: set[str]) -> list[str]:
+        """Pods created for `uid` that are still missing from the index (and not given up on)."""
+        record = self.deployments.get(uid)
+        if record is None:
+            return []
+        now = time.monotonic()
+        for name in [n for n, until in record.awaited.items() if n in indexed or until < now]:
+            del record.awaited[name]
+        return list(record.awaited)
+
+    def status_of(self, uid: str, body: Mapping[str, Any]) -> dict[str, Any] | None:
+        """The ModelDeployment's status as last written: ours if we wrote one, else the body's."""
+        record = self.deployments.get(uid)
+        written = record.status if record is not None else None
+        return written if written is not None else body.get("status")
+
+    async def post_event(
+        self, involved: Mapping[str, Any], kind: str, reason: str, message: str
+    ) -> None:
+        """The operator's one path to Events; best effort (the status carries the same truth)."""
+        try:
+            await asyncio.to_thread(kube.post_event, self.core, involved, kind, reason, message)
+        except Exception:
+            name = involved.get("metadata", {}).get("name")
+            logging.getLogger(__name__).warning("could not post event %s on %s", reason, name)
+
+    async def max_node_gpus(self) -> int | None:
+        """Cached; when it runs out, one LIST of nodes serves every pass waiting for it."""
+        fetched, value = self.node_gpus
+        if time.monotonic() - fetched <= NODE_CACHE_SECONDS:
+            return value
+        if self._node_fetch is None or self._node_fetch.done():
+            self._node_fetch = asyncio.ensure_future(
+                asyncio.to_thread(kube.max_node_gpus, self.core, GPU_RESOURCE)
+            )
+        fetch = self._node_fetch
+        value = await asyncio.shield(fetch)
+        if self._node_fetch is fetch:
+            self.node_gpus = (time.monotonic(), value)
+        return value
