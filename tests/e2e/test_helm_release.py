@@ -291,9 +291,7 @@ def test_a_second_install_is_refused_by_helm_and_breaks_nothing(stack: LocalStac
     running, _ = operator_process(stack)
     with pytest.raises(ReleaseError, match="cannot reuse a name that is still in use"):
         release.install()
-    other = HelmRelease(
-        stack.kubeconfig, stack.kube, name="other", namespace="other", values=release.values
-    )
+    other = HelmRelease(stack.kubeconfig, name="other", namespace="other", values=release.values)
     with pytest.raises(ReleaseError, match=r"weightlift-worker.* exists and cannot be imported"):
         other.install()
     assert release.status()["info"]["status"] == "deployed"

@@ -16,10 +16,12 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
 
 from weightlift.local.cluster import tool_path
-from weightlift.local.kubeclient import JSON, Kube
 
+JSON = dict[str, Any]
 CHART = Path(__file__).resolve().parents[2] / "helm" / "weightlift"
 OPERATOR_CONTAINER = "operator"
 
@@ -33,12 +35,26 @@ class HelmRelease:
     """One release of the chart. `values` are the chart's values (see values.yaml)."""
 
     kubeconfig: Path
-    kube: Kube
     name: str = "weightlift"
     namespace: str = "weightlift"
     values: dict[str, Any] = field(default_factory=dict)
     chart: Path = CHART
     timeout: float = 120.0
+    # The official client, as the admin (reads only: the release's pods and Deployment).
+    api: client.ApiClient = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.api = config.new_client_from_config(config_file=str(self.kubeconfig))
+        # Its own name in the API server's audit log, apart from the operator's client.
+        self.api.user_agent = "weightlift-local/helm-release"
+
+    def close(self) -> None:
+        self.api.close()
+
+    def _wire(self, obj: Any) -> JSON:
+        """A typed object as the API server wrote it (camelCase JSON)."""
+        doc: JSON = self.api.sanitize_for_serialization(obj)
+        return doc
 
     @property
     def fullname(self) -> str:
@@ -91,9 +107,15 @@ class HelmRelease:
         return self.wait_operator(replacing=before["metadata"]["name"])
 
     def deployment_generation(self) -> int:
-        path = f"/apis/apps/v1/namespaces/{self.namespace}/deployments/{self.fullname}"
-        deployment = self.kube.get_or_none(path)
-        return int(deployment["metadata"]["generation"]) if deployment else 0
+        try:
+            deployment = client.AppsV1Api(self.api).read_namespaced_deployment(
+                self.fullname, self.namespace
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return 0
+            raise
+        return int(deployment.metadata.generation or 0) if deployment.metadata else 0
 
     def uninstall(self) -> None:
         self.helm("uninstall", self.name, "--namespace", self.namespace, "--wait")
@@ -106,11 +128,10 @@ class HelmRelease:
 
     # -- the operator pod
     def operator_pods(self) -> list[JSON]:
-        listing = self.kube.get(
-            f"/api/v1/namespaces/{self.namespace}/pods", {"labelSelector": self.selector}
+        listing = client.CoreV1Api(self.api).list_namespaced_pod(
+            self.namespace, label_selector=self.selector
         )
-        items: list[JSON] = listing["items"]
-        return items
+        return [self._wire(pod) for pod in listing.items]
 
     def operator_pod(self) -> JSON | None:
         """The release's live operator pod (not being deleted), if any."""

@@ -162,7 +162,7 @@ class LocalStack(UpDown):
         }
 
     def _install_release(self) -> None:
-        self.release = HelmRelease(self.kubeconfig, self.kube, values=self.chart_values())
+        self.release = HelmRelease(self.kubeconfig, values=self.chart_values())
         self.release.install()
 
     def operator_info(self) -> JSON:
@@ -281,6 +281,8 @@ class LocalStack(UpDown):
             self._cluster = None
         with contextlib.suppress(AttributeError):
             self.kube.close()
+        if self.release is not None:
+            self.release.close()
 
     # -- helpers for the demo and tests
     def apply(self, manifest: JSON) -> JSON:
