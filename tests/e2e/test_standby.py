@@ -5,8 +5,10 @@ is frozen (SIGSTOP) until the target is seen in Standby, so the order never depe
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -124,7 +126,8 @@ def test_a_peer_of_another_identity_is_refused(
     stack: LocalStack, deployments: Deploy, demo_model: tuple[Path, JSON]
 ) -> None:
     """Someone hands a waiting target a Ready pod of another model identity (another revision):
-    it refuses (peer token and identity differ) and loads its own weights from storage."""
+    it refuses (peer token and identity differ) and loads its own weights from storage. The
+    operator is down meanwhile, so that only the forged hand-off reaches the target."""
     model_dir, probe = demo_model
     foreign = deployments("foreign", model_dir, probe, replicas=1, revision="2")
     foreign.wait_ready(READY_TIMEOUT)
@@ -133,18 +136,25 @@ def test_a_peer_of_another_identity_is_refused(
     obs = deployments("victim", model_dir, probe, replicas=2)
     with frozen_source(stack, obs):
         target = _wait_standby(obs, 1)
-        handoff = PeerHandoff(peers=[PeerCandidate(pod=foreign_pod, address=address)])
-        stack.kube.patch(
-            f"/api/v1/namespaces/{stack.namespace}/pods/{target['name']}",
-            {"metadata": {"annotations": {PEERS_ANNOTATION: handoff.to_text()}}},
-            content_type=MERGE,
-        )
-        obs.wait(
-            lambda o: bool(_row(o, 1).get("ready")),
-            READY_TIMEOUT,
-            "the target Ready from storage after refusing the foreign peer",
-        )
-        assert _row(obs, 1)["loadedFrom"] == "storage:hostpath"
+        status_url = f"http://{_pod_ip(obs, target['name'])}:8000/weightlift/v1/status"
+        stack.kill_operator()
+        try:
+            handoff = PeerHandoff(peers=[PeerCandidate(pod=foreign_pod, address=address)])
+            stack.kube.patch(
+                f"/api/v1/namespaces/{stack.namespace}/pods/{target['name']}",
+                {"metadata": {"annotations": {PEERS_ANNOTATION: handoff.to_text()}}},
+                content_type=MERGE,
+            )
+            deadline = time.monotonic() + READY_TIMEOUT
+            report: JSON = {}
+            while report.get("phase") not in ("Serving", "Failed"):
+                assert time.monotonic() < deadline, f"target never served: {report}"
+                time.sleep(0.25)
+                with contextlib.suppress(httpx.HTTPError, ValueError):
+                    report = httpx.get(status_url, timeout=5).json()
+        finally:
+            stack.restart_operator()
+        assert report["phase"] == "Serving" and report["loadedFrom"] == "storage:hostpath"
     # It did try the foreign peer, and the peer refused it.
     logs = stack.node.config.state_dir.glob(f"pods/{stack.namespace}_{target['name']}_*/*.log")
     text = "\n".join(p.read_text(errors="replace") for p in logs)
