@@ -35,6 +35,9 @@ PLAN_KEY = "plan.json"
 ASSIGNMENT_ENV = "WEIGHTLIFT_ASSIGNMENT"
 # The P2P token of the model identity (a Secret's key, as env): targets send it, sources check it.
 PEER_TOKEN_ENV = "WEIGHTLIFT_PEER_TOKEN"
+# The most bytes of engine compile cache a target fetches from a source (the chart's
+# compileCacheMaxBytes through the operator); a bigger cache is not fetched: the target compiles.
+COMPILE_CACHE_MAX_BYTES_ENV = "WEIGHTLIFT_COMPILE_CACHE_MAX_BYTES"
 PEER_TOKEN_KEY = "token"
 # A Target's hand-off file: the pod's weightlift.dev/peers annotation (a PeerHandoff as JSON),
 # projected by a downwardAPI volume, which the kubelet rewrites in place when it changes.

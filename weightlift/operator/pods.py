@@ -17,6 +17,7 @@ from weightlift.api.model import GROUP, KIND, VERSION, ModelDeploymentSpec, Role
 from weightlift.api.uri import REMOTE_SCHEMES, ModelUri
 from weightlift.api.worker import (
     ASSIGNMENT_ENV,
+    COMPILE_CACHE_MAX_BYTES_ENV,
     PEER_TOKEN_ENV,
     PEER_TOKEN_KEY,
     PEERS_FILE,
@@ -31,6 +32,7 @@ from weightlift.api.worker import (
     SharedPlan,
 )
 from weightlift.operator.planning import DesiredPod
+from weightlift.operator.settings import Settings
 from weightlift.operator.shared_objects import PlanConfigMap, plan_configmap, token_secret_name
 
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -130,6 +132,13 @@ def plan_for(name: str, namespace: str, spec: ModelDeploymentSpec, identity: str
     return plan_configmap(name, shared_plan(name, namespace, spec, identity))
 
 
+def operator_settings_env(settings: Settings | None) -> list[dict[str, Any]]:
+    """The operator's settings its workers apply (the compile-cache bound), when it has them."""
+    if settings is None or settings.compile_cache_max_bytes is None:
+        return []
+    return [{"name": COMPILE_CACHE_MAX_BYTES_ENV, "value": str(settings.compile_cache_max_bytes)}]
+
+
 def plan_env(
     plan: PlanConfigMap, spec: ModelDeploymentSpec, desired: DesiredPod
 ) -> list[dict[str, Any]]:
@@ -172,8 +181,10 @@ def render_pod(
     spec: ModelDeploymentSpec,
     desired: DesiredPod,
     plan: PlanConfigMap | None = None,
+    settings: Settings | None = None,
 ) -> dict[str, Any]:
-    """`plan`: the revision's plan ConfigMap (computed once per pass by the caller)."""
+    """`plan`: the revision's plan ConfigMap (computed once per pass by the caller); `settings`:
+    the operator's, those its workers apply."""
     _, model_volumes, model_mounts = model_mount(spec)
     template = spec.template
     plan = plan or plan_for(name, namespace, spec, desired.identity)
@@ -191,6 +202,7 @@ def render_pod(
         {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
         *({"name": e.name, "value": e.value} for e in template.env),
         *credential_env(spec),
+        *operator_settings_env(settings),
     ]
     # An External runtime (tritonserver, vLLM) is the container's own command: it loads its
     # weights itself and serves KServe v2 on runtime.port, where the operator probes it.

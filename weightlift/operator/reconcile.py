@@ -530,7 +530,7 @@ async def apply(
                 f"creating {plan.name} for pod {desired.name} was rejected: {kube.api_error(exc)}"
             )
             break
-        manifest = render_pod(name, namespace, uid, spec, desired, plan)
+        manifest = render_pod(name, namespace, uid, spec, desired, plan, state.settings)
         try:
             created = await asyncio.to_thread(kube.create_pod, state.core, namespace, manifest)
             state.await_pod(uid, desired.name)  # new, or already there (409): it exists

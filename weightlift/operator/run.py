@@ -7,6 +7,7 @@ import os
 
 import click
 
+from weightlift.api.worker import COMPILE_CACHE_MAX_BYTES_ENV
 from weightlift.operator.settings import (
     MODEL_PATH_PREFIXES_ENV,
     PROBE_NETWORKS_ENV,
@@ -50,6 +51,13 @@ GLOB_CHARS = set("*?[!")
     show_default=True,
     help="Log level (--verbose is debug).",
 )
+@click.option(
+    "--compile-cache-max-bytes",
+    type=click.IntRange(min=0),
+    default=None,
+    help="The most bytes of engine compile cache a target fetches from its source (passed to "
+    f"worker pods as {COMPILE_CACHE_MAX_BYTES_ENV}); bigger caches are compiled instead.",
+)
 @click.option("--verbose", "-v", is_flag=True, help="Debug logging (--log-level debug).")
 def operator_command(
     namespaces: tuple[str, ...],
@@ -59,6 +67,7 @@ def operator_command(
     probe_networks: str | None,
     path_prefixes: tuple[str, ...],
     log_level: str,
+    compile_cache_max_bytes: int | None,
     verbose: bool,
 ) -> None:
     """Run the weightlift operator against the current kubeconfig (or in-cluster config)."""
@@ -82,6 +91,8 @@ def operator_command(
         parse_path_prefixes(os.environ.get(MODEL_PATH_PREFIXES_ENV, ""))
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--model-path-prefix") from exc
+    if compile_cache_max_bytes is not None:
+        os.environ[COMPILE_CACHE_MAX_BYTES_ENV] = str(compile_cache_max_bytes)
     level = logging.DEBUG if verbose else getattr(logging, log_level.upper())
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if level > logging.DEBUG:

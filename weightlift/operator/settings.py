@@ -12,6 +12,8 @@ import posixpath
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from weightlift.api.worker import COMPILE_CACHE_MAX_BYTES_ENV
+
 MODEL_PATH_PREFIXES_ENV = "WEIGHTLIFT_MODEL_PATH_PREFIXES"
 PROBE_NETWORKS_ENV = "WEIGHTLIFT_PROBE_NETWORKS"
 
@@ -46,6 +48,19 @@ def parse_networks(raw: str) -> tuple[Network, ...] | None:
         raise ValueError(f"{PROBE_NETWORKS_ENV}: {exc}") from None
 
 
+def parse_max_bytes(raw: str) -> int | None:
+    """A byte bound (None when unset); ValueError naming the variable."""
+    if not raw.strip():
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise ValueError(f"{COMPILE_CACHE_MAX_BYTES_ENV}: {raw!r} is not a byte count >= 0")
+    return value
+
+
 @dataclass(frozen=True)
 class Settings:
     """What the operator was started with."""
@@ -55,6 +70,8 @@ class Settings:
     # Pod IPs the operator may send status reads and probes to; None: any. Simulated pods
     # (kwok) have made-up addresses that must not receive traffic.
     probe_networks: tuple[Network, ...] | None = None
+    # The most compile-cache bytes a worker fetches from its source (None: the worker's default).
+    compile_cache_max_bytes: int | None = None
 
     @classmethod
     def from_environment(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -62,6 +79,7 @@ class Settings:
         return cls(
             model_path_prefixes=parse_path_prefixes(env.get(MODEL_PATH_PREFIXES_ENV, "")),
             probe_networks=parse_networks(env.get(PROBE_NETWORKS_ENV, "")),
+            compile_cache_max_bytes=parse_max_bytes(env.get(COMPILE_CACHE_MAX_BYTES_ENV, "")),
         )
 
     def may_contact(self, pod_ip: str) -> bool:

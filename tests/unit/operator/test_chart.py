@@ -73,6 +73,22 @@ def test_operator_deployment_is_single_recreate_nonroot(helm: Path) -> None:
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert "--all-namespaces" in container["args"]
     assert {"name": "MALLOC_ARENA_MAX", "value": "2"} in container["env"]
+    # The compile-cache bound (1 GiB by default) goes to the operator, which hands it to workers.
+    assert "--compile-cache-max-bytes=1073741824" in container["args"]
+
+
+def test_compile_cache_bound_is_a_chart_value(helm: Path) -> None:
+    (deployment,) = by_kind(template(helm, "--set", "compileCacheMaxBytes=0"), "Deployment")
+    assert (
+        "--compile-cache-max-bytes=0"
+        in deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    )
+    result = subprocess.run(
+        [str(helm), "template", "wl", str(CHART), "--set", "compileCacheMaxBytes=-1"],
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode != 0 and "compileCacheMaxBytes" in result.stderr, result.stderr
 
 
 def rules(role: dict[str, Any]) -> dict[tuple[str, str], set[str]]:

@@ -479,3 +479,21 @@ def test_named_service_account_is_used_with_its_token() -> None:
     spec = render(make_spec(template={"serviceAccountName": "weightlift-worker"}))["spec"]
     assert spec["serviceAccountName"] == "weightlift-worker"
     assert "automountServiceAccountToken" not in spec
+
+
+def test_the_operators_compile_cache_bound_reaches_its_workers() -> None:
+    from weightlift.api.worker import COMPILE_CACHE_MAX_BYTES_ENV
+    from weightlift.operator.settings import Settings
+
+    spec = make_spec()
+    assert COMPILE_CACHE_MAX_BYTES_ENV not in env_of(render(spec))
+    bounded = render_pod(
+        NAME, NAMESPACE, UID, spec, desired(spec), None, Settings(compile_cache_max_bytes=4096)
+    )
+    assert env_of(bounded)[COMPILE_CACHE_MAX_BYTES_ENV]["value"] == "4096"
+    assert (
+        Settings.from_environment({COMPILE_CACHE_MAX_BYTES_ENV: "4096"}).compile_cache_max_bytes
+        == 4096
+    )
+    with pytest.raises(ValueError, match=COMPILE_CACHE_MAX_BYTES_ENV):
+        Settings.from_environment({COMPILE_CACHE_MAX_BYTES_ENV: "-1"})

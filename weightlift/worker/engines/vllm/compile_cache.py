@@ -41,7 +41,7 @@ import aiohttp
 from aiohttp import web
 
 from weightlift.api.model import Role
-from weightlift.api.worker import WorkerPlan
+from weightlift.api.worker import COMPILE_CACHE_MAX_BYTES_ENV, WorkerPlan
 from weightlift.worker.peer_auth import auth_headers
 
 log = logging.getLogger(__name__)
@@ -49,7 +49,7 @@ log = logging.getLogger(__name__)
 AOT_DIR = "torch_compile_cache/torch_aot_compile"
 KERNELS = "inductor_cache"
 # Bytes a target downloads at most (a bigger cache is a miss: compiling is then cheaper or safer).
-MAX_BYTES_ENV = "WEIGHTLIFT_COMPILE_CACHE_MAX_BYTES"
+MAX_BYTES_ENV = COMPILE_CACHE_MAX_BYTES_ENV
 DEFAULT_MAX_BYTES = 1 << 30
 ROUTE = "compile-cache"
 _CHUNK = 1 << 20
