@@ -1,17 +1,25 @@
-"""`weightlift bench vllm`: vLLM start-to-ready with its own loader vs weightlift preload vs P2P.
+"""`weightlift bench vllm`: vLLM start-to-ready with its own loader vs weightlift preload vs P2P,
+with and without the source's compile cache.
 
 One run, one host, one model (a random-weight Llama in HF layout, made locally; `--hidden` and
-`--layers` set its size), page cache warm for all three (the files are read once first):
+`--layers` set its size), page cache warm for all (the files are read once first). vLLM runs in
+its default compiled mode (torch.compile with Inductor; `--enforce-eager` skips compilation), each
+contender with its own empty vLLM cache root, so every compile is cold unless a cache travelled:
 
-  auto     vLLM's OpenAI server with `--load-format auto` (its default safetensors loader)
-  preload  a `weightlift worker` with runtime.engine vLLM, role Source: weightlift's preload
-           inside vLLM (`--load-format weightlift`), then it publishes its rank's parameters
-  p2p      a second worker, role Target, pulling its rank's parameters from the preload one
-           over NIXL (checksums verified) while that one keeps serving
+  auto       vLLM's OpenAI server with `--load-format auto` (its default safetensors loader)
+  preload    a `weightlift worker` with runtime.engine vLLM, role Source: weightlift's preload
+             inside vLLM (`--load-format weightlift`), then it publishes its rank's parameters
+             and (compiled mode) its compile cache
+  p2p        a worker, role Target, pulling its rank's parameters from the preload one over NIXL
+             (checksums verified) while that one keeps serving; compile cache not fetched
+  p2p+cache  the same, and it installs the source's verified compile cache before vLLM starts
 
 Seconds to ready: process start until vLLM's /health answers (for the workers: until their
 status says Serving, which waits for /health). Load seconds and GB/s: vLLM's "Loading weights
 took" line for auto; the load format's own report for preload and P2P. Ratios are against auto.
+Init seconds: vLLM's "init engine (profile, create kv cache, warmup model) took" line, where the
+compile goes; compile cache: the worker's compileCache. Tokens/s: one greedy completion of
+`--gen-tokens` tokens (EOS ignored) after ready, on the same prompt for every contender.
 Imports dominate start-to-ready on CPU (tens of seconds), so expect ratios near 1 there and the
 difference in the load columns.
 """
@@ -37,9 +45,35 @@ from weightlift.local.llm import ensure_vllm_env, make_in_engine_env, vllm_pytho
 from weightlift.local.net import free_port
 from weightlift.local.observe import complete
 from weightlift.local.stack import VLLM_ENGINE_ARGS, VLLM_ENV
+from weightlift.worker.engines.vllm.compile_cache import MAX_BYTES_ENV, engine_init_seconds
 
 JSON = dict[str, Any]
 _LOAD_LINE = re.compile(r"Loading weights took ([0-9.]+) seconds")
+# vLLM's own compile-mode switch: everything else in VLLM_ENGINE_ARGS stays.
+EAGER = "--enforce-eager"
+
+
+def engine_args(eager: bool) -> list[str]:
+    args = [a for a in VLLM_ENGINE_ARGS if a != EAGER]
+    return [*args, EAGER] if eager else args
+
+
+def tokens_per_second(openai_base: str, prompt: str, tokens: int) -> float | None:
+    """Greedy decode speed: `tokens` new tokens (EOS ignored) over the request's wall time."""
+    body = {
+        "model": "llm",
+        "prompt": prompt,
+        "max_tokens": tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+    }
+    started = time.monotonic()
+    resp = httpx.post(f"{openai_base}/completions", json=body, timeout=600)
+    elapsed = time.monotonic() - started
+    if resp.status_code != 200:
+        return None
+    done = int((resp.json().get("usage") or {}).get("completion_tokens") or 0)
+    return done / elapsed if elapsed > 0 else None
 
 
 def _wait(url: str, proc: subprocess.Popen[bytes], log: Path, timeout: float) -> None:
@@ -66,28 +100,40 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
             proc.wait()
 
 
-def _env(python: Path, workdir: Path) -> dict[str, str]:
+def _env(python: Path, workdir: Path, name: str, **extra: str) -> dict[str, str]:
+    """Each contender its own empty vLLM cache root: a compile is cold unless a cache travels."""
     return {
         **os.environ,
         **VLLM_ENV,
         "WEIGHTLIFT_VLLM_PYTHON": str(python),
         "WEIGHTLIFT_ENGINE_DIR": str(workdir),
+        "VLLM_CACHE_ROOT": str(workdir / f"vllm-cache-{name}"),
+        **extra,
     }
 
 
-def run_auto(python: Path, model: Path, workdir: Path, timeout: float) -> tuple[JSON, Any]:
+def run_auto(
+    python: Path, model: Path, workdir: Path, timeout: float, args: list[str]
+) -> tuple[JSON, Any]:
     port = free_port()
     log = workdir / "auto.log"
     argv = [str(python), "-m", "weightlift.worker.engines.vllm.serve", "--model", str(model)]
     argv += ["--served-model-name", "llm", "--host", "127.0.0.1", "--port", str(port)]
-    argv += ["--load-format", "auto", *VLLM_ENGINE_ARGS]
+    argv += ["--load-format", "auto", *args]
     started = time.monotonic()
     with log.open("wb") as out:
-        proc = subprocess.Popen(argv, env=_env(python, workdir), stdout=out, stderr=out)
+        proc = subprocess.Popen(argv, env=_env(python, workdir, "auto"), stdout=out, stderr=out)
     _wait(f"http://127.0.0.1:{port}/health", proc, log, timeout)
     ready = time.monotonic() - started
-    m = _LOAD_LINE.search(log.read_text(errors="replace"))
-    row = {"ready_s": ready, "load_s": float(m.group(1)) if m else None, "from": "storage"}
+    text = log.read_text(errors="replace")
+    m = _LOAD_LINE.search(text)
+    row = {
+        "ready_s": ready,
+        "load_s": float(m.group(1)) if m else None,
+        "from": "storage",
+        "init_s": engine_init_seconds(text),
+        "compile_cache": "-",
+    }
     return row, (proc, f"http://127.0.0.1:{port}/v1")
 
 
@@ -98,10 +144,13 @@ def run_worker(
     role: Role,
     peers: list[PeerCandidate],
     timeout: float,
+    args: list[str],
+    name: str,
+    **extra_env: str,
 ) -> tuple[JSON, Any]:
     plan = WorkerPlan(
         deployment="bench",
-        pod_name=f"bench-{role.value.lower()}",
+        pod_name=f"bench-{name}",
         role=role,
         peers=peers,
         model_identity="bench-llm",
@@ -114,7 +163,7 @@ def run_worker(
             engine=Engine.VLLM,
             port=free_port(),
             engine_port=free_port(),
-            engine_args=VLLM_ENGINE_ARGS,
+            engine_args=args,
         ),
     )
     plan_file = workdir / f"{plan.pod_name}.json"
@@ -125,7 +174,7 @@ def run_worker(
     with log.open("wb") as out:
         proc = subprocess.Popen(
             [exe, "worker", "--plan", str(plan_file)],
-            env=_env(python, workdir),
+            env=_env(python, workdir, name, **extra_env),
             stdout=out,
             stderr=out,
         )
@@ -140,6 +189,10 @@ def run_worker(
         "from": st.get("loadedFrom"),
         "bytes": st.get("bytesTotal"),
         "phases": st.get("loadPhases") or {},
+        "init_s": engine_init_seconds(
+            (workdir / plan.pod_name / "vllm.log").read_text(errors="replace")
+        ),
+        "compile_cache": st.get("compileCache") or "-",
     }
     return row, (proc, f"http://127.0.0.1:{plan.runtime.engine_port}/v1", address, plan.pod_name)
 
@@ -147,13 +200,28 @@ def run_worker(
 @click.command("vllm")
 @click.option("--hidden", type=int, default=1024, show_default=True, help="Model width.")
 @click.option("--layers", type=int, default=4, show_default=True, help="Decoder layers.")
+@click.option(
+    "--enforce-eager",
+    is_flag=True,
+    help="vLLM without torch.compile (no compile, no compile cache); default: compiled.",
+)
+@click.option(
+    "--gen-tokens", type=int, default=64, show_default=True, help="Tokens per speed request."
+)
 @click.option("--timeout", type=float, default=600.0, show_default=True)
 @click.option("--json", "json_out", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--workdir", type=click.Path(file_okay=False, path_type=Path), default=None)
 def vllm_command(
-    hidden: int, layers: int, timeout: float, json_out: Path | None, workdir: Path | None
+    hidden: int,
+    layers: int,
+    enforce_eager: bool,
+    gen_tokens: int,
+    timeout: float,
+    json_out: Path | None,
+    workdir: Path | None,
 ) -> None:
-    """vLLM seconds-to-ready and load GB/s: --load-format auto vs weightlift preload vs P2P."""
+    """vLLM seconds-to-ready, compile and tokens/s: --load-format auto vs weightlift preload vs
+    P2P, and P2P with the source's compile cache."""
     python = vllm_python() or ensure_vllm_env()
     work = workdir or Path(tempfile.mkdtemp(prefix="wl-bench-vllm-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -164,44 +232,66 @@ def vllm_command(
         with f.open("rb") as fh:
             while fh.read(64 << 20):
                 pass
+    args = engine_args(enforce_eager)
     rows: dict[str, JSON] = {}
     texts: dict[str, str] = {}
-    auto, (proc, url) = run_auto(python, model, work, timeout)
+
+    def measure(name: str, row: JSON, url: str) -> None:
+        texts[name] = complete(url, "llm", probe)
+        rows[name] = {**row, "tok_s": tokens_per_second(url, probe["prompt"], gen_tokens)}
+
+    auto, (proc, url) = run_auto(python, model, work, timeout, args)
     try:
-        texts["auto"] = complete(url, "llm", probe)
+        measure(
+            "auto", {**auto, "gbps": size / auto["load_s"] / 1e9 if auto["load_s"] else None}, url
+        )
     finally:
         _stop(proc)
-    rows["auto"] = {**auto, "gbps": size / auto["load_s"] / 1e9 if auto["load_s"] else None}
-    src, (sproc, surl, saddr, spod) = run_worker(python, model, work, Role.SOURCE, [], timeout)
+    src, (sproc, surl, saddr, spod) = run_worker(
+        python, model, work, Role.SOURCE, [], timeout, args, "source"
+    )
     try:
-        rows["preload"] = src
-        texts["preload"] = complete(surl, "llm", probe)
+        measure("preload", src, surl)
         peer = [PeerCandidate(pod=spod, address=saddr)]
-        tgt, (tproc, turl, _, _) = run_worker(python, model, work, Role.TARGET, peer, timeout)
-        try:
-            rows["p2p"] = tgt
-            texts["p2p"] = complete(turl, "llm", probe)
-        finally:
-            _stop(tproc)
+        targets = {"p2p": {MAX_BYTES_ENV: "0"}, "p2p+cache": {}}
+        for name, env in targets.items():
+            if enforce_eager and name == "p2p+cache":
+                continue  # nothing compiled, nothing to ship
+            tgt, (tproc, turl, _, _) = run_worker(
+                python, model, work, Role.TARGET, peer, timeout, args, name.replace("+", "-"), **env
+            )
+            try:
+                measure(name, tgt, turl)
+            finally:
+                _stop(tproc)
     finally:
         _stop(sproc)
-    _print(rows, size, hidden, layers)
+    _print(rows, size, hidden, layers, "eager" if enforce_eager else "compiled")
     same = len(set(texts.values())) == 1 and probe["expectedText"] in texts.values()
     click.echo(f"greedy completions: {'identical, as transformers' if same else texts}")
     if json_out:
-        json_out.write_text(json.dumps({"bytes": size, "rows": rows, "texts": texts}, indent=1))
+        doc = {"bytes": size, "mode": "eager" if enforce_eager else "compiled", "rows": rows}
+        json_out.write_text(json.dumps({**doc, "texts": texts}, indent=1))
 
 
-def _print(rows: dict[str, JSON], size: int, hidden: int, layers: int) -> None:
+def _print(rows: dict[str, JSON], size: int, hidden: int, layers: int, mode: str) -> None:
     base = rows["auto"]
-    click.echo(f"model: Llama hidden {hidden}, {layers} layers, {size / 1e6:.1f} MB fp32")
-    click.echo(f"{'loader':<9}{'from':<22}{'ready s':>9}{'x auto':>8}{'load s':>9}{'GB/s':>8}")
+    click.echo(
+        f"model: Llama hidden {hidden}, {layers} layers, {size / 1e6:.1f} MB fp32; vLLM {mode}"
+    )
+    click.echo(
+        f"{'loader':<10}{'from':<20}{'ready s':>8}{'x auto':>7}{'load s':>8}{'GB/s':>7}"
+        f"{'init s':>8}{'tok/s':>8}  compile cache"
+    )
     for name, r in rows.items():
         ratio = base["ready_s"] / r["ready_s"] if r["ready_s"] else 0.0
         load = f"{r['load_s']:.3f}" if r.get("load_s") is not None else "-"
         gbps = f"{r['gbps']:.2f}" if r.get("gbps") is not None else "-"
+        init = f"{r['init_s']:.1f}" if r.get("init_s") is not None else "-"
+        tok = f"{r['tok_s']:.1f}" if r.get("tok_s") is not None else "-"
         click.echo(
-            f"{name:<9}{r.get('from')!s:<22}{r['ready_s']:>9.1f}{ratio:>8.2f}{load:>9}{gbps:>8}"
+            f"{name:<10}{r.get('from')!s:<20}{r['ready_s']:>8.1f}{ratio:>7.2f}{load:>8}{gbps:>7}"
+            f"{init:>8}{tok:>8}  {r.get('compile_cache', '-')}"
         )
     for name, r in rows.items():
         if r.get("phases"):
