@@ -44,18 +44,11 @@ from weightlift.api.worker import PeerCandidate, WorkerPlan
 from weightlift.local.llm import ensure_vllm_env, make_in_engine_env, vllm_python
 from weightlift.local.net import free_port
 from weightlift.local.observe import complete
-from weightlift.local.stack import VLLM_ENGINE_ARGS, VLLM_ENV
+from weightlift.local.stack import VLLM_ENV, vllm_engine_args
 from weightlift.worker.engines.vllm.compile_cache import MAX_BYTES_ENV, engine_init_seconds
 
 JSON = dict[str, Any]
 _LOAD_LINE = re.compile(r"Loading weights took ([0-9.]+) seconds")
-# vLLM's own compile-mode switch: everything else in VLLM_ENGINE_ARGS stays.
-EAGER = "--enforce-eager"
-
-
-def engine_args(eager: bool) -> list[str]:
-    args = [a for a in VLLM_ENGINE_ARGS if a != EAGER]
-    return [*args, EAGER] if eager else args
 
 
 def tokens_per_second(openai_base: str, prompt: str, tokens: int) -> float | None:
@@ -232,7 +225,7 @@ def vllm_command(
         with f.open("rb") as fh:
             while fh.read(64 << 20):
                 pass
-    args = engine_args(enforce_eager)
+    args = vllm_engine_args(enforce_eager)
     rows: dict[str, JSON] = {}
     texts: dict[str, str] = {}
 

@@ -26,12 +26,12 @@ from weightlift.local.demo_stores import STORAGE_KINDS, DemoStorage, prepare_sto
 from weightlift.local.kubeclient import JSON, KubeError
 from weightlift.local.observe import TIMELINE_STEPS, Observer, complete, infer
 from weightlift.local.stack import (
-    VLLM_ENGINE_ARGS,
     VLLM_ENV,
     LocalStack,
     add_hook_library,
     make_demo_model,
     model_deployment,
+    vllm_engine_args,
 )
 
 log = logging.getLogger("weightlift.demo")
@@ -165,6 +165,12 @@ def _sigterm_raises() -> Iterator[None]:
     help="process: the operator as a local process (admin kubeconfig). helm: `helm install` "
     "the chart; the operator runs as its pod under the chart's ServiceAccount.",
 )
+@click.option(
+    "--enforce-eager",
+    is_flag=True,
+    help="--runtime vllm without torch.compile (vLLM's --enforce-eager); default: compiled, and "
+    "targets load the compiled program their source ships (the compile column).",
+)
 def demo_command(
     replicas: int,
     model_size_mb: float,
@@ -176,6 +182,7 @@ def demo_command(
     storage: str,
     runtime: str,
     install: str,
+    enforce_eager: bool,
 ) -> None:
     """Control plane, process node, operator, demo model, ModelDeployment: watch it get Ready."""
     from rich.console import Console
@@ -215,7 +222,7 @@ def demo_command(
                 probe=probe,
                 model=where.model,
                 engine="vLLM" if runtime == "vllm" else "Builtin",
-                engine_args=VLLM_ENGINE_ARGS if runtime == "vllm" else None,
+                engine_args=vllm_engine_args(enforce_eager) if runtime == "vllm" else None,
                 env=VLLM_ENV if runtime == "vllm" else None,
             )
             obs = Observer(stack, name)

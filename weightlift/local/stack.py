@@ -47,6 +47,14 @@ VLLM_ENGINE_ARGS = [
     "uni",
 ]
 VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+VLLM_EAGER = "--enforce-eager"
+
+
+def vllm_engine_args(eager: bool) -> list[str]:
+    """VLLM_ENGINE_ARGS in vLLM's default compiled mode (torch.compile; its compile cache then
+    travels from source to targets), or eager (no compile at all)."""
+    args = [a for a in VLLM_ENGINE_ARGS if a != VLLM_EAGER]
+    return [*args, VLLM_EAGER] if eager else args
 
 
 def weightlift_exe() -> str:

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from weightlift.bench.vllm import EAGER, _print, engine_args
-from weightlift.local.stack import VLLM_ENGINE_ARGS
+from weightlift.bench.vllm import _print
+from weightlift.local.stack import VLLM_EAGER, VLLM_ENGINE_ARGS, vllm_engine_args
 
 
 def test_compiled_mode_drops_only_enforce_eager() -> None:
-    compiled = engine_args(eager=False)
-    assert EAGER not in compiled
-    assert compiled == [a for a in VLLM_ENGINE_ARGS if a != EAGER]
-    assert engine_args(eager=True).count(EAGER) == 1
+    compiled = vllm_engine_args(eager=False)
+    assert VLLM_EAGER not in compiled
+    assert compiled == [a for a in VLLM_ENGINE_ARGS if a != VLLM_EAGER]
+    assert vllm_engine_args(eager=True).count(VLLM_EAGER) == 1
 
 
 def test_the_table_shows_init_seconds_tokens_per_second_and_the_cache_outcome(
