@@ -269,6 +269,13 @@ async def test_a_target_installs_a_verified_cache_where_vllm_looks(
     model = root / AOT_DIR / HASH / "rank_0_0" / "model"
     assert model.read_bytes() == bytes([0]) * 5000
     assert not list(root.glob(".weightlift-staging-*"))
+    # Again on the same node: it holds the very files, nothing is fetched.
+    again = await _fetch(address, root)
+    assert again.vllm_hash == HASH and again.files == 0, again
+    # One file changed on this node: fetched and verified again, the good copy back.
+    model.write_bytes(b"stale")
+    healed = await _fetch(address, root)
+    assert healed.files == 3 and model.read_bytes() == bytes([0]) * 5000, healed
 
 
 async def test_bad_offers_are_misses_and_install_nothing(

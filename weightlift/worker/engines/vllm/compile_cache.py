@@ -318,6 +318,16 @@ def _copy_hashing(src: IO[bytes], dest: Path) -> tuple[int, str]:
     return size, digest.hexdigest()
 
 
+def already_installed(root: Path, manifest: CacheManifest) -> bool:
+    """Every file of `manifest` is under `root` with its size and sha256 (a node that holds the
+    key already, e.g. a replica restarted on it)."""
+    for f in manifest.files:
+        path = root / _safe_relative(f.path, manifest.key.vllm_hash)
+        if not path.is_file() or path.stat().st_size != f.size or _sha256_file(path) != f.sha256:
+            return False
+    return True
+
+
 def install(staging: Path, files: Iterable[str], root: Path) -> None:
     """Move verified files from `staging` to where vLLM looks under `root`."""
     for rel in files:
@@ -463,6 +473,9 @@ async def _from_peer(
                 raise CacheRejected(
                     f"{pod}'s compile cache holds {manifest.total_bytes} bytes, over {max_bytes}"
                 )
+            if await asyncio.to_thread(already_installed, root, manifest):
+                plans.append((manifest, []))  # this node holds these very files: no fetch
+                continue
             archive = staging / f"rank-{want.rank}.tar"
             await _download(session, f"{base}/archive", want.rank, headers, archive, manifest)
             plans.append((manifest, verify_archive(archive, manifest, staging / "files")))
@@ -572,14 +585,17 @@ class CompileCache:
         self.installed = await fetch_and_install(
             session, peers, auth_headers(token), wanted, self.root, self.max_bytes
         )
-        if self.installed.vllm_hash:
+        got = self.installed
+        if got.vllm_hash and got.files:
             log.info(
                 "compile cache %s from %s installed: %d files, %d bytes",
-                self.installed.vllm_hash[:12],
-                self.installed.peer,
-                self.installed.files,
-                self.installed.bytes,
+                got.vllm_hash[:12],
+                got.peer,
+                got.files,
+                got.bytes,
             )
+        elif got.vllm_hash:
+            log.info("compile cache %s of %s already on this node", got.vllm_hash[:12], got.peer)
 
     async def after_ready(self, vllm_log: str, inner: Any | None) -> tuple[str, CacheRoutes]:
         """The replica's `compileCache` and the P2P handler that also serves its caches."""
