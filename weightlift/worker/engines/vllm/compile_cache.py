@@ -550,6 +550,13 @@ class CompileCache:
         self.max_bytes = max_bytes_from_env()
         self.installed: Installed | None = None
         self._wanted: list[Wanted] | None = None
+        self._facts: asyncio.Future[list[Wanted]] | None = None
+
+    def facts(self) -> asyncio.Future[list[Wanted]]:
+        """`wanted()` in a thread, asked once: a source's is ready by the time it publishes."""
+        if self._facts is None:
+            self._facts = asyncio.ensure_future(asyncio.to_thread(self.wanted))
+        return self._facts
 
     def env(self) -> dict[str, str]:
         return {CACHE_ROOT_ENV: str(self.root)}
@@ -574,10 +581,11 @@ class CompileCache:
     async def before_start(self, session: aiohttp.ClientSession, token: str | None) -> None:
         """A target fetches, verifies and installs its ranks' caches from its first peer that
         offers them; nothing here ever fails the replica (vLLM compiles instead)."""
+        facts = self.facts()  # a second interpreter reads the versions: overlap it with vLLM
         if self.plan.role != Role.TARGET or not self.plan.peers:
             return
         try:
-            wanted = await asyncio.to_thread(self.wanted)
+            wanted = await facts
         except (OSError, subprocess.SubprocessError, ValueError, KeyError) as exc:
             self.installed = Installed(reason=f"engine versions unknown: {exc}")
             return
@@ -601,11 +609,14 @@ class CompileCache:
         """The replica's `compileCache` and the P2P handler that also serves its caches."""
         compiles = read_compiles(vllm_log)
         status = outcome(self.installed, compiles, self.plan.tensor_parallel)
+        packed: dict[int, Packed] = {}
+        why = "vLLM logged no compiled program for every rank (--enforce-eager?)"
         try:
-            wanted = await asyncio.to_thread(self.wanted)
-            packed, why = await asyncio.to_thread(
-                publish, self.root, compiles, wanted[0], self.workdir, self.max_bytes
-            )
+            if len(compiles) == self.plan.tensor_parallel:
+                wanted = await self.facts()
+                packed, why = await asyncio.to_thread(
+                    publish, self.root, compiles, wanted[0], self.workdir, self.max_bytes
+                )
         except (OSError, subprocess.SubprocessError, ValueError, KeyError) as exc:
             packed, why = {}, f"compile cache not packed: {exc}"
         if why:
