@@ -2,7 +2,8 @@
 
 Compiled mode (no --enforce-eager), each replica with its own VLLM_CACHE_ROOT: a first start
 compiles and vLLM saves its AOT artifact; a second start of the same model on the same node loads
-it (vLLM's own log line says so).
+it (vLLM's own log line says so); a target with an empty cache root fetches the Ready source's
+cache over the P2P surface and loads it too, as two bare workers and on the process node.
 """
 
 from __future__ import annotations
@@ -10,8 +11,9 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,6 +32,8 @@ from tests.support.vllm import (
 from weightlift.api.model import Engine, ModelFormat, ModelSource, Role, RuntimeSpec
 from weightlift.api.worker import PeerCandidate, WorkerPlan
 from weightlift.local.net import free_port
+from weightlift.local.observe import Observer, complete
+from weightlift.local.stack import LocalStack
 
 JSON = dict[str, Any]
 # vLLM's default: torch.compile (Inductor on CPU) and its AOT artifact, for these tests only.
@@ -223,3 +227,54 @@ def test_target_installs_the_source_cache_and_compiles_nothing(
     assert SAVED not in log and LOAD_FAILED not in log, log[-3000:]
     assert "compile cache" in target.log.read_text() and "installed" in target.log.read_text()
     assert target.complete(probe) == source.complete(probe) == probe["completion"]["expectedText"]
+
+
+@pytest.mark.timeout(TEST_TIMEOUT)
+def test_on_the_cluster_a_vllm_target_loads_its_source_compiled_program(
+    stack: LocalStack,
+    deployments: Callable[..., Observer],
+    llm: tuple[Path, Path, JSON],
+) -> None:
+    """The operator plans a source and a P2P target (compiled mode, each pod its own vLLM cache
+    root): the target's status says compileCache hit, its vLLM log shows no compile, and both
+    answer transformers' greedy text."""
+    _, model, probe = llm
+    since = time.time()
+    obs = deployments(
+        "vllmcc",
+        model,
+        probe,
+        replicas=2,
+        engine="vLLM",
+        engine_args=COMPILED_ARGS,
+        env=ENGINE_ENV,
+        hook_library=None,
+    )
+    obs.wait_ready(2 * READY_TIMEOUT)
+    rows = obs.replica_statuses()
+    source = next(r for r in rows if r["role"] == "Source")
+    target = next(r for r in rows if r["role"] == "Target")
+    assert target["loadedFrom"] == f"peer:{source['name']}", rows
+    assert source["compileCache"] == "none" and target["compileCache"] == "hit", rows
+    source_log = pod_vllm_log(source["name"], since)
+    target_log = pod_vllm_log(target["name"], since)
+    assert SAVED in source_log, source_log[-3000:]
+    assert LOADED in target_log, target_log[-3000:]
+    assert SAVED not in target_log and LOAD_FAILED not in target_log, target_log[-3000:]
+    texts = [
+        complete(r["openaiEndpoint"], r["servedModelName"], probe["completion"])
+        for r in obs.summary()["replicas"]
+    ]
+    assert texts == [probe["completion"]["expectedText"]] * 2
+
+
+def pod_vllm_log(pod: str, since: float) -> str:
+    """A process-node pod's vLLM log: its worker keeps vLLM's files in a new temp folder named
+    after the pod (engine.VllmEngine.for_worker) when WEIGHTLIFT_ENGINE_DIR is not set."""
+    found = [
+        p
+        for p in Path(tempfile.gettempdir()).glob(f"wl-vllm-{pod}-*/vllm.log")
+        if p.stat().st_mtime >= since
+    ]
+    assert found, f"no vLLM log of {pod} under {tempfile.gettempdir()}"
+    return max(found, key=lambda p: p.stat().st_mtime).read_text(errors="replace")
