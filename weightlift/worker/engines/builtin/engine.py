@@ -30,6 +30,7 @@ from weightlift.worker.loaders.strategy import (
     load_from_peers,
     wants_peer_to_peer,
 )
+from weightlift.worker.p2p import reserve
 from weightlift.worker.peer_auth import warn_if_open
 from weightlift.worker.server import WorkerState, set_p2p_handler
 from weightlift.worker.standby import hand_off, reserve_destination
@@ -80,6 +81,8 @@ class BuiltinEngine:
         ctx.stamp("hooks")
         runtime = await self.stand_by(ctx) if ctx.handoff_file is not None else None
         bound = await self.load_and_bind(ctx, runtime)
+        if runtime is not None:
+            reserve.release()  # a buffer no pull took (its layout differed) is not kept
         for p in ctx.state.progress.values():
             if p.finished is None:
                 p.finish()
