@@ -3,7 +3,7 @@ machine (what `weightlift demo`, the e2e tests and the benchmarks share), plus t
 its ModelDeployment.
 
 A real control plane (etcd, kube-apiserver, controller-manager, scheduler; see cluster.py), the
-process node (processnode.py: worker pods run as local processes on 127.0.x.y) and the operator
+process node (processnode/: worker pods run as local processes on 127.0.x.y) and the operator
 (`weightlift operator`, a subprocess). Everything `LocalStack` starts it stops, on success, on
 errors and on Ctrl-C/SIGTERM, and leaves no process behind.
 """

@@ -1,38 +1,10 @@
-"""The process node: a tiny kubelet stand-in that runs pods as local processes.
-
-There is no container runtime on a laptop/CI machine, so for local mode (`weightlift demo`, e2e
-tests) this agent registers a Node that advertises GPUs it does not have, watches the pods the
-real scheduler binds to it, and runs each container's command as a local process:
-
-- pod IP: a distinct loopback address 127.0.x.y per pod (exported as POD_IP and
-  WEIGHTLIFT_BIND_HOST so the worker binds there; Linux routes all of 127/8 to `lo`);
-- env: the pod's env, `valueFrom.fieldRef` resolved (metadata.*, status.podIP, spec.nodeName...),
-  configMap/secret keys read from the API, `$(VAR)` references expanded;
-- volumes: hostPath -> the same path, persistentVolumeClaim -> its bound hostPath/local PV's
-  directory, emptyDir -> a dir under the state dir, configMap/secret/
-  projected -> files under the state dir; downwardAPI volumes as the kubelet writes them (each
-  file a symlink through `..data` to a timestamped dir) and rewritten the same atomic way when
-  the pod's labels or annotations change (`..data` swapped by a rename), never restarted; a
-  mountPath that differs from the local dir is rewritten in env values (also inside JSON values
-  such as WEIGHTLIFT_ASSIGNMENT) since there is no mount namespace (configMap volume files are
-  written as they are: the worker checks their digest);
-- probes: readiness/liveness (httpGet, tcpSocket, exec) as the pod declares them;
-- status: phase, podIP(s), hostIP, containerStatuses (waiting/running/terminated, exit code and a
-  log-tail message, ready, restartCount), Initialized/ContainersReady/Ready conditions;
-- restarts per restartPolicy with a capped backoff;
-- deletion: SIGTERM to the process group, SIGKILL after the grace period, then the final delete
-  with grace 0 (what the kubelet does);
-- heartbeats: the node's Lease in kube-node-lease and its Ready condition stay fresh.
-
-It is not a product feature beyond local mode, and says so on the Node (annotation and runtime
-version). Processes die with the node (PR_SET_PDEATHSIG), so nothing outlives it.
-"""
+"""One pod on the process node: its containers as local processes (command, env, volumes,
+probes, restarts), its status written back to the API server, its deletion done as a kubelet
+does it."""
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import ipaddress
 import json
 import logging
 import os
@@ -41,21 +13,15 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
-import tempfile
 import threading
 import time
-import uuid
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
-import click
 import httpx
 
-from weightlift.api.times import now_micro, now_rfc3339
-from weightlift.local.kubeclient import JSON, MERGE, Kube, KubeError
+from weightlift.api.times import now_rfc3339
+from weightlift.local.kubeclient import JSON, KubeError
 from weightlift.local.podidentity import (
     MountError,
     kubernetes_service_env,
@@ -63,107 +29,25 @@ from weightlift.local.podidentity import (
     real_mounts,
     with_mounts,
 )
-from weightlift.local.procs import child_options, signal_group, stop_group
+from weightlift.local.processnode.base import (
+    LOG_TAIL_BYTES,
+    MAX_BACKOFF_SECONDS,
+    RUNTIME_VERSION,
+    ConfigError,
+    ContainerRun,
+    ProbeState,
+    expand,
+    map_strings,
+    pod_process,
+    refuse_nul,
+    write_atomic,
+)
+from weightlift.local.procs import signal_group, stop_group
+
+if TYPE_CHECKING:
+    from weightlift.local.processnode.node import ProcessNode
 
 log = logging.getLogger("weightlift.processnode")
-
-LOCAL_NODE_LABEL = "weightlift.dev/local-node"
-PROCESS_NODE_ANNOTATION = "weightlift.dev/process-node"
-RUNTIME_VERSION = "weightlift-process://0.1.0"
-LEASE_SECONDS = 40
-MAX_BACKOFF_SECONDS = 20.0
-LOG_TAIL_BYTES = 2048
-
-
-def _pod_process(log: IO[bytes], cwd: str, env: dict[str, str]) -> dict[str, Any]:
-    """How a pod's process starts. It dies with the node: SIGKILL, as when a machine loses
-    power (no grace period)."""
-    return child_options(log, cwd=cwd, env=env, die_with=signal.SIGKILL)
-
-
-def _key(pod: JSON) -> str:
-    return f"{pod['metadata']['namespace']}/{pod['metadata']['name']}"
-
-
-# ----------------------------------------------------------------------------------- config
-
-
-@dataclass
-class NodeConfig:
-    name: str
-    state_dir: Path
-    gpus: int = 8
-    gpu_product: str = "NVIDIA-H100-80GB-HBM3"
-    # Generous on purpose: the node runs processes, it does not enforce requests.
-    cpu: str = "64"
-    memory: str = "512Gi"
-    max_pods: int = 110
-    labels: dict[str, str] = field(default_factory=dict)
-    heartbeat_seconds: float = 10.0
-    # Where `weightlift` and `python` of this installation live; bare commands resolve here first.
-    bin_dir: Path = field(default_factory=lambda: Path(sys.executable).parent)
-    # Extra environment for every process (e.g. CUDA_VISIBLE_DEVICES="").
-    extra_env: dict[str, str] = field(default_factory=dict)
-    # Host environment variables passed through (a container would not see the host env).
-    # PYTHONPATH: a checkout run without installing (a git worktree) reaches its worker pods.
-    passthrough_env: tuple[str, ...] = ("HOME", "LANG", "LC_ALL", "TMPDIR", "USER", "PYTHONPATH")
-    delete_node_on_stop: bool = True
-    # Third octet range for pod IPs 127.0.x.y; the start is derived from the node name and this
-    # process, so two stacks on one machine (parallel test runs) rarely hand out the same IP: the
-    # free-address check at allocation cannot see a pod the other stack is about to start.
-    ip_octets: tuple[int, int] = (16, 250)
-
-
-# ------------------------------------------------------------------------------ pod runner
-
-
-@dataclass
-class ProbeState:
-    successes: int = 0
-    failures: int = 0
-    next_at: float = 0.0
-    ok: bool = False
-
-
-@dataclass
-class ContainerRun:
-    spec: JSON
-    log_path: Path
-    proc: subprocess.Popen[bytes] | None = None
-    started_at: str | None = None
-    restart_count: int = 0
-    last_terminated: JSON | None = None
-    terminated: JSON | None = None  # current state when not running
-    waiting: JSON | None = None
-    restart_at: float = 0.0
-    backoff: float = 1.0
-    started_mono: float = 0.0
-    readiness: ProbeState = field(default_factory=ProbeState)
-    liveness: ProbeState = field(default_factory=ProbeState)
-
-    @property
-    def name(self) -> str:
-        name: str = self.spec["name"]
-        return name
-
-    @property
-    def running(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-
-class ConfigError(Exception):
-    """The pod asks for something the process node cannot provide (CreateContainerConfigError)."""
-
-
-def _refuse_nul(container: str, argv: list[str], env: dict[str, str]) -> None:
-    """execve cannot pass a NUL byte (Popen raises ValueError): say which value has one, as a
-    container config error, instead of crashing the pod's runner."""
-    for name, value in env.items():
-        if "\0" in name or "\0" in value:
-            raise ConfigError(f"container {container}: env {name!r} contains a NUL byte")
-    for i, arg in enumerate(argv):
-        if "\0" in arg:
-            raise ConfigError(f"container {container}: argument {i} contains a NUL byte")
 
 
 class PodRunner(threading.Thread):
@@ -340,7 +224,7 @@ class PodRunner(threading.Thread):
     ) -> dict[str, Any]:
         """Popen options of a container's process; mounts below /var/run/secrets (the
         ServiceAccount token) are bind-mounted there in a mount namespace of its own."""
-        options = _pod_process(out, cwd, env)
+        options = pod_process(out, cwd, env)
         binds = real_mounts(c.spec, self._translate)
         if binds:
             prepare_mountpoints(binds)
@@ -424,7 +308,7 @@ class PodRunner(threading.Thread):
         for spec in pod["spec"].get("initContainers", []):
             argv, env, cwd = self._command(pod, spec)
             with (self.dir / f"init-{spec['name']}.log").open("ab") as out:
-                proc = subprocess.run(argv, timeout=600, check=False, **_pod_process(out, cwd, env))
+                proc = subprocess.run(argv, timeout=600, check=False, **pod_process(out, cwd, env))
             if proc.returncode != 0:
                 raise ConfigError(f"init container {spec['name']} exited {proc.returncode}")
 
@@ -442,8 +326,8 @@ class PodRunner(threading.Thread):
 
     def _command(self, pod: JSON, spec: JSON) -> tuple[list[str], dict[str, str], str]:
         env = self._env(pod, spec)
-        argv = [_expand(a, env) for a in [*spec.get("command", []), *spec.get("args", [])]]
-        _refuse_nul(spec["name"], argv, env)
+        argv = [expand(a, env) for a in [*spec.get("command", []), *spec.get("args", [])]]
+        refuse_nul(spec["name"], argv, env)
         if not argv:
             raise ConfigError(
                 f"container {spec['name']} has no command: the process node cannot run an "
@@ -477,7 +361,7 @@ class PodRunner(threading.Thread):
         for item in spec.get("env", []):
             name = item["name"]
             if "valueFrom" not in item:
-                env[name] = self._translate_value(_expand(item.get("value", ""), env))
+                env[name] = self._translate_value(expand(item.get("value", ""), env))
                 continue
             vf = item["valueFrom"]
             if "fieldRef" in vf:
@@ -710,7 +594,7 @@ class PodRunner(threading.Thread):
                 doc = json.loads(value)
             except ValueError:
                 return self._translate(value)
-            return json.dumps(_map_strings(doc, self._translate), separators=(",", ":"))
+            return json.dumps(map_strings(doc, self._translate), separators=(",", ":"))
         return self._translate(value)
 
     # -- probes
@@ -918,485 +802,3 @@ class PodRunner(threading.Thread):
                 log.warning("pod %s: status update failed: %s", self.pod_name, exc)
         except httpx.HTTPError as exc:
             log.warning("pod %s: status update failed: %s", self.pod_name, exc)
-
-
-DATA_LINK = "..data"
-
-
-def write_atomic(root: Path, data: dict[str, str]) -> Path:
-    """Write `data` (relative path -> text) into `root` the way the kubelet's AtomicWriter does:
-    the files go into a new timestamped dir, `..data` is switched to it by renaming a symlink
-    over it (atomic), each top-level name is a symlink through `..data`, the old dir goes."""
-    root.mkdir(parents=True, exist_ok=True)
-    stamp = time.strftime("..%Y_%m_%d_%H_%M_%S.", time.gmtime())
-    fresh = Path(tempfile.mkdtemp(prefix=stamp, dir=root))
-    fresh.chmod(0o755)
-    for rel, text in data.items():
-        out = fresh / rel
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(text)
-        out.chmod(0o644)
-    link = root / DATA_LINK
-    old = os.readlink(link) if link.is_symlink() else None
-    tmp = root / f"{DATA_LINK}_tmp"
-    with contextlib.suppress(FileNotFoundError):
-        tmp.unlink()
-    tmp.symlink_to(fresh.name)
-    os.replace(tmp, link)
-    for top in {Path(rel).parts[0] for rel in data}:
-        visible = root / top
-        if not visible.is_symlink():
-            visible.symlink_to(f"{DATA_LINK}/{top}")
-    if old is not None and old != fresh.name:
-        shutil.rmtree(root / old, ignore_errors=True)
-    return root
-
-
-def _expand(value: str, env: dict[str, str]) -> str:
-    """Kubernetes $(VAR) expansion; $$(VAR) escapes; unknown references stay as written."""
-
-    def sub(m: re.Match[str]) -> str:
-        if m.group(0).startswith("$$"):
-            return m.group(0)[1:]
-        return env.get(m.group(1), m.group(0))
-
-    return re.sub(r"\$?\$\(([A-Za-z_][A-Za-z0-9_]*)\)", sub, value)
-
-
-def _map_strings(doc: Any, fn: Callable[[str], str]) -> Any:
-    if isinstance(doc, str):
-        return fn(doc)
-    if isinstance(doc, list):
-        return [_map_strings(x, fn) for x in doc]
-    if isinstance(doc, dict):
-        return {k: _map_strings(v, fn) for k, v in doc.items()}
-    return doc
-
-
-# ------------------------------------------------------------------------------------ node
-
-
-class ProcessNode:
-    """Register a Node and run the pods bound to it as processes. `start()` returns at once.
-
-    >>> with ProcessNode(kubeconfig, "local-0", state_dir) as node:
-    ...     ...  # pods scheduled to local-0 now run as processes
-    """
-
-    def __init__(
-        self,
-        kubeconfig: Path,
-        name: str,
-        state_dir: Path,
-        **options: Any,
-    ) -> None:
-        self.config = NodeConfig(name=name, state_dir=Path(state_dir), **options)
-        self.kubeconfig = Path(kubeconfig)
-        self.kube = Kube(self.kubeconfig)
-        self.host_ip = "127.0.0.1"
-        self.stopping = threading.Event()
-        self._runners: dict[str, PodRunner] = {}  # uid -> runner
-        self._ips: dict[str, str] = {}  # uid -> pod IP
-        self._lock = threading.Lock()
-        self._threads: list[threading.Thread] = []
-        self._boot_id = str(uuid.uuid4())
-        self._registered_at = now_rfc3339()  # conditions only transition at registration
-        self._ip_iter = self._ip_candidates()
-
-    # -- lifecycle
-    def __enter__(self) -> ProcessNode:
-        self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    def start(self) -> None:
-        self.config.state_dir.mkdir(parents=True, exist_ok=True)
-        self._register()
-        self._renew_lease()
-        for target, name in ((self._heartbeat_loop, "heartbeat"), (self._watch_loop, "watch")):
-            t = threading.Thread(target=target, name=f"node-{name}", daemon=True)
-            t.start()
-            self._threads.append(t)
-        log.info(
-            "process node %s registered (%d GPUs advertised)", self.config.name, self.config.gpus
-        )
-
-    def stop(self, timeout: float = 30.0) -> None:
-        """Kill every pod process (SIGTERM, then SIGKILL), stop heartbeats, drop the Node."""
-        self.stopping.set()
-        with self._lock:
-            runners = list(self._runners.values())
-        for r in runners:
-            r._wake.set()
-        deadline = time.monotonic() + timeout
-        for r in runners:
-            r.join(max(0.1, deadline - time.monotonic()))
-        for r in runners:  # a runner stuck in an API call: kill its processes ourselves
-            for c in r.containers:
-                if c.proc is not None and c.proc.poll() is None:
-                    signal_group(c.proc, signal.SIGKILL)
-                    c.proc.wait()
-        if self.config.delete_node_on_stop:
-            with contextlib.suppress(KubeError, httpx.HTTPError):
-                self.kube.delete(f"/api/v1/nodes/{self.config.name}")
-            with contextlib.suppress(KubeError, httpx.HTTPError):
-                self.kube.delete(
-                    f"/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/"
-                    f"{self.config.name}"
-                )
-        self.kube.close()
-
-    def wait(self) -> None:
-        while not self.stopping.wait(1.0):
-            pass
-
-    # -- introspection (tests, demo)
-    def pods(self) -> dict[str, PodRunner]:
-        """namespace/name -> runner of the pods this node currently runs."""
-        with self._lock:
-            return {f"{r.namespace}/{r.pod_name}": r for r in self._runners.values()}
-
-    def pids(self) -> dict[str, list[int]]:
-        return {k: r.pids() for k, r in self.pods().items()}
-
-    def event(self, pod: JSON, kind: str, reason: str, message: str) -> None:
-        """Post a core/v1 Event about a pod, as the kubelet would (best effort)."""
-        meta = pod["metadata"]
-        ts = now_rfc3339()
-        body: JSON = {
-            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
-            "involvedObject": {
-                "kind": "Pod",
-                "apiVersion": "v1",
-                "namespace": meta["namespace"],
-                "name": meta["name"],
-                "uid": meta["uid"],
-            },
-            "type": kind,
-            "reason": reason,
-            "message": message[:1000],
-            "source": {"component": "weightlift-process-node", "host": self.config.name},
-            "firstTimestamp": ts,
-            "lastTimestamp": ts,
-            "count": 1,
-        }
-        try:
-            self.kube.create(f"/api/v1/namespaces/{meta['namespace']}/events", body)
-        except (KubeError, httpx.HTTPError) as exc:
-            log.debug("event not posted: %s", exc)
-
-    # -- node object
-    def _node_object(self) -> JSON:
-        cfg = self.config
-        try:
-            version = self.kube.get("/version").get("gitVersion", "v0.0.0")
-        except (KubeError, httpx.HTTPError):
-            version = "v0.0.0"
-        resources = {
-            "cpu": cfg.cpu,
-            "memory": cfg.memory,
-            "pods": str(cfg.max_pods),
-            "ephemeral-storage": "100Gi",
-            "nvidia.com/gpu": str(cfg.gpus),
-        }
-        labels = {
-            "kubernetes.io/hostname": cfg.name,
-            "kubernetes.io/os": "linux",
-            "kubernetes.io/arch": "amd64",
-            "type": "process",
-            LOCAL_NODE_LABEL: "true",
-            "nvidia.com/gpu.present": "true",
-            "nvidia.com/gpu.product": cfg.gpu_product,
-            "nvidia.com/gpu.count": str(cfg.gpus),
-            **cfg.labels,
-        }
-        return {
-            "apiVersion": "v1",
-            "kind": "Node",
-            "metadata": {
-                "name": cfg.name,
-                "labels": labels,
-                "annotations": {
-                    PROCESS_NODE_ANNOTATION: "true",
-                    "node.alpha.kubernetes.io/ttl": "0",
-                },
-            },
-            "spec": {},
-            "status": {
-                "capacity": resources,
-                "allocatable": resources,
-                "addresses": [
-                    {"type": "InternalIP", "address": self.host_ip},
-                    {"type": "Hostname", "address": cfg.name},
-                ],
-                "daemonEndpoints": {"kubeletEndpoint": {"Port": 0}},
-                "nodeInfo": {
-                    "machineID": hashlib.md5(cfg.name.encode()).hexdigest(),
-                    "systemUUID": str(uuid.uuid5(uuid.NAMESPACE_DNS, cfg.name)),
-                    "bootID": self._boot_id,
-                    "kernelVersion": os.uname().release,
-                    "osImage": "weightlift process node (local mode, no containers)",
-                    "containerRuntimeVersion": RUNTIME_VERSION,
-                    "kubeletVersion": version,
-                    "kubeProxyVersion": "",
-                    "operatingSystem": "linux",
-                    "architecture": "amd64",
-                },
-                "conditions": self._conditions(),
-            },
-        }
-
-    def _conditions(self) -> list[JSON]:
-        ts = now_rfc3339()
-        rows = [
-            ("MemoryPressure", "False", "KubeletHasSufficientMemory"),
-            ("DiskPressure", "False", "KubeletHasNoDiskPressure"),
-            ("PIDPressure", "False", "KubeletHasSufficientPID"),
-            ("Ready", "True", "KubeletReady"),
-        ]
-        return [
-            {
-                "type": t,
-                "status": s,
-                "reason": r,
-                "message": "weightlift process node is posting ready status"
-                if t == "Ready"
-                else "",
-                "lastHeartbeatTime": ts,
-                "lastTransitionTime": self._registered_at,
-            }
-            for t, s, r in rows
-        ]
-
-    def _register(self) -> None:
-        body = self._node_object()
-        path = f"/api/v1/nodes/{self.config.name}"
-        existing = self.kube.get_or_none(path)
-        if existing is None:
-            self.kube.create("/api/v1/nodes", body)
-        else:
-            annotations = existing["metadata"].get("annotations", {})
-            if PROCESS_NODE_ANNOTATION not in annotations:
-                raise RuntimeError(
-                    f"node {self.config.name} exists and is not a process node; pick another name"
-                )
-            self.kube.patch(path, {"metadata": body["metadata"], "spec": {"taints": None}})
-        self.kube.patch(f"{path}/status", {"status": body["status"]})
-        self.uid = self.kube.get(path)["metadata"]["uid"]
-
-    def _renew_lease(self) -> None:
-        ns_path = "/api/v1/namespaces/kube-node-lease"
-        path = f"/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/{self.config.name}"
-        spec = {
-            "holderIdentity": self.config.name,
-            "leaseDurationSeconds": LEASE_SECONDS,
-            "renewTime": now_micro(),
-        }
-        try:
-            self.kube.patch(path, {"spec": spec}, content_type=MERGE)
-            return
-        except KubeError as exc:
-            if exc.status != 404:
-                raise
-        if self.kube.get_or_none(ns_path) is None:
-            with contextlib.suppress(KubeError):
-                self.kube.create("/api/v1/namespaces", {"metadata": {"name": "kube-node-lease"}})
-        owner = {"apiVersion": "v1", "kind": "Node", "name": self.config.name, "uid": self.uid}
-        self.kube.create(
-            "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases",
-            {"metadata": {"name": self.config.name, "ownerReferences": [owner]}, "spec": spec},
-        )
-
-    def _heartbeat_loop(self) -> None:
-        path = f"/api/v1/nodes/{self.config.name}/status"
-        while not self.stopping.wait(self.config.heartbeat_seconds):
-            try:
-                self._renew_lease()
-                self.kube.patch(path, {"status": {"conditions": self._conditions()}})
-            except (KubeError, httpx.HTTPError) as exc:
-                if self.stopping.is_set():
-                    return
-                log.warning("heartbeat failed: %s", exc)
-
-    # -- pods
-    def _watch_loop(self) -> None:
-        params = {"fieldSelector": f"spec.nodeName={self.config.name}"}
-        while not self.stopping.is_set():
-            try:
-                listing = self.kube.get("/api/v1/pods", params)
-                rv = listing["metadata"]["resourceVersion"]
-                self._sync({p["metadata"]["uid"]: p for p in listing["items"]})
-                while not self.stopping.is_set():
-                    for event in self.kube.watch(
-                        "/api/v1/pods",
-                        {**params, "resourceVersion": rv, "allowWatchBookmarks": "true"},
-                        timeout_seconds=30,
-                    ):
-                        obj = event["object"]
-                        if event["type"] == "ERROR":
-                            raise KubeError(int(obj.get("code", 500)), str(obj), "watch")
-                        rv = obj["metadata"]["resourceVersion"]
-                        if event["type"] in ("ADDED", "MODIFIED"):
-                            self._on_pod(obj)
-                        elif event["type"] == "DELETED":
-                            self._on_deleted(obj)
-                        if self.stopping.is_set():
-                            return
-            except (KubeError, httpx.HTTPError, ValueError) as exc:
-                if self.stopping.is_set():
-                    return
-                log.debug("pod watch restarts: %s", exc)
-                self.stopping.wait(0.5)
-
-    def _sync(self, pods: dict[str, JSON]) -> None:
-        with self._lock:
-            known = set(self._runners)
-        for uid in known - set(pods):
-            self._on_deleted({"metadata": {"uid": uid}})
-        for pod in pods.values():
-            self._on_pod(pod)
-
-    def _on_pod(self, pod: JSON) -> None:
-        uid = pod["metadata"]["uid"]
-        with self._lock:
-            runner = self._runners.get(uid)
-            if runner is None:
-                if self.stopping.is_set():
-                    return
-                try:
-                    ip = self._allocate_ip(pod)
-                except RuntimeError as exc:
-                    log.error("pod %s: %s", _key(pod), exc)
-                    return
-                runner = PodRunner(self, pod, ip)
-                self._runners[uid] = runner
-                self._ips[uid] = ip
-                runner.start()
-                return
-        runner.update(pod)
-
-    def _on_deleted(self, pod: JSON) -> None:
-        uid = pod["metadata"]["uid"]
-        with self._lock:
-            runner = self._runners.get(uid)
-            if runner is not None and runner.finished.is_set():
-                del self._runners[uid]
-                self._ips.pop(uid, None)
-        if runner is not None:
-            runner.gone()
-
-    def _runner_done(self, runner: PodRunner) -> None:
-        with self._lock:
-            if self._runners.get(runner.uid) is runner and (
-                runner._gone.is_set() or runner.deleted
-            ):
-                del self._runners[runner.uid]
-                self._ips.pop(runner.uid, None)
-
-    def _ip_candidates(self) -> Iterator[str]:
-        lo, hi = self.config.ip_octets
-        seed = f"{self.config.name}/{os.getpid()}".encode()
-        start = int(hashlib.sha1(seed).hexdigest(), 16) % (hi - lo)
-        while True:
-            for i in range(hi - lo):
-                x = lo + (start + i) % (hi - lo)
-                for y in range(2, 255):
-                    yield f"127.0.{x}.{y}"
-
-    def _allocate_ip(self, pod: JSON) -> str:
-        ports = sorted(
-            {int(p["containerPort"]) for c in pod["spec"]["containers"] for p in c.get("ports", [])}
-        )
-        used = set(self._ips.values())
-        # A pod's IPs are immutable once set: a node that comes back (a new ProcessNode under the
-        # same name) runs an already-started pod on the address it had.
-        recorded = (pod.get("status") or {}).get("podIP")
-        if recorded and recorded not in used:
-            return str(recorded)
-        for _ in range(20000):
-            ip = next(self._ip_iter)
-            if ip in used:
-                continue
-            if all(_bindable(ip, port) for port in ports):
-                return ip
-        raise RuntimeError("no free loopback address for the pod")
-
-
-def _bindable(ip: str, port: int) -> bool:
-    assert ipaddress.ip_address(ip).is_loopback
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.bind((ip, port))
-        except OSError:
-            return False
-    return True
-
-
-# ------------------------------------------------------------------------------------- CLI
-
-
-@click.command("node")
-@click.option(
-    "--kubeconfig",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    required=True,
-    help="Kubeconfig of the cluster to join.",
-)
-@click.option("--name", default="local-0", show_default=True, help="Node name.")
-@click.option(
-    "--state-dir",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=Path(".state/node"),
-    show_default=True,
-    help="Pod dirs, logs and emptyDir volumes live here.",
-)
-@click.option(
-    "--gpus", type=int, default=8, show_default=True, help="nvidia.com/gpu capacity to advertise."
-)
-@click.option("--gpu-product", default="NVIDIA-H100-80GB-HBM3", show_default=True)
-@click.option("--label", "labels", multiple=True, help="Extra node label KEY=VALUE.")
-@click.option("--env", "extra_env", multiple=True, help="Extra process env KEY=VALUE.")
-@click.option("--keep-node", is_flag=True, help="Do not delete the Node object on exit.")
-@click.option("-v", "--verbose", is_flag=True)
-def node_command(
-    kubeconfig: Path,
-    name: str,
-    state_dir: Path,
-    gpus: int,
-    gpu_product: str,
-    labels: tuple[str, ...],
-    extra_env: tuple[str, ...],
-    keep_node: bool,
-    verbose: bool,
-) -> None:
-    """Run pods bound to this node as local processes (local mode; no containers)."""
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
-    node = ProcessNode(
-        kubeconfig,
-        name,
-        state_dir,
-        gpus=gpus,
-        gpu_product=gpu_product,
-        labels=dict(kv.split("=", 1) for kv in labels),
-        extra_env=dict(kv.split("=", 1) for kv in extra_env),
-        delete_node_on_stop=not keep_node,
-    )
-    stop = threading.Event()
-
-    def on_signal(signum: int, _frame: object) -> None:
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    node.start()
-    click.echo(f"process node {name} ready; pods run under {state_dir}", err=True)
-    try:
-        while not stop.wait(1.0):
-            pass
-    finally:
-        node.stop()
