@@ -306,251 +306,339 @@ def pull_from_peer(
     progress: LoadProgress | None = None,
     on_batch: Callable[[int, int], None] | None = None,
 ) -> PullResult:
-    """Pull rank `rank` from the peer `pod` at `address`; raise PeerFailed on any failure."""
-    t0 = time.monotonic()
-    # Seconds since the start at which each phase ended: manifest, alloc (buffer faulted in),
-    # agent (NIXL agent ready, remote added, connected), transfer_done, verified.
-    timings: dict[str, float] = {}
-    # plain http, no CA load; the peer token (if this pod has one) on every request
-    client = httpx.Client(
-        timeout=opts.http_timeout_s, verify=False, headers=auth_headers(peer_token())
-    )
-    session: str | None = None
-    verified = False
-    agent: Any = None
-    remote_name: str | None = None
-    reg: Any = None
-    handles: list[Any] = []
-    buf: torch.Tensor | None = None
-    prefault: _Prefault | None = None
-    agent_future: Future[Any] | None = None
-    host = device.type == "cpu"
-    try:
-        # With the model's own headers the buffer size is known before the manifest arrives:
-        # allocate it and start faulting it in now (see _Prefault).
-        early_size = _layout_size(expected) if expected is not None else None
-        if early_size is not None:
-            # Faulted in already while this Target waited in standby (reserve.py), or now.
-            buf = reserve.take(device, early_size)
-            if buf is None:
-                buf = torch.empty(max(early_size, 1), dtype=torch.uint8, device=device)
-                if opts.prefault and host:
-                    prefault = _Prefault(buf, opts.prefault_chunk_bytes)
-        manifest = fetch_manifest(client, address, identity=identity, rank=rank, peer=pod)
-        try:
-            check_manifest(manifest, identity=identity, rank=rank, expected=expected, peer=pod)
-        except ShapeMismatch as exc:
-            raise PeerFailed(pod, str(exc).removeprefix(f"peer {pod}: "), kind="mismatch") from exc
-        if progress is not None:
-            progress.set_total(manifest.total_bytes)
-        timings["manifest"] = time.monotonic() - t0
+    """Pull rank `rank` from the peer `pod` at `address`; raise PeerFailed on any failure.
 
-        # The agent: a spare one made by prewarm_nixl, else a new one (UCX context and worker:
-        # ~20 ms, ~0.5 s for the first in a process, holding the GIL), made in a thread while
-        # this one lays out the buffer. Started after the manifest fetch so it cannot starve
-        # that request.
+    The steps, each timed (seconds since the start at which it ended): manifest, alloc (the
+    buffer laid out and faulting in), agent (NIXL agent ready, remote added, connected),
+    transfer_done, verified; then close, whatever happened."""
+    pull = _Pull(pod, address, identity, rank, device, opts, progress)
+    try:
+        pull.reserve_early(expected)
+        manifest = pull.fetch_manifest(expected)
+        pull.start_agent(reader)
+        pull.alloc(manifest)
+        pull.connect(manifest)
+        pull.open_session(reader)
+        transfer = _Transfer(pull, manifest, on_batch)
+        transfer.run()
+        transfer.verify()
+        pull.verified = True
+        pull.timings["verified"] = time.monotonic() - pull.t0
+        return PullResult(
+            tensors={t.name: transfer.views[i] for i, t in enumerate(manifest.tensors)},
+            manifest=manifest,
+            seconds=time.monotonic() - pull.t0,
+            transfer_seconds=transfer.seconds,
+            nbytes=manifest.total_bytes,
+            batches=len(transfer.batches),
+            peer_pod=pod,
+            timings=pull.timings,
+        )
+    finally:
+        pull.close()
+
+
+class _Pull:
+    """One pull's resources and the steps that acquire them; `close` releases what was made."""
+
+    def __init__(
+        self,
+        pod: str,
+        address: str,
+        identity: str,
+        rank: int,
+        device: torch.device,
+        opts: PullOptions,
+        progress: LoadProgress | None,
+    ) -> None:
+        self.pod, self.address, self.identity, self.rank = pod, address, identity, rank
+        self.device, self.opts, self.progress = device, opts, progress
+        self.t0 = time.monotonic()
+        self.timings: dict[str, float] = {}
+        # plain http, no CA load; the peer token (if this pod has one) on every request
+        self.client = httpx.Client(
+            timeout=opts.http_timeout_s, verify=False, headers=auth_headers(peer_token())
+        )
+        self.session: str | None = None
+        self.verified = False
+        self.agent: Any = None
+        self.agent_future: Future[Any] | None = None
+        self.remote_name: str | None = None
+        self.reg: Any = None
+        self.handles: list[Any] = []
+        self.buf: torch.Tensor | None = None
+        self.prefault: _Prefault | None = None
+        self.early_size: int | None = None
+        self.offsets: list[int] = []
+        self.mem_type = "VRAM" if device.type == "cuda" else "DRAM"
+        self.local_dev = (device.index or 0) if device.type == "cuda" else 0
+
+    def _new_buffer(self, size: int) -> None:
+        if self.prefault is not None:
+            self.prefault.close()
+            self.prefault = None
+        self.buf = torch.empty(max(size, 1), dtype=torch.uint8, device=self.device)
+        if self.opts.prefault and self.device.type == "cpu":
+            self.prefault = _Prefault(self.buf, self.opts.prefault_chunk_bytes)
+
+    def reserve_early(self, expected: dict[str, ExpectedTensor] | None) -> None:
+        """With the model's own headers the buffer size is known before the manifest arrives:
+        take the one faulted in while this Target waited in standby (reserve.py), or allocate
+        it and start faulting it in now (see _Prefault)."""
+        self.early_size = _layout_size(expected) if expected is not None else None
+        if self.early_size is None:
+            return
+        self.buf = reserve.take(self.device, self.early_size)
+        if self.buf is None:
+            self._new_buffer(self.early_size)
+
+    def fetch_manifest(self, expected: dict[str, ExpectedTensor] | None) -> RankManifest:
+        manifest = fetch_manifest(
+            self.client, self.address, identity=self.identity, rank=self.rank, peer=self.pod
+        )
+        try:
+            check_manifest(
+                manifest, identity=self.identity, rank=self.rank, expected=expected, peer=self.pod
+            )
+        except ShapeMismatch as exc:
+            message = str(exc).removeprefix(f"peer {self.pod}: ")
+            raise PeerFailed(self.pod, message, kind="mismatch") from exc
+        if self.progress is not None:
+            self.progress.set_total(manifest.total_bytes)
+        self.timings["manifest"] = time.monotonic() - self.t0
+        return manifest
+
+    def start_agent(self, reader: str) -> None:
+        """The agent: a spare one made by prewarm_nixl, else a new one (UCX context and worker:
+        ~20 ms, ~0.5 s for the first in a process, holding the GIL), made in a thread while
+        this one lays out the buffer. Started after the manifest fetch so it cannot starve that
+        request."""
         setup = ThreadPoolExecutor(max_workers=1, thread_name_prefix="p2p-agent")
-        agent_future = setup.submit(_take_agent, _agent_name(f"{reader}-r{rank}"))
+        self.agent_future = setup.submit(_take_agent, _agent_name(f"{reader}-r{self.rank}"))
         setup.shutdown(wait=False)
 
-        # Local layout: one buffer, aligned offsets, in manifest order.
-        offsets: list[int] = []
+    def alloc(self, manifest: RankManifest) -> None:
+        """Local layout: one buffer, aligned offsets, in manifest order."""
         total = 0
         for t in manifest.tensors:
-            offsets.append(total)
+            self.offsets.append(total)
             total = align_up(total + t.nbytes, ALIGNMENT)
-        if buf is None or early_size != total:
-            if prefault is not None:
-                prefault.close()
-                prefault = None
-            buf = torch.empty(max(total, 1), dtype=torch.uint8, device=device)
-            if opts.prefault and host:
-                prefault = _Prefault(buf, opts.prefault_chunk_bytes)
-        local_dev = (device.index or 0) if device.type == "cuda" else 0
-        mem_type = "VRAM" if device.type == "cuda" else "DRAM"
-        timings["alloc"] = time.monotonic() - t0
+        if self.buf is None or self.early_size != total:
+            self._new_buffer(total)
+        self.timings["alloc"] = time.monotonic() - self.t0
 
-        # Registered while the prefault runs: one region for the whole buffer, so every READ
-        # of this pull shares one registration (with RDMA NICs, registering pins the pages).
-        agent = agent_future.result()
-        reg = agent.register_memory([(buf.data_ptr(), buf.numel(), local_dev, "")], mem_type)
+    def connect(self, manifest: RankManifest) -> None:
+        """Register the buffer (while the prefault runs: one region, so every READ of this pull
+        shares one registration; with RDMA NICs registering pins the pages), add the peer's
+        agent and connect."""
+        assert self.agent_future is not None and self.buf is not None
+        agent = self.agent = self.agent_future.result()
+        region = [(self.buf.data_ptr(), self.buf.numel(), self.local_dev, "")]
+        self.reg = agent.register_memory(region, self.mem_type)
         try:
             remote_name = agent.add_remote_agent(manifest.metadata_bytes())
         except Exception as exc:
-            raise PeerFailed(pod, f"cannot add NIXL agent {manifest.agent}: {exc}") from exc
+            raise PeerFailed(self.pod, f"cannot add NIXL agent {manifest.agent}: {exc}") from exc
         if isinstance(remote_name, bytes):
             remote_name = remote_name.decode()
+        self.remote_name = remote_name
         try:
             agent.make_connection(remote_name)
         except Exception as exc:
-            raise PeerFailed(pod, f"cannot connect to NIXL agent {remote_name}: {exc}") from exc
-        timings["agent"] = time.monotonic() - t0
+            raise PeerFailed(
+                self.pod, f"cannot connect to NIXL agent {remote_name}: {exc}"
+            ) from exc
+        self.timings["agent"] = time.monotonic() - self.t0
 
+    def open_session(self, reader: str) -> None:
         try:
-            r = client.post(
-                f"{_base_url(address)}{P2P_PREFIX}/sessions",
-                json={"identity": identity, "rank": rank, "reader": reader},
+            r = self.client.post(
+                f"{_base_url(self.address)}{P2P_PREFIX}/sessions",
+                json={"identity": self.identity, "rank": self.rank, "reader": reader},
             )
             if r.status_code == 201:
-                session = r.json()["session"]
+                self.session = r.json()["session"]
         except (httpx.HTTPError, ValueError, KeyError) as exc:
-            raise PeerFailed(pod, f"cannot open a session: {exc!r}", kind="dead") from exc
+            raise PeerFailed(self.pod, f"cannot open a session: {exc!r}", kind="dead") from exc
 
-        batches = _plan_batches(manifest, offsets, buf.data_ptr(), local_dev, opts)
-        remaining = [t.nbytes for t in manifest.tensors]
-        views: list[torch.Tensor] = []
+    def close(self) -> None:
+        if self.prefault is not None:
+            self.prefault.close()  # before the buffer is quarantined or freed
+        if self.agent is None and self.agent_future is not None:
+            with contextlib.suppress(Exception):
+                self.agent = self.agent_future.result(timeout=30)
+        clean = _cleanup(self.agent, self.handles, self.remote_name, self.reg, self.pod)
+        if not clean and self.buf is not None:
+            _QUARANTINE.append(self.buf)
+        if clean and self.verified and self.agent is not None:
+            _give_back(self.agent)  # all its state released: the next pull may use it
+        if self.session is not None:
+            with contextlib.suppress(httpx.HTTPError):
+                self.client.request(
+                    "DELETE",
+                    f"{_base_url(self.address)}{P2P_PREFIX}/sessions/{self.session}",
+                    # The rank routes the close where a source has one process per rank (vLLM).
+                    json={"verified": self.verified, "rank": self.rank},
+                    timeout=1.0,
+                )
+        self.client.close()
+
+
+class _Transfer:
+    """The READs of one pull: batches posted as their memory is faulted, up to max_in_flight,
+    each tensor checksummed as soon as its bytes have landed."""
+
+    def __init__(
+        self, pull: _Pull, manifest: RankManifest, on_batch: Callable[[int, int], None] | None
+    ) -> None:
+        assert pull.buf is not None
+        self.pull, self.manifest, self.on_batch = pull, manifest, on_batch
+        self.pod = pull.pod
+        buf = pull.buf
+        self.batches = _plan_batches(
+            manifest, pull.offsets, buf.data_ptr(), pull.local_dev, pull.opts
+        )
+        self.remaining = [t.nbytes for t in manifest.tensors]
+        self.views: list[torch.Tensor] = []
         for i, t in enumerate(manifest.tensors):
             dtype = TORCH_DTYPES[t.dtype]
             if t.nbytes == 0:
-                views.append(torch.empty(t.shape, dtype=dtype, device=device))
+                self.views.append(torch.empty(t.shape, dtype=dtype, device=pull.device))
             else:
-                raw = buf[offsets[i] : offsets[i] + t.nbytes]
-                views.append(raw.view(dtype).reshape(t.shape))
-
-        hashes: dict[int, Future[str]] = {}
-        pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="p2p-verify")
-        kind = manifest.checksum_kind
+                raw = buf[pull.offsets[i] : pull.offsets[i] + t.nbytes]
+                self.views.append(raw.view(dtype).reshape(t.shape))
+        self.kind = manifest.checksum_kind
+        self.hashes: dict[int, Future[str]] = {}
+        self.pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="p2p-verify")
         for i, t in enumerate(manifest.tensors):
             if t.nbytes == 0:
-                hashes[i] = pool.submit(checksum, views[i], kind)
+                self.hashes[i] = self.pool.submit(checksum, self.views[i], self.kind)
+        self.pending = deque(self.batches)
+        self.inflight: list[tuple[Any, _Batch, float]] = []
+        self.done = 0
+        self.seconds = 0.0
+        self.last_progress = time.monotonic()
+        self.memory_wait = 0.0
 
-        t_xfer = time.monotonic()
-        pending = deque(batches)
-        inflight: list[tuple[Any, _Batch, float]] = []
-        last_progress = time.monotonic()
-        done_batches = 0
-        memory_wait = 0.0
+    def run(self) -> None:
+        pull, opts = self.pull, self.pull.opts
+        started = time.monotonic()
         try:
-            with _Liveness(address, pod, opts) as live:
-                while pending or inflight:
-                    if pending and not inflight and prefault is not None:
-                        # Nothing in flight: block until the next READ's memory is faulted.
-                        waited = time.monotonic()
-                        prefault.wait_until(pending[0].end, timeout=0.05)
-                        memory_wait += time.monotonic() - waited
-                        last_progress = time.monotonic()  # a stall is READs in flight not moving
-                        if prefault.error is not None:
-                            raise PeerFailed(
-                                pod, f"cannot fault in the local buffer: {prefault.error!r}"
-                            )
+            with _Liveness(pull.address, self.pod, opts) as live:
+                while self.pending or self.inflight:
+                    self._wait_for_memory()
                     try:
-                        while (
-                            pending
-                            and len(inflight) < opts.max_in_flight
-                            and (prefault is None or prefault.ready(pending[0].end))
-                        ):
-                            b = pending.popleft()
-                            local = agent.get_xfer_descs(b.local, mem_type)
-                            remote = agent.get_xfer_descs(b.remote, manifest.mem_type)
-                            h = agent.initialize_xfer("READ", local, remote, remote_name)
-                            handles.append(h)
-                            if agent.transfer(h) == "ERR":
-                                raise PeerFailed(pod, f"batch {b.index}: READ could not be posted")
-                            inflight.append((h, b, time.monotonic()))
-                            if opts.throttle_s:
-                                time.sleep(opts.throttle_s)
+                        self._post()
                         now = time.monotonic()
-                        still: list[tuple[Any, _Batch, float]] = []
-                        for h, b, posted in inflight:
-                            state = agent.check_xfer_state(h)
-                            if state == "DONE":
-                                agent.release_xfer_handle(h)
-                                handles.remove(h)
-                                done_batches += 1
-                                last_progress = now
-                                if progress is not None:
-                                    progress.add(b.nbytes)
-                                for i, n in b.parts.items():
-                                    remaining[i] -= n
-                                    if remaining[i] == 0:
-                                        hashes[i] = pool.submit(checksum, views[i], kind)
-                                if on_batch is not None:
-                                    on_batch(done_batches, len(batches))
-                            elif state == "ERR":
-                                raise PeerFailed(pod, f"batch {b.index}: READ failed (NIXL ERR)")
-                            elif now - posted > opts.transfer_timeout_s:
-                                raise PeerFailed(
-                                    pod,
-                                    f"batch {b.index}: READ not done after "
-                                    f"{opts.transfer_timeout_s:.1f}s (deadline)",
-                                    kind="stall",
-                                )
-                            else:
-                                still.append((h, b, posted))
+                        self.inflight = self._poll(now)
                     except PeerFailed:
                         raise
                     except Exception as exc:  # nixlRemoteDisconnectError and friends
-                        raise PeerFailed(
-                            pod,
-                            f"NIXL {type(exc).__name__}: {exc} after "
-                            f"{done_batches}/{len(batches)} batches",
-                            kind="dead",
-                        ) from exc
-                    inflight = still
-                    if inflight and now - last_progress > opts.stall_seconds:
-                        raise PeerFailed(
-                            pod,
+                        message = f"NIXL {type(exc).__name__}: {exc} after {self._progress()}"
+                        raise PeerFailed(self.pod, message, kind="dead") from exc
+                    if self.inflight and now - self.last_progress > opts.stall_seconds:
+                        message = (
                             f"no READ completed for {opts.stall_seconds:.1f}s "
-                            f"({done_batches}/{len(batches)} batches done)",
-                            kind="stall",
+                            f"({self._progress()} done)"
                         )
+                        raise PeerFailed(self.pod, message, kind="stall")
                     if live.dead.is_set():
-                        raise PeerFailed(
-                            pod,
-                            f"{live.reason} after {done_batches}/{len(batches)} batches",
-                            kind="dead",
-                        )
-                    if inflight:
+                        message = f"{live.reason} after {self._progress()}"
+                        raise PeerFailed(self.pod, message, kind="dead")
+                    if self.inflight:
                         time.sleep(0.0005)
-            transfer_seconds = time.monotonic() - t_xfer
-            timings["transfer_done"] = time.monotonic() - t0
-            timings["memory_wait"] = memory_wait
-            if prefault is not None:
-                prefault.close()
-                timings["prefault"] = prefault.seconds
-            for i, t in enumerate(manifest.tensors):
-                got = hashes[i].result()
+        except BaseException:
+            self.pool.shutdown(wait=True, cancel_futures=True)
+            raise
+        self.seconds = time.monotonic() - started
+        pull.timings["transfer_done"] = time.monotonic() - pull.t0
+        pull.timings["memory_wait"] = self.memory_wait
+        if pull.prefault is not None:
+            pull.prefault.close()
+            pull.timings["prefault"] = pull.prefault.seconds
+
+    def _progress(self) -> str:
+        return f"{self.done}/{len(self.batches)} batches"
+
+    def _wait_for_memory(self) -> None:
+        """Nothing in flight: block until the next READ's memory is faulted."""
+        prefault = self.pull.prefault
+        if not self.pending or self.inflight or prefault is None:
+            return
+        waited = time.monotonic()
+        prefault.wait_until(self.pending[0].end, timeout=0.05)
+        self.memory_wait += time.monotonic() - waited
+        self.last_progress = time.monotonic()  # a stall is READs in flight not moving
+        if prefault.error is not None:
+            raise PeerFailed(self.pod, f"cannot fault in the local buffer: {prefault.error!r}")
+
+    def _post(self) -> None:
+        pull, opts = self.pull, self.pull.opts
+        agent, prefault = pull.agent, pull.prefault
+        while (
+            self.pending
+            and len(self.inflight) < opts.max_in_flight
+            and (prefault is None or prefault.ready(self.pending[0].end))
+        ):
+            b = self.pending.popleft()
+            local = agent.get_xfer_descs(b.local, pull.mem_type)
+            remote = agent.get_xfer_descs(b.remote, self.manifest.mem_type)
+            h = agent.initialize_xfer("READ", local, remote, pull.remote_name)
+            pull.handles.append(h)
+            if agent.transfer(h) == "ERR":
+                raise PeerFailed(self.pod, f"batch {b.index}: READ could not be posted")
+            self.inflight.append((h, b, time.monotonic()))
+            if opts.throttle_s:
+                time.sleep(opts.throttle_s)
+
+    def _poll(self, now: float) -> list[tuple[Any, _Batch, float]]:
+        """The READs still in flight; finished ones counted and their tensors checksummed."""
+        pull, agent = self.pull, self.pull.agent
+        still: list[tuple[Any, _Batch, float]] = []
+        for h, b, posted in self.inflight:
+            state = agent.check_xfer_state(h)
+            if state == "DONE":
+                agent.release_xfer_handle(h)
+                pull.handles.remove(h)
+                self._landed(b, now)
+            elif state == "ERR":
+                raise PeerFailed(self.pod, f"batch {b.index}: READ failed (NIXL ERR)")
+            elif now - posted > pull.opts.transfer_timeout_s:
+                raise PeerFailed(
+                    self.pod,
+                    f"batch {b.index}: READ not done after "
+                    f"{pull.opts.transfer_timeout_s:.1f}s (deadline)",
+                    kind="stall",
+                )
+            else:
+                still.append((h, b, posted))
+        return still
+
+    def _landed(self, b: _Batch, now: float) -> None:
+        self.done += 1
+        self.last_progress = now
+        if self.pull.progress is not None:
+            self.pull.progress.add(b.nbytes)
+        for i, n in b.parts.items():
+            self.remaining[i] -= n
+            if self.remaining[i] == 0:
+                self.hashes[i] = self.pool.submit(checksum, self.views[i], self.kind)
+        if self.on_batch is not None:
+            self.on_batch(self.done, len(self.batches))
+
+    def verify(self) -> None:
+        """Every tensor's checksum against the manifest's, or PeerFailed naming the tensor."""
+        try:
+            for i, t in enumerate(self.manifest.tensors):
+                got = self.hashes[i].result()
                 if got != t.checksum:
                     raise PeerFailed(
-                        pod,
-                        f"tensor {t.name!r}: {kind} checksum {got} != manifest {t.checksum}",
+                        self.pod,
+                        f"tensor {t.name!r}: {self.kind} checksum {got} != manifest {t.checksum}",
                         kind="checksum",
                     )
         finally:
-            pool.shutdown(wait=True, cancel_futures=True)
-        verified = True
-        timings["verified"] = time.monotonic() - t0
-        return PullResult(
-            tensors={t.name: views[i] for i, t in enumerate(manifest.tensors)},
-            manifest=manifest,
-            seconds=time.monotonic() - t0,
-            transfer_seconds=transfer_seconds,
-            nbytes=manifest.total_bytes,
-            batches=len(batches),
-            peer_pod=pod,
-            timings=timings,
-        )
-    finally:
-        if prefault is not None:
-            prefault.close()  # before the buffer is quarantined or freed
-        if agent is None and agent_future is not None:
-            with contextlib.suppress(Exception):
-                agent = agent_future.result(timeout=30)
-        clean = _cleanup(agent, handles, remote_name, reg, pod)
-        if not clean and buf is not None:
-            _QUARANTINE.append(buf)
-        if clean and verified and agent is not None:
-            _give_back(agent)  # all its state released: the next pull may use it
-        if session is not None:
-            with contextlib.suppress(httpx.HTTPError):
-                client.request(
-                    "DELETE",
-                    f"{_base_url(address)}{P2P_PREFIX}/sessions/{session}",
-                    # The rank routes the close where a source has one process per rank (vLLM).
-                    json={"verified": verified, "rank": rank},
-                    timeout=1.0,
-                )
-        client.close()
+            self.pool.shutdown(wait=True, cancel_futures=True)
 
 
 # Agents made ahead of time (prewarm_nixl) or handed back clean after a pull. A pull takes one
