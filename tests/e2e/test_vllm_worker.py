@@ -24,9 +24,9 @@ from tests.support.vllm import (
     require_vllm_python,
     tiny_llm,
 )
-from weightlift.api.model import Engine, ModelFormat, ModelSource, Role, RuntimeSpec
+from weightlift.api.model import Role
 from weightlift.api.worker import PeerCandidate, WorkerPlan
-from weightlift.local.net import free_port
+from weightlift.local.llm import vllm_worker_plan
 
 JSON = dict[str, Any]
 
@@ -48,26 +48,7 @@ TP2_ENV = {"VLLM_CPU_OMP_THREADS_BIND": "0|1"}
 
 
 def _plan(model: Path, pod: str, role: Role, peers: list[PeerCandidate], tp: int = 1) -> WorkerPlan:
-    return WorkerPlan(
-        tensor_parallel=tp,
-        ranks=list(range(tp)),
-        deployment="llm",
-        pod_name=pod,
-        role=role,
-        peers=peers,
-        model_identity="llm-tiny",
-        model=ModelSource(uri=f"file://{model}", format=ModelFormat.SAFETENSORS),
-        model_dir=str(model),
-        served_model_name="llm",
-        device="cpu",
-        host="127.0.0.1",
-        runtime=RuntimeSpec(
-            engine=Engine.VLLM,
-            port=free_port(),
-            engine_port=free_port(),
-            engine_args=ENGINE_ARGS if tp == 1 else TP2_ARGS,
-        ),
-    )
+    return vllm_worker_plan(model, pod, role, peers, ENGINE_ARGS if tp == 1 else TP2_ARGS, tp=tp)
 
 
 class RunningWorker:

@@ -39,9 +39,14 @@ from typing import Any
 import click
 import httpx
 
-from weightlift.api.model import Engine, ModelFormat, ModelSource, Role, RuntimeSpec
-from weightlift.api.worker import PeerCandidate, WorkerPlan
-from weightlift.local.llm import ensure_vllm_env, make_in_engine_env, vllm_python
+from weightlift.api.model import Role
+from weightlift.api.worker import PeerCandidate
+from weightlift.local.llm import (
+    ensure_vllm_env,
+    make_in_engine_env,
+    vllm_python,
+    vllm_worker_plan,
+)
 from weightlift.local.net import free_port
 from weightlift.local.observe import complete
 from weightlift.local.stack import VLLM_ENV, vllm_engine_args
@@ -141,23 +146,8 @@ def run_worker(
     name: str,
     **extra_env: str,
 ) -> tuple[JSON, Any]:
-    plan = WorkerPlan(
-        deployment="bench",
-        pod_name=f"bench-{name}",
-        role=role,
-        peers=peers,
-        model_identity="bench-llm",
-        model=ModelSource(uri=f"file://{model}", format=ModelFormat.SAFETENSORS),
-        model_dir=str(model),
-        served_model_name="llm",
-        device="cpu",
-        host="127.0.0.1",
-        runtime=RuntimeSpec(
-            engine=Engine.VLLM,
-            port=free_port(),
-            engine_port=free_port(),
-            engine_args=args,
-        ),
+    plan = vllm_worker_plan(
+        model, f"bench-{name}", role, peers, args, deployment="bench", identity="bench-llm"
     )
     plan_file = workdir / f"{plan.pod_name}.json"
     plan_file.write_text(plan.model_dump_json(by_alias=True))

@@ -22,7 +22,11 @@ import json
 import os
 import subprocess
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from weightlift.api.model import Role
+    from weightlift.api.worker import PeerCandidate, WorkerPlan
 
 VLLM_VERSION = "0.32.0"
 INSTALL_SCRIPT = Path(__file__).resolve().parents[2] / "hack" / "install-vllm.sh"
@@ -185,3 +189,43 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+
+
+def vllm_worker_plan(
+    model: Path,
+    pod: str,
+    role: Role,
+    peers: list[PeerCandidate],
+    engine_args: list[str],
+    *,
+    tp: int = 1,
+    deployment: str = "llm",
+    identity: str = "llm-tiny",
+) -> WorkerPlan:
+    """A WorkerPlan for the tiny LLM served by vLLM on this machine (CPU, loopback, free
+    ports), as the vLLM tests and `bench vllm` run a worker without the operator. The model
+    dir is the same path string on every replica: it is part of vLLM's compile cache key."""
+    from weightlift.api.model import Engine, ModelFormat, ModelSource, RuntimeSpec
+    from weightlift.api.worker import WorkerPlan
+    from weightlift.local.net import free_port
+
+    return WorkerPlan(
+        tensor_parallel=tp,
+        ranks=list(range(tp)),
+        deployment=deployment,
+        pod_name=pod,
+        role=role,
+        peers=peers,
+        model_identity=identity,
+        model=ModelSource(uri=f"file://{model}", format=ModelFormat.SAFETENSORS),
+        model_dir=str(model),
+        served_model_name="llm",
+        device="cpu",
+        host="127.0.0.1",
+        runtime=RuntimeSpec(
+            engine=Engine.VLLM,
+            port=free_port(),
+            engine_port=free_port(),
+            engine_args=engine_args,
+        ),
+    )
