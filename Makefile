@@ -9,10 +9,15 @@ WL_CACHE ?= $(HOME)/.cache/weightlift
 # hack/install-vllm.sh. Built once into the cache, re-pointed at this checkout on each run.
 VLLM_VERSION ?= 0.32.0
 VLLM_ENV := $(WL_CACHE)/vllm-$(VLLM_VERSION)
+# Triton Inference Server (runtime.engine Triton): tritonserver and its Python backend stubs from
+# nvidia-pytriton, unpacked beside the vLLM environment (no Python packages of its own; the stub
+# imports vLLM from VLLM_ENV); see hack/install-triton.sh.
+TRITON_VERSION ?= 2.51
+TRITON_ENV := $(WL_CACHE)/triton-$(TRITON_VERSION)
 # cluster.py (tests, demo) finds the control plane and kubectl/helm here.
 export WL_CACHE
 
-.PHONY: venv tools controlplane minio vllm-env test unit lint crd demo clean
+.PHONY: venv tools controlplane minio vllm-env triton-env test unit lint crd demo clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -37,6 +42,9 @@ minio:
 vllm-env:
 	VLLM_VERSION=$(VLLM_VERSION) hack/install-vllm.sh $(VLLM_ENV)
 
+triton-env: vllm-env
+	ENGINE_PYTHON=$(VLLM_ENV)/bin/python hack/install-triton.sh $(TRITON_ENV)
+
 crd: venv
 	$(VENV)/bin/weightlift crd > crds/modeldeployment.yaml
 	cp crds/modeldeployment.yaml helm/weightlift/crds/modeldeployment.yaml
@@ -49,9 +57,10 @@ lint: venv
 unit: venv
 	$(PY) -m pytest tests/unit -q
 
-test: controlplane minio vllm-env
-	# integration and vLLM tests fail (not skip) when the control plane or vLLM is missing
-	WEIGHTLIFT_REQUIRE_CLUSTER=1 WEIGHTLIFT_REQUIRE_VLLM=1 \
+test: controlplane minio vllm-env triton-env
+	# integration, vLLM and Triton tests fail (not skip) when the control plane or an engine is missing
+	WEIGHTLIFT_REQUIRE_CLUSTER=1 WEIGHTLIFT_REQUIRE_VLLM=1 WEIGHTLIFT_REQUIRE_TRITON=1 \
+	WEIGHTLIFT_TRITON_HOME=$(TRITON_ENV) \
 	WEIGHTLIFT_VLLM_PYTHON=$(VLLM_ENV)/bin/python $(PY) -m pytest -q
 
 demo: controlplane

@@ -44,15 +44,16 @@ _SPEC_VALIDATIONS = [
     {
         "rule": "self.model.format != 'safetensors' "
         "|| (has(self.runtime) && (self.runtime.type == 'External' "
-        "|| (has(self.runtime.engine) && self.runtime.engine == 'vLLM')))",
-        "message": "spec.model.format safetensors needs spec.runtime.engine vLLM or "
+        "|| (has(self.runtime.engine) && self.runtime.engine in ['vLLM', 'Triton'])))",
+        "message": "spec.model.format safetensors needs spec.runtime.engine vLLM or Triton, or "
         "spec.runtime.type External (the Builtin engine serves pt2 programs)",
         "fieldPath": ".model.format",
     },
     {
-        "rule": "!has(self.runtime) || !has(self.runtime.engine) || self.runtime.engine != 'vLLM' "
+        "rule": "!has(self.runtime) || !has(self.runtime.engine) "
+        "|| !(self.runtime.engine in ['vLLM', 'Triton']) "
         "|| (has(self.model.format) && self.model.format == 'safetensors')",
-        "message": "spec.runtime.engine vLLM needs spec.model.format safetensors",
+        "message": "spec.runtime.engine vLLM or Triton needs spec.model.format safetensors",
         "fieldPath": ".runtime.engine",
     },
     {

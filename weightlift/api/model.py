@@ -99,6 +99,7 @@ class Engine(StrEnum):
 
     BUILTIN = "Builtin"
     VLLM = "vLLM"
+    TRITON = "Triton"
 
 
 class CompletionProtocol(StrEnum):
@@ -430,7 +431,11 @@ class RuntimeSpec(ApiModel):
             "With type Builtin, what serves the model. Builtin: the worker serves model.pt2 over "
             "KServe v2. vLLM: the worker runs vLLM's OpenAI server on enginePort with weightlift "
             "loading (--load-format weightlift: peer-to-peer or preload, checksums verified, then "
-            "the replica is a P2P source); needs model.format safetensors."
+            "the replica is a P2P source); needs model.format safetensors. Triton: the worker "
+            "runs tritonserver (HTTP on enginePort, gRPC on engineGrpcPort, metrics on "
+            "engineMetricsPort) with a Python-backend model that runs vLLM with the same "
+            "weightlift loading, answering Triton's generate extension; needs model.format "
+            "safetensors."
         ),
     )
     engine_port: int = Field(
@@ -439,6 +444,12 @@ class RuntimeSpec(ApiModel):
         le=65535,
         description="Port of the engine's own server (vLLM: the OpenAI API under /v1); the "
         "worker on `port` also forwards /v1 to it.",
+    )
+    engine_grpc_port: int = Field(
+        8003, ge=1024, le=65535, description="Triton's gRPC port (runtime.engine Triton)."
+    )
+    engine_metrics_port: int = Field(
+        8002, ge=1024, le=65535, description="Triton's metrics port (runtime.engine Triton)."
     )
     engine_args: list[Arg] = Field(
         default_factory=list,
@@ -455,6 +466,17 @@ class RuntimeSpec(ApiModel):
             raise ValueError("runtime.engine applies to runtime.type Builtin, not External")
         if self.engine != Engine.BUILTIN and self.engine_port == self.port:
             raise ValueError("runtime.enginePort must differ from runtime.port")
+        triton_ports = [
+            self.port,
+            self.engine_port,
+            self.engine_grpc_port,
+            self.engine_metrics_port,
+        ]
+        if self.engine == Engine.TRITON and len(set(triton_ports)) != len(triton_ports):
+            raise ValueError(
+                "runtime.port, enginePort, engineGrpcPort and engineMetricsPort must differ "
+                "with runtime.engine Triton"
+            )
         return self
 
 
@@ -642,18 +664,23 @@ class ModelDeploymentSpec(ApiModel):
     @model_validator(mode="after")
     def _format_fits_runtime(self) -> ModelDeploymentSpec:
         # Mirrors the CRD's CEL rules, for objects that never passed the API server's admission.
-        vllm = self.runtime.type == RuntimeType.BUILTIN and self.runtime.engine == Engine.VLLM
+        vllm = self.runtime.type == RuntimeType.BUILTIN and self.runtime.engine in (
+            Engine.VLLM,
+            Engine.TRITON,
+        )
         if (
             self.model.format == ModelFormat.SAFETENSORS
             and self.runtime.type != RuntimeType.EXTERNAL
             and not vllm
         ):
             raise ValueError(
-                "spec.model.format safetensors needs spec.runtime.engine vLLM or "
+                "spec.model.format safetensors needs spec.runtime.engine vLLM or Triton, or "
                 "spec.runtime.type External (the Builtin engine serves pt2 programs)"
             )
         if vllm and self.model.format != ModelFormat.SAFETENSORS:
-            raise ValueError("spec.runtime.engine vLLM needs spec.model.format safetensors")
+            raise ValueError(
+                "spec.runtime.engine vLLM or Triton needs spec.model.format safetensors"
+            )
         return self
 
 

@@ -208,6 +208,8 @@ class WorkerReport(ApiModel):
     # Where the load's seconds went, per step of the loader (P2P: manifest, alloc, agent,
     # transfer, verify), the slowest rank's.
     load_phases: dict[str, float] = Field(default_factory=dict)
+    # The engine's own ports by protocol (Triton: http, grpc, metrics); empty without one.
+    engine_ports: dict[str, int] = Field(default_factory=dict)
     # Wall-clock (Unix seconds) at which each step of this worker ended: process (started),
     # server (HTTP up), hooks, load, bind, serving.
     timeline: dict[str, float] = Field(default_factory=dict)

@@ -13,7 +13,7 @@ IDENTITY_LENGTH = 16
 
 def model_identity(spec: ModelDeploymentSpec) -> str:
     """Hash of what determines the bytes on each rank: uri, revision, format, dtype, TP layout
-    (and, for vLLM, the engine and its args)."""
+    (and, for vLLM and Triton, the engine and its args)."""
     material = {
         "uri": spec.model.uri.rstrip("/"),
         "revision": spec.model.revision,
@@ -23,7 +23,7 @@ def model_identity(spec: ModelDeploymentSpec) -> str:
     }
     if spec.model.endpoint:  # the same bucket/repo name on another store is other bytes
         material["endpoint"] = spec.model.endpoint.rstrip("/")
-    if spec.runtime.engine == Engine.VLLM:
+    if spec.runtime.engine in (Engine.VLLM, Engine.TRITON):
         # vLLM replicas exchange vLLM's own per-rank parameters (worker/engines/vllm/weights.py),
         # which its engine args can change (--dtype, --quantization, ...): only replicas
         # started alike meet. Builtin identities stay as they were.

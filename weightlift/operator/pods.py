@@ -13,7 +13,15 @@ from weightlift.api.labels import (
     ROLE_LABEL,
     WORKER_LABELS,
 )
-from weightlift.api.model import GROUP, KIND, VERSION, ModelDeploymentSpec, Role, RuntimeType
+from weightlift.api.model import (
+    GROUP,
+    KIND,
+    VERSION,
+    Engine,
+    ModelDeploymentSpec,
+    Role,
+    RuntimeType,
+)
 from weightlift.api.uri import REMOTE_SCHEMES, ModelUri
 from weightlift.api.worker import (
     ASSIGNMENT_ENV,
@@ -174,6 +182,20 @@ def handoff_volume() -> dict[str, Any]:
     return {"name": "peers", "downwardAPI": {"items": [item]}}
 
 
+def container_ports(spec: ModelDeploymentSpec) -> list[dict[str, Any]]:
+    """The worker's port, and Triton's own (HTTP, gRPC, metrics) with runtime.engine Triton."""
+    rt = spec.runtime
+    ports = [{"name": "http", "containerPort": rt.port, "protocol": "TCP"}]
+    if rt.type == RuntimeType.BUILTIN and rt.engine == Engine.TRITON:
+        for name, port in (
+            ("triton-http", rt.engine_port),
+            ("triton-grpc", rt.engine_grpc_port),
+            ("triton-metrics", rt.engine_metrics_port),
+        ):
+            ports.append({"name": name, "containerPort": port, "protocol": "TCP"})
+    return ports
+
+
 def render_pod(
     name: str,
     namespace: str,
@@ -214,7 +236,7 @@ def render_pod(
         "imagePullPolicy": template.image_pull_policy,
         "command": list(spec.runtime.command) if external else ["weightlift", "worker"],
         "env": env,
-        "ports": [{"name": "http", "containerPort": spec.runtime.port, "protocol": "TCP"}],
+        "ports": container_ports(spec),
         "resources": {"limits": limits, "requests": requests},
         "readinessProbe": {
             "httpGet": {**http_get, "path": "/v2/health/ready"},

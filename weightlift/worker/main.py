@@ -6,7 +6,8 @@ names (worker/engines) brings the model up: init hooks (fail-closed), weights, s
 publishing -> phase Serving, ready 200 -> serve until SIGTERM or the engine dies.
 Builtin (engines/builtin): hooks, loads and the PT2 program in this process. vLLM
 (engines/vllm): hooks, load and publish happen inside vLLM's rank processes (its `weightlift`
-load format); the worker starts vLLM, is Ready when vLLM is, and fronts it.
+load format); the worker starts vLLM, is Ready when vLLM is, and fronts it. Triton
+(engines/triton): the same vLLM inside a real tritonserver's Python backend.
 SIGTERM/SIGINT: not ready, the engine closes (publisher, processes, hooks), exit 0.
 
 On failure the phase is Failed with a message naming file/tensor/library/symbol and

@@ -6,7 +6,8 @@ Routes: GET /v2, /v2/health/live, /v2/health/ready, /v2/models/{m}[/versions/{v}
 GET /weightlift/v1/status (the WorkerReport JSON), and any method on /weightlift/v1/p2p/{tail},
 forwarded to the P2P source publisher's `handle(request)` once one is installed with
 `set_p2p_handler(app, publisher)` (503 "not a source yet" before). The model routes belong to
-the engine in `state.engine` (worker/engines: builtin answers infer, vLLM generate and /v1);
+the engine in `state.engine` (worker/engines: builtin answers infer, vLLM generate and /v1,
+Triton infer and generate; an engine's `metrics_text()`, if it has one, follows /metrics);
 infer and generate answer only once the replica is Ready. The handlers live in the WorkerState
 (mutable) rather than as app keys: aiohttp deprecates changing a started app.
 
@@ -239,9 +240,11 @@ class FrontDoor:
         m.gbps.set(rep.gbps or 0.0)
         m.load_seconds.set(rep.load_seconds or 0.0)
         m.ready.set(1 if self.state.ready else 0)
-        return web.Response(
-            body=generate_latest(m.registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
-        )
+        body = generate_latest(m.registry)
+        engine_metrics = getattr(self.state.engine, "metrics_text", None)
+        if engine_metrics is not None:  # an engine's own families (Triton's nv_*) follow ours
+            body += (await engine_metrics()).encode()
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def status(self, request: web.Request) -> web.Response:
         doc = self.state.snapshot().wire()

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 REGISTRY: dict[EngineName, str] = {
     EngineName.BUILTIN: "weightlift.worker.engines.builtin.engine:BuiltinEngine",
     EngineName.VLLM: "weightlift.worker.engines.vllm.engine:VllmEngine.for_worker",
+    EngineName.TRITON: "weightlift.worker.engines.triton.engine:TritonEngine.for_worker",
 }
 
 

