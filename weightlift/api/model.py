@@ -679,7 +679,7 @@ class ModelDeploymentSpec(ApiModel):
             )
         if vllm and self.model.format != ModelFormat.SAFETENSORS:
             raise ValueError(
-                "spec.runtime.engine vLLM or Triton needs spec.model.format safetensors"
+                f"spec.runtime.engine {self.runtime.engine} needs spec.model.format safetensors"
             )
         return self
 

@@ -24,7 +24,7 @@ import httpx
 
 from weightlift.local.demo_stores import STORAGE_KINDS, DemoStorage, prepare_storage
 from weightlift.local.kubeclient import JSON, KubeError
-from weightlift.local.observe import TIMELINE_STEPS, Observer, complete, infer
+from weightlift.local.observe import TIMELINE_STEPS, Observer, complete, generate, infer
 from weightlift.local.stack import (
     VLLM_ENV,
     LocalStack,
@@ -151,11 +151,13 @@ def _sigterm_raises() -> Iterator[None]:
 )
 @click.option(
     "--runtime",
-    type=click.Choice(["builtin", "vllm"]),
+    type=click.Choice(["builtin", "vllm", "triton"]),
     default="builtin",
     show_default=True,
     help="builtin: a PT2 demo model on weightlift's server. vllm: a tiny Llama on vLLM's CPU "
-    "build with weightlift loading (its environment is built once under $WL_CACHE).",
+    "build with weightlift loading (its environment is built once under $WL_CACHE). triton: "
+    "that Llama on a real tritonserver (nvidia-pytriton's), vLLM in its Python backend, "
+    "probed through Triton's generate.",
 )
 @click.option(
     "--install",
@@ -192,13 +194,17 @@ def demo_command(
     console = Console(stderr=True, width=None if sys.stderr.isatty() else 150)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     state_dir = state_dir.resolve()
-    model_dir = state_dir / ("llm" if runtime == "vllm" else "model")
+    llm = runtime in ("vllm", "triton")
+    engine = {"vllm": "vLLM", "triton": "Triton"}.get(runtime, "Builtin")
+    model_dir = state_dir / ("llm" if llm else "model")
     stack = LocalStack(state_dir, model_path_prefixes=(str(model_dir),), install=install)
     where: DemoStorage | None = None
     with _sigterm_raises():
         try:
-            if runtime == "vllm":
+            if llm:
                 probe = _prepare_vllm(console, stack, model_dir)
+                if runtime == "triton":
+                    _prepare_triton(console, stack)
             else:
                 with console.status("making the demo model (PT2 + safetensors + init hook)"):
                     probe = make_demo_model(model_dir, model_size_mb)
@@ -221,9 +227,9 @@ def demo_command(
                 replicas=replicas,
                 probe=probe,
                 model=where.model,
-                engine="vLLM" if runtime == "vllm" else "Builtin",
-                engine_args=vllm_engine_args(enforce_eager) if runtime == "vllm" else None,
-                env=VLLM_ENV if runtime == "vllm" else None,
+                engine=engine,
+                engine_args=vllm_engine_args(enforce_eager) if llm else None,
+                env=VLLM_ENV if llm else None,
             )
             obs = Observer(stack, name)
             stack.apply(manifest)
@@ -292,6 +298,15 @@ def _prepare_vllm(console: Any, stack: LocalStack, model_dir: Path) -> JSON:
     return probe
 
 
+def _prepare_triton(console: Any, stack: LocalStack) -> None:
+    """tritonserver and its Python backend stubs (unpacked once from nvidia-pytriton)."""
+    from weightlift.local.llm import ensure_triton_env
+
+    with console.status("checking the Triton install (once: unpacks nvidia-pytriton, ~140 MB)"):
+        home = ensure_triton_env()
+    stack.worker_env.update({"WEIGHTLIFT_TRITON_HOME": str(home)})
+
+
 def _print_summary(console: Any, summary: JSON, probe: JSON, name: str) -> None:
     from rich.table import Table
 
@@ -352,14 +367,18 @@ def _print_summary(console: Any, summary: JSON, probe: JSON, name: str) -> None:
     # One more real request through each endpoint: same input, same output everywhere.
     outputs = set()
     if "completion" in probe:
+        kind = "OpenAI"
         for r in summary["replicas"]:
-            if r.get("openaiEndpoint"):
-                with contextlib.suppress(httpx.HTTPError, KeyError, IndexError):
+            with contextlib.suppress(httpx.HTTPError, KeyError, IndexError):
+                if r.get("openaiEndpoint"):
                     outputs.add(complete(r["openaiEndpoint"], name, probe["completion"]))
+                elif r.get("tritonEndpoint"):
+                    kind = "Triton generate"
+                    outputs.add(generate(r["tritonEndpoint"], name, probe["completion"]))
         if outputs:
             same = "the expected" if outputs == {probe["completion"]["expectedText"]} else "OTHER"
             console.print(
-                f"greedy completion through {len(summary['replicas'])} OpenAI endpoints: "
+                f"greedy completion through {len(summary['replicas'])} {kind} endpoints: "
                 f"{same} text {sorted(outputs)!r}"
             )
         return

@@ -142,6 +142,28 @@ def ensure_vllm_env() -> Path:
     return vllm_env_dir() / "bin" / "python"
 
 
+TRITON_INSTALL_SCRIPT = INSTALL_SCRIPT.with_name("install-triton.sh")
+
+
+def ensure_triton_env() -> Path:
+    """Unpack tritonserver and its Python backend stubs (once), with numpy 1.x for the stub of
+    the vLLM environment's Python; returns the install's home (WEIGHTLIFT_TRITON_HOME)."""
+    cache = os.environ.get("WL_CACHE") or str(Path.home() / ".cache" / "weightlift")
+    home = Path(os.environ.get("WEIGHTLIFT_TRITON_HOME") or Path(cache) / "triton-2.51")
+    python = vllm_python() or vllm_env_dir() / "bin" / "python"
+    result = subprocess.run(
+        ["bash", str(TRITON_INSTALL_SCRIPT), str(home)],
+        check=False,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "ENGINE_PYTHON": str(python)},
+    )
+    if result.returncode != 0:
+        raise RuntimeError(f"{TRITON_INSTALL_SCRIPT} failed:\n{result.stdout[-3000:]}")
+    return home
+
+
 def make_in_engine_env(
     python: Path, out: Path, *, layers: int = 2, hidden: int = 256
 ) -> dict[str, Any]:

@@ -122,6 +122,7 @@ class Observer:
         pods_by_name = {p["metadata"]["name"]: p for p in self.pods}
         runtime = ((self.md or {}).get("spec") or {}).get("runtime") or {}
         engine_port = runtime.get("enginePort") if runtime.get("engine") == "vLLM" else None
+        triton = runtime.get("engine") == "Triton"
         replicas = []
         for rs in self.replica_statuses():
             pod = pods_by_name.get(rs["name"], {})
@@ -144,6 +145,7 @@ class Observer:
                         if engine_port
                         else {}
                     ),
+                    **(_triton_endpoints(runtime, ip, self.name) if triton else {}),
                     "hooksRun": rs.get("hooksRun"),
                     "loadSeconds": rs.get("loadSeconds"),
                     "gbps": rs.get("gbps"),
@@ -258,6 +260,30 @@ def _container_port(pod: JSON) -> int:
         for p in c.get("ports", []):
             return int(p["containerPort"])
     return 8000
+
+
+def _triton_endpoints(runtime: JSON, ip: str | None, model: str) -> JSON:
+    """A Triton replica's own endpoints (its defaults as RuntimeSpec has them)."""
+    if not ip:
+        return {"tritonEndpoint": None, "modelName": model}
+    return {
+        "tritonEndpoint": f"http://{ip}:{runtime.get('enginePort', 8001)}",
+        "tritonGrpcEndpoint": f"{ip}:{runtime.get('engineGrpcPort', 8003)}",
+        "tritonMetrics": f"http://{ip}:{runtime.get('engineMetricsPort', 8002)}/metrics",
+        "modelName": model,
+    }
+
+
+def generate(triton_endpoint: str, model: str, completion: JSON, timeout: float = 60.0) -> str:
+    """Greedy text of a completion probe's prompt, from Triton's generate extension."""
+    body = {
+        "text_input": completion["prompt"],
+        "parameters": {"max_tokens": completion["maxTokens"], "temperature": 0},
+    }
+    r = httpx.post(f"{triton_endpoint}/v2/models/{model}/generate", json=body, timeout=timeout)
+    r.raise_for_status()
+    text: str = r.json()["text_output"]
+    return text
 
 
 def infer(endpoint: str, model: str, request: JSON, timeout: float = 10.0) -> JSON:

@@ -364,8 +364,9 @@ def model_deployment(
     """A ModelDeployment for a local demo model, pinned to process nodes. `model` overrides
     spec.model fields (another uri, endpoint, credentials: see local/demo_stores.py). engine "vLLM":
     an HF model directory served by vLLM with weightlift loading (the init hook runs in each
-    vLLM rank's process)."""
-    vllm = engine == "vLLM"
+    vLLM rank's process). engine "Triton": the same inside tritonserver's Python backend
+    (Triton's HTTP on VLLM_PORT, metrics 8002, gRPC 8003), probed through its generate."""
+    vllm = engine in ("vLLM", "Triton")
     spec: JSON = {
         "model": {
             "uri": f"hostpath://{model_dir.resolve()}",
@@ -399,8 +400,11 @@ def model_deployment(
         spec["initHooks"] = {"library": hook_library, "required": True}
     if probe is not None:
         keep = ("request", "expectedOutputs", "tolerance", "completion")
+        kept = {k: v for k, v in probe.items() if k in keep}
+        if engine == "Triton" and "completion" in kept:  # probed through Triton's generate
+            kept["completion"] = {**kept["completion"], "protocol": "TritonGenerate"}
         spec["probe"] = {
-            **{k: v for k, v in probe.items() if k in keep},
+            **kept,
             "periodSeconds": probe_period_seconds,
             "timeoutSeconds": 10,
             "failureThreshold": 3,

@@ -175,7 +175,7 @@ def test_triton_spec_ports_and_format() -> None:
     )
     with pytest.raises(ValidationError, match=r"engineGrpcPort and engineMetricsPort must differ"):
         RuntimeSpec(engine="Triton", engine_grpc_port=8002)
-    with pytest.raises(ValidationError, match=r"vLLM or Triton needs spec\.model\.format"):
+    with pytest.raises(ValidationError, match=r"engine Triton needs spec\.model\.format"):
         ModelDeploymentSpec.model_validate(
             {"model": {"uri": "hostpath:///m"}, "runtime": {"engine": "Triton"}}
         )

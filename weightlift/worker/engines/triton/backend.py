@@ -7,7 +7,7 @@ init hooks fail-closed before the weights, a Target's rank pulls its own paramet
 (checksums verified, storage fallback), a Source preloads, then each rank publishes and writes
 the reports the worker reads. `execute` answers Triton's generate extension: `text_input` in,
 `text_output` out; `max_tokens` and `temperature` from the request's parameters (greedy by
-default). `finalize` drops the engine; the init hooks are released at the stub's exit.
+default). `finalize` (Triton unloads the model) drops the engine and releases the init hooks.
 
 Needs `triton_python_backend_utils` (Triton's stub provides it) and vLLM: imported lazily, so
 this module imports anywhere.
@@ -104,4 +104,9 @@ class TritonPythonModel:
         return responses
 
     def finalize(self) -> None:
+        """Triton unloads the model: drop vLLM's engine, then release the init hooks of the
+        ranks that ran in this process (the rest release at their process's exit)."""
+        from weightlift.worker.engines.vllm.loader import _release_hooks
+
         self.llm = None
+        _release_hooks()

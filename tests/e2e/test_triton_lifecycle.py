@@ -1,0 +1,159 @@
+"""Triton replicas on the real control plane: the operator plans a source and a P2P target, each
+worker starts the real tritonserver (2.51, nvidia-pytriton's) whose Python-backend model runs
+vLLM with weightlift's load format, and READY means Triton's own generate extension answered
+the greedy text transformers generated for the same weights. One tritonserver pair for the
+module (each start is 20-60 s of vLLM imports on 2 cores)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+import tritonclient.http as triton_http
+
+from tests.support.e2e import alive, pids_of, wait_gone
+from tests.support.triton import require_triton_home
+from tests.support.vllm import (
+    ENGINE_ARGS,
+    ENGINE_ENV,
+    READY_TIMEOUT,
+    TEST_TIMEOUT,
+    require_vllm_python,
+    tiny_llm,
+)
+from weightlift.local.observe import Observer
+from weightlift.local.stack import LocalStack, add_hook_library, model_deployment
+
+JSON = dict[str, Any]
+NAME = "triton"
+
+
+@pytest.fixture(scope="module")
+def llm(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, JSON, Path]:
+    python = require_vllm_python()
+    home = require_triton_home(python)
+    out = tmp_path_factory.mktemp("e2e-triton-llm")
+    probe = tiny_llm(python, out)
+    add_hook_library(out)
+    return out, probe, home
+
+
+@pytest.fixture(scope="module")
+def pair(stack: LocalStack, llm: tuple[Path, JSON, Path]) -> Iterator[Observer]:
+    """Two Triton replicas (a storage source, a P2P target), Ready; deleted after the module."""
+    model, probe, home = llm
+    manifest = model_deployment(
+        NAME,
+        model,
+        probe=probe,
+        replicas=2,
+        engine="Triton",
+        engine_args=ENGINE_ARGS,
+        env={**ENGINE_ENV, "WEIGHTLIFT_TRITON_HOME": str(home)},
+        hook_library="hooks/libinit.so",
+    )
+    obs = Observer(stack, NAME)
+    stack.apply(manifest)
+    try:
+        obs.wait_ready(2 * READY_TIMEOUT)
+        yield obs
+    finally:
+        pids = pids_of(stack, NAME)
+        if stack.get_md(NAME) is not None:
+            stack.delete_md(NAME)
+        wait_gone(stack, NAME, sorted(pids))
+
+
+def _generate_with_tritonclient(endpoint: str, completion: JSON) -> str:
+    client = triton_http.InferenceServerClient(endpoint.removeprefix("http://"))
+    try:
+        text = triton_http.InferInput("text_input", [1], "BYTES")
+        text.set_data_from_numpy(np.array([completion["prompt"].encode()], dtype=np.object_))
+        result = client.infer(
+            NAME,
+            [text],
+            parameters={"max_tokens": completion["maxTokens"], "temperature": 0},
+        )
+        out = result.as_numpy("text_output")
+        assert out is not None
+        return bytes(out.reshape(-1)[0]).decode()
+    finally:
+        client.close()
+
+
+@pytest.mark.timeout(TEST_TIMEOUT)
+def test_triton_source_from_storage_target_by_p2p_same_greedy_text(
+    pair: Observer, llm: tuple[Path, JSON, Path], hook_log: Path
+) -> None:
+    model, probe, _ = llm
+    rows = pair.replica_statuses()
+    assert len(rows) == 2 and all(r["ready"] and r["probe"]["passed"] for r in rows), rows
+    source = next(r for r in rows if r["loadedFrom"] == "storage:hostpath")
+    target = next(r for r in rows if r["name"] != source["name"])
+    assert source["role"] == "Source" and target["role"] == "Target", rows
+    assert target["loadedFrom"] == f"peer:{source['name']}", target
+    assert target["bytesLoaded"] == target["bytesTotal"] == source["bytesTotal"] > 0
+    summary = pair.summary()["replicas"]
+    assert all(r["tritonEndpoint"] and r["modelName"] == NAME for r in summary), summary
+    # tritonclient against each replica's own tritonserver: transformers' greedy text twice.
+    texts = [_generate_with_tritonclient(r["tritonEndpoint"], probe["completion"]) for r in summary]
+    assert texts == [probe["completion"]["expectedText"]] * 2, texts
+    for r in summary:
+        # The worker's front door forwards Triton's generate and appends Triton's metrics.
+        body = {"text_input": probe["completion"]["prompt"], "parameters": {"max_tokens": 2}}
+        doc = httpx.post(f"{r['endpoint']}/v2/models/{NAME}/generate", json=body, timeout=60)
+        assert doc.status_code == 200 and isinstance(doc.json()["text_output"], str), doc.text
+        metrics = httpx.get(f"{r['endpoint']}/metrics", timeout=10).text
+        assert "weightlift_ready 1.0" in metrics and "nv_inference_request_success" in metrics
+        status = httpx.get(f"{r['endpoint']}/weightlift/v1/status", timeout=10).json()
+        assert set(status["enginePorts"]) == {"http", "grpc", "metrics"}, status
+    # The init hook ran in each replica's Triton stub (vLLM rank 0), before its weights.
+    inits = [ln.split() for ln in hook_log.read_text().splitlines() if ln.startswith("init ")]
+    mine = [ln for ln in inits if Path(ln[1]).resolve() == model.resolve() and ln[2] == "0"]
+    assert len(mine) >= 2, inits
+
+
+def test_a_killed_worker_takes_its_tritonserver_and_stub_along(
+    pair: Observer, stack: LocalStack
+) -> None:
+    """Last in the module (it breaks the pair): SIGKILL one worker, nothing of its tritonserver
+    stays. The worker arms PR_SET_PDEATHSIG for tritonserver; Triton's stub watches its parent."""
+    servers = {_parent(p): p for p in _procs_named("tritonserver")}
+    workers = [w for w in pids_of(stack, NAME) if w in servers]
+    assert len(workers) == 2, (workers, servers)
+    victim = workers[-1]
+    server = servers[victim]
+    stubs = [p for p in _procs_named("triton_python_b") if _parent(p) == server]
+    assert stubs, "tritonserver runs its Python backend stub"
+    os.kill(victim, signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    while any(alive(p) for p in [server, *stubs]) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not any(alive(p) for p in [server, *stubs]), "tritonserver outlived its worker"
+
+
+def _procs_named(comm: str) -> list[int]:
+    found = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                if (proc / "comm").read_text().strip() == comm:
+                    found.append(int(proc.name))
+            except OSError:
+                continue
+    return found
+
+
+def _parent(pid: int) -> int:
+    try:
+        stat = (Path("/proc") / str(pid) / "stat").read_text()
+    except OSError:
+        return -1
+    return int(stat.rsplit(")", 1)[1].split()[1])
