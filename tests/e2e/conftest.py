@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from tests.support.e2e import alive, pids_of, wait_gone
+from tests.support.triton import triton_worker_env
 from tests.support.vllm import vllm_worker_env
 from weightlift.local.observe import Observer
 from weightlift.local.stack import LocalStack, make_demo_model, model_deployment
@@ -80,6 +81,7 @@ def stack(
             "WEIGHTLIFT_HOOK_LOG": str(hook_log),
             "CUDA_VISIBLE_DEVICES": "",
             **vllm_worker_env(),
+            **triton_worker_env(),
         },
     )
     with s:

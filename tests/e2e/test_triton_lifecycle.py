@@ -48,7 +48,7 @@ def llm(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, JSON, Path]:
 @pytest.fixture(scope="module")
 def pair(stack: LocalStack, llm: tuple[Path, JSON, Path]) -> Iterator[Observer]:
     """Two Triton replicas (a storage source, a P2P target), Ready; deleted after the module."""
-    model, probe, home = llm
+    model, probe, _ = llm
     manifest = model_deployment(
         NAME,
         model,
@@ -56,7 +56,7 @@ def pair(stack: LocalStack, llm: tuple[Path, JSON, Path]) -> Iterator[Observer]:
         replicas=2,
         engine="Triton",
         engine_args=ENGINE_ARGS,
-        env={**ENGINE_ENV, "WEIGHTLIFT_TRITON_HOME": str(home)},
+        env=ENGINE_ENV,  # the stack passes WEIGHTLIFT_TRITON_HOME (tests/support/triton.py)
         hook_library="hooks/libinit.so",
     )
     obs = Observer(stack, NAME)

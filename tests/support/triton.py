@@ -23,6 +23,11 @@ from weightlift.worker.engines.triton.install import (
 REQUIRE_ENV = "WEIGHTLIFT_REQUIRE_TRITON"
 
 
+def triton_worker_env() -> dict[str, str]:
+    """What worker processes need to find tritonserver (spec env may not name WEIGHTLIFT_*)."""
+    return {"WEIGHTLIFT_TRITON_HOME": str(triton_home())}
+
+
 def require_triton_home(python: Path) -> Path:
     """The install's home (WEIGHTLIFT_TRITON_HOME for workers), complete for `python`'s stub."""
     home = triton_home()
