@@ -2,10 +2,12 @@
 worker starts the real tritonserver (2.51, nvidia-pytriton's) whose Python-backend model runs
 vLLM with weightlift's load format, and READY means Triton's own generate extension answered
 the greedy text transformers generated for the same weights. One tritonserver pair for the
-module (each start is 20-60 s of vLLM imports on 2 cores)."""
+module (each start is 20-60 s of vLLM imports on 2 cores), then a third replica whose sources
+die mid-pull, then a worker killed alone."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -28,8 +30,9 @@ from tests.support.vllm import (
     require_vllm_python,
     tiny_llm,
 )
+from weightlift.local.kubeclient import MERGE
 from weightlift.local.observe import Observer
-from weightlift.local.stack import LocalStack, add_hook_library, model_deployment
+from weightlift.local.stack import LocalStack, add_hook_library, md_path, model_deployment
 
 JSON = dict[str, Any]
 NAME = "triton"
@@ -120,6 +123,65 @@ def test_triton_source_from_storage_target_by_p2p_same_greedy_text(
     assert len(mine) >= 2, inits
 
 
+def _worker_status(obs: Observer, pod: str) -> JSON:
+    """The worker's own report (timeline, message) through its pod endpoint; {} until it has
+    one."""
+    row = next((r for r in obs.summary()["replicas"] if r["name"] == pod), None)
+    if row is None or not row["endpoint"]:
+        return {}
+    try:
+        doc: JSON = httpx.get(row["endpoint"] + "/weightlift/v1/status", timeout=5).json()
+    except (httpx.HTTPError, ValueError):
+        return {}
+    return doc
+
+
+@pytest.mark.timeout(TEST_TIMEOUT)
+def test_sources_killed_mid_pull_leave_the_target_to_storage(
+    pair: Observer, stack: LocalStack, llm: tuple[Path, JSON, Path]
+) -> None:
+    """A third replica starts as a Target; both Ready replicas freeze (SIGSTOP) as soon as its
+    pod exists and die (SIGKILL) once its Triton stub has run the init hook and begun the weight
+    load (the pull meets frozen peers): it falls back to storage and answers correctly, and
+    nothing of the killed pods (worker, tritonserver, stub) is left."""
+    _, probe, _ = llm
+    before = {p["metadata"]["uid"] for p in pair.pods}
+    groups = pids_of(stack, NAME)  # each pod's worker leads its process group
+    assert len(groups) == 2, groups
+    stack.kube.patch(
+        md_path(stack.namespace, NAME),
+        {"spec": {"replicas": 3, "loading": {"peerToPeer": {"transferTimeoutSeconds": 20}}}},
+        content_type=MERGE,
+    )
+    pair.wait(lambda o: len(o.pods) >= 3, READY_TIMEOUT, "a third pod")
+    new = next(p["metadata"]["name"] for p in pair.pods if p["metadata"]["uid"] not in before)
+    for pid in groups:
+        os.killpg(pid, signal.SIGSTOP)
+    pair.wait(
+        lambda o: "hooks" in _worker_status(o, new).get("timeline", {}),
+        READY_TIMEOUT,
+        "the new target's Triton model to reach its weight load",
+    )
+    members = [p for p in _procs() if _pgid(p) in set(groups)]
+    for pid in groups:
+        with contextlib.suppress(ProcessLookupError):  # a liveness probe may have been first
+            os.killpg(pid, signal.SIGKILL)
+    pair.wait(
+        lambda o: any(r["name"] == new and r.get("ready") for r in o.replica_statuses()),
+        2 * READY_TIMEOUT,
+        "the target Ready after losing its sources",
+    )
+    target = next(r for r in pair.replica_statuses() if r["name"] == new)
+    assert target["role"] == "Target" and target["loadedFrom"] == "storage:hostpath", target
+    assert target["bytesLoaded"] == target["bytesTotal"] > 0 and target["hooksRun"], target
+    assert "peer-to-peer failed" in _worker_status(pair, new)["message"]
+    row = next(r for r in pair.summary()["replicas"] if r["name"] == new)
+    text = _generate_with_tritonclient(row["tritonEndpoint"], probe["completion"])
+    assert text == probe["completion"]["expectedText"]
+    assert len(members) >= 6, members  # 2 x (worker, tritonserver, stub)
+    assert not any(alive(p) for p in members), [p for p in members if alive(p)]
+
+
 def test_a_killed_worker_takes_its_tritonserver_and_stub_along(
     pair: Observer, stack: LocalStack
 ) -> None:
@@ -127,7 +189,7 @@ def test_a_killed_worker_takes_its_tritonserver_and_stub_along(
     stays. The worker arms PR_SET_PDEATHSIG for tritonserver; Triton's stub watches its parent."""
     servers = {_parent(p): p for p in _procs_named("tritonserver")}
     workers = [w for w in pids_of(stack, NAME) if w in servers]
-    assert len(workers) == 2, (workers, servers)
+    assert workers, (pids_of(stack, NAME), servers)
     victim = workers[-1]
     server = servers[victim]
     stubs = [p for p in _procs_named("triton_python_b") if _parent(p) == server]
@@ -139,16 +201,26 @@ def test_a_killed_worker_takes_its_tritonserver_and_stub_along(
     assert not any(alive(p) for p in [server, *stubs]), "tritonserver outlived its worker"
 
 
+def _procs() -> list[int]:
+    return [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()]
+
+
 def _procs_named(comm: str) -> list[int]:
     found = []
-    for proc in Path("/proc").iterdir():
-        if proc.name.isdigit():
-            try:
-                if (proc / "comm").read_text().strip() == comm:
-                    found.append(int(proc.name))
-            except OSError:
-                continue
+    for pid in _procs():
+        try:
+            if (Path("/proc") / str(pid) / "comm").read_text().strip() == comm:
+                found.append(pid)
+        except OSError:
+            continue
     return found
+
+
+def _pgid(pid: int) -> int:
+    try:
+        return os.getpgid(pid)
+    except ProcessLookupError:
+        return -1
 
 
 def _parent(pid: int) -> int:

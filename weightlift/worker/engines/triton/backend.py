@@ -15,8 +15,13 @@ this module imports anywhere.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import logging
+import os
+import threading
+import time
 from typing import Any
 
 from weightlift.worker.engines.triton.repository import read_config
@@ -47,10 +52,31 @@ def decode_text(value: Any) -> str:
     return value.decode("utf-8") if isinstance(value, bytes) else str(value)
 
 
+# How often the stub checks that tritonserver is still its parent.
+PARENT_POLL_SECONDS = 1.0
+
+
+def exit_with_parent() -> None:
+    """End this stub when tritonserver is gone. PR_SET_PDEATHSIG cannot do it: it follows the
+    thread that forked the stub (Triton's model-load thread, which ends after the load), and the
+    stub's own parent check left a 2 GB stub running for minutes after a SIGKILLed worker took
+    tritonserver along (seen in the e2e test)."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(PARENT_POLL_SECONDS)
+        log.warning("weightlift: tritonserver (pid %d) is gone; the stub exits", parent)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True, name="wl-exit-with-tritonserver").start()
+
+
 class TritonPythonModel:
     """Triton's Python-backend model interface (initialize / execute / finalize)."""
 
     def initialize(self, args: dict[str, str]) -> None:
+        exit_with_parent()
         from weightlift.worker.engines.vllm.plugin import register
         from weightlift.worker.engines.vllm.serve import patch_version_lookup
 
@@ -62,7 +88,14 @@ class TritonPythonModel:
 
         conf = read_config(args["model_repository"])
         parser = EngineArgs.add_cli_args(FlexibleArgumentParser())
-        engine_args = EngineArgs.from_cli_args(parser.parse_args(conf.engine_argv))
+        usage = io.StringIO()
+        try:
+            with contextlib.redirect_stderr(usage):
+                parsed = parser.parse_args(conf.engine_argv)
+        except SystemExit:  # argparse's way out; Triton would only see "SystemExit: 2"
+            reason = (usage.getvalue().strip().splitlines() or ["?"])[-1]
+            raise ValueError(f"vLLM refused its arguments {conf.engine_argv}: {reason}") from None
+        engine_args = EngineArgs.from_cli_args(parsed)
         log.info(
             "weightlift: Triton model %s starts vLLM: %s", args["model_name"], conf.engine_argv
         )
