@@ -147,11 +147,13 @@ class TritonEngine(VllmEngine):
         cmd = triton_command(self.plan, root, backends, self.repository)
         self.started_at = time.monotonic()
         with self.log_path.open("ab") as out:
+            self.log_offset = out.tell()
             self.process = subprocess.Popen(
                 cmd,
                 stdout=out,
                 stderr=subprocess.STDOUT,
-                env=triton_environment(python),
+                # vLLM's compile cache root, as under vLLM's own server (a target's fetched one)
+                env={**triton_environment(python), **self.compile_cache.env()},
                 cwd=self.workdir,
                 preexec_fn=_die_with_parent,
             )
