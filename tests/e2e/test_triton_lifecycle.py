@@ -155,6 +155,7 @@ def test_sources_killed_mid_pull_leave_the_target_to_storage(
     )
     pair.wait(lambda o: len(o.pods) >= 3, READY_TIMEOUT, "a third pod")
     new = next(p["metadata"]["name"] for p in pair.pods if p["metadata"]["uid"] not in before)
+    members = [p for p in _procs() if _pgid(p) in set(groups)]
     for pid in groups:
         os.killpg(pid, signal.SIGSTOP)
     pair.wait(
@@ -162,7 +163,6 @@ def test_sources_killed_mid_pull_leave_the_target_to_storage(
         READY_TIMEOUT,
         "the new target's Triton model to reach its weight load",
     )
-    members = [p for p in _procs() if _pgid(p) in set(groups)]
     for pid in groups:
         with contextlib.suppress(ProcessLookupError):  # a liveness probe may have been first
             os.killpg(pid, signal.SIGKILL)
