@@ -188,8 +188,12 @@ def test_a_killed_worker_takes_its_tritonserver_and_stub_along(
     """Last in the module (it breaks the pair): SIGKILL one worker, nothing of its tritonserver
     stays. The worker arms PR_SET_PDEATHSIG for tritonserver; Triton's stub watches its parent."""
     servers = {_parent(p): p for p in _procs_named("tritonserver")}
-    workers = [w for w in pids_of(stack, NAME) if w in servers]
-    assert workers, (pids_of(stack, NAME), servers)
+    # A Ready replica's: its stub has loaded the model (and watches tritonserver); the pods the
+    # operator recreated after the previous test may still be starting theirs.
+    ready = {r["name"] for r in pair.replica_statuses() if r.get("ready")}
+    by_pod = {key.split("/")[1]: pids for key, pids in stack.node.pids().items()}
+    workers = [w for name in sorted(ready) for w in by_pod.get(name, []) if w in servers]
+    assert workers, (ready, by_pod, servers)
     victim = workers[-1]
     server = servers[victim]
     stubs = [p for p in _procs_named("triton_python_b") if _parent(p) == server]

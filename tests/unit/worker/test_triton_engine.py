@@ -138,7 +138,8 @@ def test_repository_layout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
     assert conf.site_dirs == ["/env/site-packages"]
     bootstrap = (model / "1" / "model.py").read_text()
     compile(bootstrap, "model.py", "exec")
-    assert "weightlift.worker.engines.triton.backend import TritonPythonModel" in bootstrap
+    assert "from weightlift.worker.engines.triton.backend import (" in bootstrap
+    assert "TritonPythonModel" in bootstrap and "exit_with_parent()" in bootstrap
 
 
 def test_refusal_is_read_from_tritonservers_log() -> None:

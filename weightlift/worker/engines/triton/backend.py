@@ -57,7 +57,8 @@ PARENT_POLL_SECONDS = 1.0
 
 
 def exit_with_parent() -> None:
-    """End this stub when tritonserver is gone. PR_SET_PDEATHSIG cannot do it: it follows the
+    """End this stub when tritonserver is gone (the bootstrap model.py calls it first thing).
+    PR_SET_PDEATHSIG cannot do it: it follows the
     thread that forked the stub (Triton's model-load thread, which ends after the load), and the
     stub's own parent check left a 2 GB stub running for minutes after a SIGKILLed worker took
     tritonserver along (seen in the e2e test)."""
@@ -76,7 +77,6 @@ class TritonPythonModel:
     """Triton's Python-backend model interface (initialize / execute / finalize)."""
 
     def initialize(self, args: dict[str, str]) -> None:
-        exit_with_parent()
         from weightlift.worker.engines.vllm.plugin import register
         from weightlift.worker.engines.vllm.serve import patch_version_lookup
 

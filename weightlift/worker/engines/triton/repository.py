@@ -59,7 +59,12 @@ for _d in _CONF["siteDirs"]:
     site.addsitedir(_d)
 sys.executable = _CONF["executable"]
 
-from weightlift.worker.engines.triton.backend import TritonPythonModel  # noqa: E402,F401
+from weightlift.worker.engines.triton.backend import (  # noqa: E402
+    TritonPythonModel,  # noqa: F401
+    exit_with_parent,
+)
+
+exit_with_parent()  # from here on, this stub ends with tritonserver
 '''
 
 
