@@ -11,6 +11,7 @@ BENCHMARKS = {
     "p2p": "weightlift.bench.p2p:p2p_command",
     "operator": "weightlift.bench.operator:operator_command",
     "vllm": "weightlift.bench.vllm:vllm_command",
+    "triton": "weightlift.bench.triton:triton_command_line",
     "chaos": "weightlift.bench.chaos:chaos_command",
     "fuzz": "weightlift.bench.fuzz:fuzz_command",
     "scale-out": "weightlift.bench.scaleout:scale_out_command",
@@ -31,4 +32,5 @@ class _LazyBench(click.Group):
 
 @click.group(cls=_LazyBench)
 def bench_group() -> None:
-    """Benchmarks (tables, JSON and PNG): load, p2p, operator, vllm, chaos, fuzz, scale-out."""
+    """Benchmarks (tables, JSON and PNG): load, p2p, operator, vllm, triton, chaos, fuzz,
+    scale-out."""
