@@ -6,17 +6,14 @@ is frozen (SIGSTOP) until the target is seen in Standby, so the order never depe
 from __future__ import annotations
 
 import contextlib
-import os
-import signal
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from tests.support.e2e import READY_TIMEOUT
+from tests.support.e2e import READY_TIMEOUT, frozen_source
 from weightlift.api.labels import PEERS_ANNOTATION
 from weightlift.api.worker import PeerCandidate, PeerHandoff
 from weightlift.local.kubeclient import MERGE
@@ -35,31 +32,6 @@ def _pod_ip(obs: Observer, name: str) -> str:
     pod = next(p for p in obs.pods if p["metadata"]["name"] == name)
     ip: str = pod["status"]["podIP"]
     return ip
-
-
-@contextmanager
-def frozen_source(stack: LocalStack, obs: Observer) -> Iterator[str]:
-    """Stop replica 0's worker process as soon as it exists; resume it on exit."""
-    key: list[str] = []
-
-    def started(o: Observer) -> bool:
-        for pod in o.pods:
-            if pod["metadata"]["labels"].get("weightlift.dev/replica") == "0":
-                name = f"{stack.namespace}/{pod['metadata']['name']}"
-                if stack.node.pids().get(name):
-                    key.append(name)
-                    return True
-        return False
-
-    obs.wait(started, READY_TIMEOUT, "the source's worker process", interval=0.05)
-    pids = stack.node.pids()[key[0]]
-    for pid in pids:
-        os.kill(pid, signal.SIGSTOP)
-    try:
-        yield key[0].split("/")[1]
-    finally:
-        for pid in pids:
-            os.kill(pid, signal.SIGCONT)
 
 
 def _wait_standby(obs: Observer, replica: int) -> JSON:

@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.support.e2e import alive, pids_of
+from tests.support.e2e import alive, frozen_source, pids_of
 from tests.support.vllm import (
     ENGINE_ARGS,
     ENGINE_ENV,
@@ -70,8 +70,26 @@ def _texts(obs: Observer, probe: JSON) -> list[str]:
 def test_vllm_source_from_storage_target_by_p2p_both_answer(
     stack: LocalStack, deployments: Deploy, llm: tuple[Path, JSON]
 ) -> None:
+    """Standby: both pods start at once; the source is frozen (SIGSTOP) until the target's
+    vLLM has built its model and waits at its weight step in phase Standby, never Ready; then
+    the source loads from storage, the operator hands it to the target, which pulls."""
     _, probe = llm
     obs = _deploy(deployments, "vllm", llm, replicas=2)
+    with frozen_source(stack, obs) as source_pod:
+        obs.wait(
+            lambda o: _replica(o, 1).get("phase") == "Standby",
+            2 * READY_TIMEOUT,
+            "the target's vLLM waiting in Standby",
+        )
+        waiting = _replica(obs, 1)
+        assert not waiting.get("ready"), waiting
+        worker = _worker_status(obs, waiting["name"])
+        # vLLM started and reached its weight step (model built, hooks run) before any peer.
+        assert {"engine", "hooks", "standby"} <= set(worker.get("timeline", {})), worker
+        assert "peers" not in worker["timeline"], worker
+        assert _replica(obs, 0).get("name") == source_pod and not _replica(obs, 0).get("ready")
+        blocked = httpx.get(f"{obs.summary()['replicas'][1]['endpoint']}/v1/models", timeout=10)
+        assert blocked.status_code != 200, blocked.text  # the worker's /v1: closed until Ready
     obs.wait_ready(2 * READY_TIMEOUT)
     rows = obs.replica_statuses()
     assert len(rows) == 2 and all(r["ready"] and r["probe"]["passed"] for r in rows), rows
@@ -84,6 +102,12 @@ def test_vllm_source_from_storage_target_by_p2p_both_answer(
     assert _texts(obs, probe) == [probe["completion"]["expectedText"]] * 2
     sources = {s["pod"] for s in obs.status().get("sources", [])}
     assert sources == {source["name"], target["name"]}, obs.status().get("sources")
+    times = {r["name"]: r for r in obs.summary()["replicas"]}
+    assert times[target["name"]]["standbyAt"] < times[source["name"]]["readyAt"], times
+
+
+def _replica(obs: Observer, replica: int) -> JSON:
+    return next((r for r in obs.replica_statuses() if r.get("replica") == replica), {})
 
 
 def _worker_status(obs: Observer, pod: str) -> JSON:

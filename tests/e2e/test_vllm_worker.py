@@ -165,9 +165,15 @@ def test_source_preloads_target_pulls_p2p_both_complete_like_transformers(
     st = target.wait_serving()
     assert st["loadedFrom"] == "peer:llm-0" and st["strategy"] == "p2p", st
     assert st["bytesLoaded"] == st["bytesTotal"] == source.status()["bytesTotal"]
-    # The same greedy text through the worker's /v1 front door and vLLM's own port.
+    # The same greedy text through the worker's /v1 front door; vLLM's own port refuses the
+    # same request (it takes only the key the worker holds): no way around the Ready gate.
     assert _complete(target.address, probe) == expected
-    assert _complete(f"127.0.0.1:{target.plan.runtime.engine_port}", probe) == expected
+    c = probe["completion"]
+    body = {"model": "llm", "prompt": c["prompt"], "max_tokens": c["maxTokens"], "temperature": 0}
+    direct = httpx.post(
+        f"http://127.0.0.1:{target.plan.runtime.engine_port}/v1/completions", json=body, timeout=60
+    )
+    assert direct.status_code == 401, direct.text
     # Not just the same text: the same numbers. The log-probabilities of the top tokens at every
     # step are bit-identical between the storage-loaded source and the P2P target.
     assert _logprobs(target.address, probe) == _logprobs(source.address, probe)

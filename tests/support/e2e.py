@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import os
+import signal
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
+from weightlift.local.observe import Observer
 from weightlift.local.stack import LocalStack
 
 READY_TIMEOUT = 240.0
@@ -49,3 +53,28 @@ def pids_of(stack: LocalStack, name: str) -> list[int]:
         if key.split("/")[1].startswith(f"{name}-")
         for pid in pids
     ]
+
+
+@contextmanager
+def frozen_source(stack: LocalStack, obs: Observer) -> Iterator[str]:
+    """Stop replica 0's worker process as soon as it exists; resume it on exit."""
+    key: list[str] = []
+
+    def started(o: Observer) -> bool:
+        for pod in o.pods:
+            if pod["metadata"]["labels"].get("weightlift.dev/replica") == "0":
+                name = f"{stack.namespace}/{pod['metadata']['name']}"
+                if stack.node.pids().get(name):
+                    key.append(name)
+                    return True
+        return False
+
+    obs.wait(started, READY_TIMEOUT, "the source's worker process", interval=0.05)
+    pids = stack.node.pids()[key[0]]
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        yield key[0].split("/")[1]
+    finally:
+        for pid in pids:
+            os.kill(pid, signal.SIGCONT)

@@ -442,8 +442,9 @@ class RuntimeSpec(ApiModel):
         8001,
         ge=1024,
         le=65535,
-        description="Port of the engine's own server (vLLM: the OpenAI API under /v1); the "
-        "worker on `port` also forwards /v1 to it.",
+        description="Port of the engine's own server (vLLM: the OpenAI API under /v1), on the "
+        "pod's loopback with a key only the worker holds: clients use the worker's /v1 on "
+        "`port`, open once the replica is Ready.",
     )
     engine_grpc_port: int = Field(
         8003, ge=1024, le=65535, description="Triton's gRPC port (runtime.engine Triton)."

@@ -177,7 +177,7 @@ def run_worker(
         ),
         "compile_cache": st.get("compileCache") or "-",
     }
-    return row, (proc, f"http://127.0.0.1:{plan.runtime.engine_port}/v1", address, plan.pod_name)
+    return row, (proc, f"http://{address}/v1", address, plan.pod_name)
 
 
 @click.command("vllm")

@@ -139,7 +139,8 @@ class Observer:
                     "model": self.name,
                     **(
                         {
-                            "openaiEndpoint": f"http://{ip}:{engine_port}/v1" if ip else None,
+                            # The worker's /v1: vLLM's own port takes only the worker's key.
+                            "openaiEndpoint": f"http://{ip}:{port}/v1" if ip else None,
                             "servedModelName": self.name,
                         }
                         if engine_port

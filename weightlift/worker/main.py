@@ -139,8 +139,8 @@ class Worker:
         self._stamp("fetch")
         assert self.engine is not None
         if ctx.handoff_file is not None and not getattr(self.engine, "prepares_standby", False):
-            # An engine that cannot prepare before its peers are known (vLLM, so far) starts
-            # once they are: made again with the handed plan.
+            # An engine that cannot prepare before its peers are known starts once they
+            # are: made again with the handed plan.
             self.plan = await hand_off(self.state.report, ctx.handoff_file, self.plan)
             ctx.handoff_file = None
             self.engine = self.state.engine = create_engine(self.plan)

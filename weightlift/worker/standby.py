@@ -71,6 +71,18 @@ async def wait_for_handoff(path: Path, limit: float) -> PeerHandoff:
     return PeerHandoff(storage=True)
 
 
+def wait_for_handoff_blocking(path: Path, limit: float) -> PeerHandoff:
+    """`wait_for_handoff` for a thread with no event loop (a vLLM rank's weight step)."""
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        handoff = read_handoff(path)
+        if handoff is not None:
+            return handoff
+        time.sleep(POLL_SECONDS)
+    log.warning("no peers handed within %.0fs (%s): loading from storage", limit, path)
+    return PeerHandoff(storage=True)
+
+
 def wait_limit(plan: WorkerPlan) -> float:
     return plan.loading.wait_for_source_seconds + OPERATOR_GRACE_SECONDS
 

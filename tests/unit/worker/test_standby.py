@@ -3,6 +3,7 @@ waits in Standby with /infer closed, and loads what its hand-off file names, whe
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 
@@ -14,7 +15,12 @@ from weightlift.api.worker import PEERS_FILE_ENV, PeerCandidate, PeerHandoff
 from weightlift.local.models import DemoModel
 from weightlift.local.processnode import write_atomic
 from weightlift.worker.p2p import reserve
-from weightlift.worker.standby import apply_handoff, read_handoff, starts_in_standby
+from weightlift.worker.standby import (
+    apply_handoff,
+    read_handoff,
+    starts_in_standby,
+    wait_for_handoff_blocking,
+)
 
 
 def _closed(url: str) -> None:
@@ -76,6 +82,22 @@ def test_the_file_is_read_only_when_it_hands_something(tmp_path: Path) -> None:
         assert read_handoff(path) is None, text
     path.write_text('{"storage": true}')
     assert read_handoff(path) == PeerHandoff(storage=True)
+
+
+def test_blocking_wait_returns_what_is_handed_or_storage_at_its_bound(tmp_path: Path) -> None:
+    """The vLLM ranks' wait (no event loop in their thread): the relayed hand-off, or storage
+    once the bound passes with nothing handed."""
+    path = tmp_path / "handoff.json"
+    peer = PeerCandidate(pod="src", address="127.0.0.9:8000")
+    writer = threading.Timer(0.3, lambda: path.write_text(PeerHandoff(peers=[peer]).to_text()))
+    writer.start()
+    try:
+        assert wait_for_handoff_blocking(path, 30.0) == PeerHandoff(peers=[peer])
+    finally:
+        writer.cancel()
+    started = time.monotonic()
+    assert wait_for_handoff_blocking(tmp_path / "never.json", 0.3) == PeerHandoff(storage=True)
+    assert time.monotonic() - started >= 0.3
 
 
 def test_storage_releases_the_reserved_pull_buffers(demo_tp1: DemoModel) -> None:

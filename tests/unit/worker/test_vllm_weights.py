@@ -21,7 +21,7 @@ from safetensors.torch import load_file, save_file
 from tests.support.p2p import NIXL_MISSING
 from weightlift.api.model import ModelFormat, ModelSource, Role, RuntimeSpec
 from weightlift.api.worker import PeerCandidate, WorkerPlan
-from weightlift.worker.engines.vllm.engine import vllm_command, vllm_environment
+from weightlift.worker.engines.vllm.engine import engine_host, vllm_command, vllm_environment
 from weightlift.worker.engines.vllm.serve import NOT_INSTALLED_EXIT
 from weightlift.worker.engines.vllm.weights import (
     EngineRankReport,
@@ -200,6 +200,21 @@ def test_vllm_command_carries_plan_port_tp_and_user_args(hf_dir: Path, tmp_path:
     extra = json.loads(cmd[cmd.index("--model-loader-extra-config") + 1])
     assert extra == {"plan": str(tmp_path / "plan.json"), "reportDir": str(tmp_path / "reports")}
     assert cmd[-1] == "--enforce-eager"
+    # Standby: each rank's weight step waits for the file the worker relays the hand-off to.
+    cmd = vllm_command(plan, tmp_path / "plan.json", tmp_path / "reports", tmp_path / "h.json")
+    extra = json.loads(cmd[cmd.index("--model-loader-extra-config") + 1])
+    assert extra["handoff"] == str(tmp_path / "h.json")
+
+
+def test_vllm_listens_where_only_the_worker_reaches_it(hf_dir: Path, tmp_path: Path) -> None:
+    """A real pod (the worker on every address): vLLM on the pod's loopback. The process node
+    (the worker on its own 127.0.x.y): vLLM there too; its API key keeps others out."""
+    assert engine_host("0.0.0.0") == engine_host("::") == "127.0.0.1"
+    assert engine_host("127.0.3.4") == "127.0.3.4"
+    plan = plan_for(hf_dir, "p", tp=1)
+    cmd = vllm_command(plan, tmp_path / "plan.json", tmp_path / "reports")
+    assert cmd[cmd.index("--host") + 1] == "127.0.0.1"
+    assert "--api-key" not in cmd  # the key travels in vLLM's environment, not its argv
 
 
 def test_vllm_environment_keeps_our_plugin_in_an_allow_list() -> None:

@@ -124,6 +124,8 @@ class TritonEngine(VllmEngine):
 
     label = "tritonserver"
     serves_v2 = True  # the worker forwards /v2/models/{m}/... to it
+    # A standby Target starts tritonserver once handed its peers (worker/main.py waits).
+    prepares_standby = False
 
     def __init__(self, plan: WorkerPlan, workdir: Path) -> None:
         super().__init__(plan, workdir)

@@ -20,6 +20,7 @@ import ctypes
 import json
 import logging
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -31,6 +32,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from weightlift.api.model import Role
 from weightlift.api.worker import WorkerPhase, WorkerPlan, WorkerReport
 from weightlift.worker.engines.base import BringUp, not_served
 from weightlift.worker.engines.vllm.compile_cache import CompileCache
@@ -38,6 +40,7 @@ from weightlift.worker.engines.vllm.plugin import DIE_WITH_PARENT_ENV
 from weightlift.worker.engines.vllm.serve import NOT_INSTALLED_EXIT
 from weightlift.worker.engines.vllm.weights import (
     LOAD_FORMAT,
+    RELAY_MARGIN_SECONDS,
     EngineLoadOptions,
     EngineRankReport,
     check_model_dir,
@@ -45,6 +48,7 @@ from weightlift.worker.engines.vllm.weights import (
     read_report,
 )
 from weightlift.worker.server import set_p2p_handler
+from weightlift.worker.standby import apply_handoff, wait_for_handoff, wait_limit
 from weightlift.worker.weights.progress import LoadError
 
 log = logging.getLogger(__name__)
@@ -55,6 +59,8 @@ WORKDIR_ENV = "WEIGHTLIFT_ENGINE_DIR"
 # Lines of vLLM's log kept for the failure message.
 LOG_TAIL_LINES = 30
 _HOP_HEADERS = {"host", "content-length", "transfer-encoding", "connection"}
+# vLLM reads its API key from here (as --api-key); the worker's forwarder sends it.
+API_KEY_ENV = "VLLM_API_KEY"
 
 
 class EngineFailed(LoadError):
@@ -69,8 +75,12 @@ def engine_python() -> str:
     return os.environ.get(PYTHON_ENV) or sys.executable
 
 
-def vllm_command(plan: WorkerPlan, plan_file: Path, report_dir: Path) -> list[str]:
-    options = EngineLoadOptions(plan=str(plan_file), report_dir=str(report_dir))
+def vllm_command(
+    plan: WorkerPlan, plan_file: Path, report_dir: Path, handoff: Path | None = None
+) -> list[str]:
+    options = EngineLoadOptions(
+        plan=str(plan_file), report_dir=str(report_dir), handoff=str(handoff) if handoff else None
+    )
     rt = plan.runtime
     return [
         engine_python(),
@@ -81,7 +91,7 @@ def vllm_command(plan: WorkerPlan, plan_file: Path, report_dir: Path) -> list[st
         "--served-model-name",
         plan.served_model_name,
         "--host",
-        plan.host,
+        engine_host(plan.host),
         "--port",
         str(rt.engine_port),
         "--tensor-parallel-size",
@@ -92,6 +102,13 @@ def vllm_command(plan: WorkerPlan, plan_file: Path, report_dir: Path) -> list[st
         json.dumps(options.wire()),
         *rt.engine_args,
     ]
+
+
+def engine_host(host: str) -> str:
+    """Where vLLM listens: the pod's loopback when the worker binds every address (a real pod's
+    netns: nobody outside the pod reaches vLLM); else the worker's own address (the process node
+    gives each pod one 127.0.x.y and no netns, so the API key below is what keeps others out)."""
+    return "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
 
 
 def vllm_environment(base: dict[str, str] | None = None) -> dict[str, str]:
@@ -110,6 +127,9 @@ class VllmEngine:
 
     label = "vLLM"  # what messages call the engine
     health_paths: tuple[str, ...] = ("/health",)  # all answer 200: the engine serves
+    # Standby (worker/standby.py): vLLM starts at once and builds the model; its weight step
+    # waits for the hand-off the worker relays (`relay_handoff`).
+    prepares_standby = True
 
     def __init__(self, plan: WorkerPlan, workdir: Path) -> None:
         self.plan = plan
@@ -117,7 +137,10 @@ class VllmEngine:
         self.report_dir = workdir / "reports"
         self.log_path = workdir / "vllm.log"
         self.process: subprocess.Popen[bytes] | None = None
-        self.url = f"http://{_connect_host(plan.host)}:{plan.runtime.engine_port}"
+        self.url = f"http://{engine_host(plan.host)}:{plan.runtime.engine_port}"
+        # Only the worker holds it: vLLM's /v1 answers 401 to anyone who skips the worker's
+        # Ready gate. Passed in the environment, so it is not on vLLM's command line.
+        self.api_key = secrets.token_urlsafe(32)
         self._session: aiohttp.ClientSession | None = None
         self.started_at = 0.0
         self.app: web.Application | None = None
@@ -125,11 +148,11 @@ class VllmEngine:
         self.log_offset = 0  # where this start's lines begin in vllm.log
 
     # -------------------------------------------------------------------------- lifecycle
-    def start(self) -> None:
+    def start(self, handoff: Path | None = None) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
         plan_file = self.workdir / "plan.json"
         plan_file.write_text(self.plan.model_dump_json(by_alias=True))
-        cmd = vllm_command(self.plan, plan_file, self.report_dir)
+        cmd = vllm_command(self.plan, plan_file, self.report_dir, handoff)
         log.info("starting vLLM: %s", " ".join(cmd))
         self.started_at = time.monotonic()
         with self.log_path.open("ab") as out:
@@ -138,7 +161,11 @@ class VllmEngine:
                 cmd,
                 stdout=out,
                 stderr=subprocess.STDOUT,
-                env={**vllm_environment(), **self.compile_cache.env()},
+                env={
+                    **vllm_environment(),
+                    **self.compile_cache.env(),
+                    API_KEY_ENV: self.api_key,
+                },
                 # Same process group as the worker: whoever kills the pod's group kills vLLM too;
                 # and vLLM dies with the worker if the worker is killed alone.
                 preexec_fn=_die_with_parent,
@@ -176,18 +203,29 @@ class VllmEngine:
         return "\n".join(lines[-LOG_TAIL_LINES:])
 
     async def wait_ready(
-        self, timeout: float, report: WorkerReport | None = None, poll: float = 0.5
+        self,
+        timeout: float,
+        report: WorkerReport | None = None,
+        relay: asyncio.Future[None] | None = None,
+        poll: float = 0.5,
     ) -> list[EngineRankReport]:
         """Until vLLM's /health answers 200 and every rank has reported its load done;
         EngineFailed if vLLM exits, a rank reports a failure, or `timeout` passes. Meanwhile
-        the ranks' steps so far go into `report` (the worker's status shows where vLLM is)."""
+        the ranks' steps so far go into `report` (the worker's status shows where vLLM is):
+        phase Standby once every rank waits for the hand-off `relay` has not passed on yet."""
         assert self.process is not None
         deadline = time.monotonic() + timeout
         session = self.session()
         while True:
             reports = self.reports()
+            if relay is not None and relay.done():
+                relay.result()  # its failure is the bring-up's
             if report is not None:
                 fold_steps(report, reports)
+                waiting = [r for r in reports if r.stage == "standby"]
+                tp = self.plan.tensor_parallel
+                if relay is not None and not relay.done() and len(waiting) == tp:
+                    report.phase = WorkerPhase.STANDBY
             code = self.process.poll()
             if code is not None:
                 raise self._failure(f"exited with code {code} before it was ready")
@@ -259,10 +297,14 @@ class VllmEngine:
         rep = state.report
         rep.phase = WorkerPhase.LOADING
         # Fail fast and permanently on a wrong directory.
-        check_model_dir(self.plan.model_dir, weights=holds_weights(self.plan))
-        await self.compile_cache.before_start(self.session(), state.peer_token)
-        self.start()
-        reports = await self.wait_ready(float(self.plan.loading.load_timeout_seconds), rep)
+        check_model_dir(self.plan.model_dir, weights=ctx.has_weights and holds_weights(self.plan))
+        timeout = float(self.plan.loading.load_timeout_seconds)
+        if ctx.handoff_file is None:
+            await self.compile_cache.before_start(self.session(), state.peer_token)
+            self.start()
+            reports = await self.wait_ready(timeout, rep)
+        else:
+            reports = await self.bring_up_standby(ctx, ctx.handoff_file, timeout)
         fold_steps(rep, reports)
         rep.hooks = [h for r in sorted(reports, key=lambda r: r.rank) for h in r.hooks]
         rep.hooks_run = True
@@ -298,6 +340,40 @@ class VllmEngine:
             seconds,
         )
 
+    async def bring_up_standby(
+        self, ctx: BringUp, path: Path, timeout: float
+    ) -> list[EngineRankReport]:
+        """vLLM starts at once; meanwhile the worker waits for the pod's hand-off, installs the
+        handed peer's compile cache (vLLM compiles after its weight step, so the program still
+        arrives in time) and only then relays the hand-off to the ranks' weight step."""
+        relay_file = self.workdir / "handoff.json"
+        relay_file.unlink(missing_ok=True)
+        self.compile_cache.facts()  # the engine versions, read beside vLLM's start
+        self.start(relay_file)
+        relay = asyncio.ensure_future(self.relay_handoff(ctx, path, relay_file))
+        try:
+            limit = timeout + wait_limit(self.plan) + RELAY_MARGIN_SECONDS
+            return await self.wait_ready(limit, ctx.state.report, relay)
+        finally:
+            relay.cancel()
+
+    async def relay_handoff(self, ctx: BringUp, path: Path, relay_file: Path) -> None:
+        """The pod's hand-off (peers or storage), bounded as worker/standby.py bounds it,
+        passed on to vLLM's ranks once the peer's compile cache is installed."""
+        rep = ctx.state.report
+        handoff = await wait_for_handoff(path, wait_limit(self.plan))
+        rep.timeline["peers"] = round(time.time(), 3)
+        self.plan = apply_handoff(self.plan, handoff)
+        self.compile_cache.plan = self.plan
+        if not self.plan.peers:
+            rep.role = str(Role.SOURCE)
+        await self.compile_cache.before_start(self.session(), ctx.state.peer_token)
+        tmp = relay_file.with_suffix(".tmp")
+        tmp.write_text(handoff.to_text())
+        os.replace(tmp, relay_file)  # atomically: a rank never reads half of it
+        rep.phase = WorkerPhase.LOADING
+        log.info("standby over, relayed to vLLM: %s", handoff.to_text())
+
     async def serve_until(self, stop: asyncio.Future[Any]) -> None:
         """Until `stop` completes; EngineFailed when vLLM exits first."""
         exited = asyncio.ensure_future(self.wait_exit())
@@ -329,6 +405,9 @@ class VllmEngine:
     async def forward(self, request: web.Request, base: str) -> web.StreamResponse:
         """Pass `request` to `base` + its path and query; stream the answer back."""
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_HEADERS}
+        if base == self.url:  # vLLM: the worker's key, never the caller's (a rank: its token)
+            headers = {k: v for k, v in headers.items() if k.lower() != "authorization"}
+            headers["Authorization"] = f"Bearer {self.api_key}"
         body = await request.read()  # aiohttp keeps it: a handler that read it first is fine
         try:
             async with self.session().request(
@@ -362,7 +441,11 @@ class VllmEngine:
             "temperature": float((params or {}).get("temperature", 0.0)),
         }
         try:
-            async with self.session().post(self.url + "/v1/completions", json=completion) as up:
+            async with self.session().post(
+                self.url + "/v1/completions",
+                json=completion,
+                headers={"Authorization": f"Bearer {self.api_key}"},
+            ) as up:
                 doc = await up.json(content_type=None)
                 if up.status != 200:
                     return web.json_response({"error": doc}, status=up.status)
@@ -377,7 +460,7 @@ class VllmEngine:
 def fold_steps(report: WorkerReport, ranks: list[EngineRankReport]) -> None:
     """Each vLLM step's end (engine, hooks, load, processed) into the worker's timeline: the
     slowest rank's, so a step counts until every rank is past it."""
-    for step in ("engine", "hooks", "load", "processed"):
+    for step in ("engine", "hooks", "standby", "load", "processed"):
         marks = [r.timeline[step] for r in ranks if step in r.timeline]
         if marks and len(marks) == len(ranks):
             report.timeline[step] = max(marks)
@@ -420,5 +503,5 @@ def _die_with_parent() -> None:
     _LIBC.prctl(1, signal.SIGKILL)
 
 
-def _connect_host(host: str) -> str:
-    return "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
+# Where the worker reaches its engine (Triton's too): where `engine_host` binds it.
+_connect_host = engine_host

@@ -27,6 +27,7 @@ from vllm.model_executor.model_loader.base_loader import BaseModelLoader
 
 from weightlift.api.worker import WorkerPlan
 from weightlift.worker.engines.vllm.weights import (
+    RELAY_MARGIN_SECONDS,
     EngineLoadOptions,
     EngineRankReport,
     PublishedRank,
@@ -40,6 +41,7 @@ from weightlift.worker.engines.vllm.weights import (
 )
 from weightlift.worker.hooks import InitHookSession
 from weightlift.worker.loaders.strategy import wants_peer_to_peer
+from weightlift.worker.standby import apply_handoff, wait_for_handoff_blocking, wait_limit
 from weightlift.worker.weights.progress import LoadError
 
 # Published ranks live as long as the engine process (the NIXL agent must outlive reads).
@@ -71,7 +73,11 @@ class WeightliftModelLoader(BaseModelLoader):
         self.report = EngineRankReport(rank=0, ok=True)
 
     def download_model(self, model_config: ModelConfig) -> None:
-        check_model_dir(model_config.model, weights=holds_weights(self.plan))
+        check_model_dir(model_config.model, weights=self._holds_weights())
+
+    def _holds_weights(self) -> bool:
+        # A remote model in standby: only the small files came; storage downloads the rest.
+        return holds_weights(self.plan) and not self.options.handoff
 
     def _stamp(self, step: str) -> None:
         self.report.timeline[step] = round(time.time(), 3)
@@ -85,7 +91,7 @@ class WeightliftModelLoader(BaseModelLoader):
         self._stamp("engine")
         try:
             write_report(self.options.report_dir, self.report)
-            if wants_peer_to_peer(self.plan):
+            if wants_peer_to_peer(self.plan) or self.options.handoff:
                 # NIXL's first agent costs ~0.5 s of library loading: pay it while the hooks
                 # run and vLLM builds the model, not inside the pull.
                 from weightlift.worker.p2p.target import prewarm_nixl
@@ -112,8 +118,9 @@ class WeightliftModelLoader(BaseModelLoader):
 
     def load_weights(self, model: nn.Module, model_config: ModelConfig) -> None:
         rank = self.report.rank
+        self._standby()
         started = time.perf_counter()
-        check_model_dir(model_config.model, weights=holds_weights(self.plan))
+        check_model_dir(model_config.model, weights=self._holds_weights())
         params: dict[str, torch.Tensor] = dict(model.named_parameters())
         loaded = load_rank(self.plan, rank, params, lambda ckpt: self._feed(model, ckpt))
         self._stamp("load")
@@ -141,6 +148,23 @@ class WeightliftModelLoader(BaseModelLoader):
             p.seconds,
             time.perf_counter() - started,
         )
+
+    def _standby(self) -> None:
+        """Standby: the model is built on its device, hooks run; report stage "standby" and
+        wait (bounded as the worker's own wait, plus its compile-cache fetch) until the worker
+        relays the hand-off, then load with the handed peers, or from storage."""
+        if not self.options.handoff:
+            return
+        self.report.stage = "standby"
+        self._stamp("standby")
+        write_report(self.options.report_dir, self.report)
+        limit = wait_limit(self.plan) + RELAY_MARGIN_SECONDS
+        handoff = wait_for_handoff_blocking(Path(self.options.handoff), limit)
+        self.plan = apply_handoff(self.plan, handoff)
+        self.report.stage = "loading"
+        self._stamp("peers")
+        write_report(self.options.report_dir, self.report)
+        log.info("weightlift: rank %d standby over: %s", self.report.rank, handoff.to_text())
 
     @staticmethod
     def _feed(model: nn.Module, checkpoint: dict[str, torch.Tensor]) -> None:

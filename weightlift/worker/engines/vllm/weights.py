@@ -47,6 +47,9 @@ from weightlift.worker.weights.tensors import dtype_name, pack
 log = logging.getLogger("vllm.weightlift")  # vLLM's handler only prints `vllm.*` loggers
 
 LOAD_FORMAT = "weightlift"
+# Standby: beyond the worker's own bound on the hand-off (worker/standby.py), how long a rank
+# also waits for the worker's compile-cache fetch before it relays the hand-off.
+RELAY_MARGIN_SECONDS = 120.0
 CPU = torch.device("cpu")
 
 
@@ -61,18 +64,25 @@ class EngineLoadOptions(ApiModel):
 
     plan: str = Field(description="Path of the WorkerPlan JSON file.")
     report_dir: str = Field(description="Where each rank writes rank-<r>.json.")
+    handoff: str | None = Field(
+        None,
+        description="Standby: the file the worker relays the pod's hand-off to (peers or "
+        "storage, worker/standby.py), once it has installed the peer's compile cache; each "
+        "rank's weight step waits for it. None: load with the plan's peers at once.",
+    )
 
 
 class EngineRankReport(ApiModel):
     """What one vLLM rank says about its load; the worker folds it into its WorkerReport.
 
-    Written twice: when vLLM reaches the weight load (stage "loading", so the worker can show
-    where vLLM is) and when the weights are loaded and processed (stage "done"), or on failure.
+    Written when vLLM reaches the weight load (stage "loading", so the worker can show where
+    vLLM is; "standby" while a standby rank waits for its hand-off) and when the weights are
+    loaded and processed (stage "done"), or on failure.
     """
 
     rank: int
     ok: bool
-    stage: str = "done"  # loading | done
+    stage: str = "done"  # loading | standby | done
     message: str = ""
     permanent: bool = False  # retrying cannot help (bad files, a missing hook symbol)
     strategy: str = ""
@@ -86,8 +96,9 @@ class EngineRankReport(ApiModel):
     manifest_address: str | None = None
     hooks: list[HookReport] = Field(default_factory=list)
     # Wall clock (Unix seconds) at which each step of this rank ended: engine (vLLM started and
-    # initialized up to its weight load), hooks, load (checkpoint in memory), processed (vLLM's
-    # load_weights and post-load processing done).
+    # initialized up to its weight load), hooks, standby (model built, waiting for the hand-off)
+    # and peers (handed), load (checkpoint in memory), processed (vLLM's load_weights and
+    # post-load processing done).
     timeline: dict[str, float] = Field(default_factory=dict)
     load_phases: dict[str, float] = Field(default_factory=dict)
     finished_at: float = Field(default_factory=time.time)
