@@ -146,13 +146,15 @@ class VllmEngine:
         self.app: web.Application | None = None
         self.compile_cache = CompileCache(plan, workdir, engine_python())
         self.log_offset = 0  # where this start's lines begin in vllm.log
+        # Standby: where the ranks' weight step waits for the relayed hand-off (None: no wait).
+        self.relay_file: Path | None = None
 
     # -------------------------------------------------------------------------- lifecycle
-    def start(self, handoff: Path | None = None) -> None:
+    def start(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
         plan_file = self.workdir / "plan.json"
         plan_file.write_text(self.plan.model_dump_json(by_alias=True))
-        cmd = vllm_command(self.plan, plan_file, self.report_dir, handoff)
+        cmd = vllm_command(self.plan, plan_file, self.report_dir, self.relay_file)
         log.info("starting vLLM: %s", " ".join(cmd))
         self.started_at = time.monotonic()
         with self.log_path.open("ab") as out:
@@ -349,7 +351,8 @@ class VllmEngine:
         relay_file = self.workdir / "handoff.json"
         relay_file.unlink(missing_ok=True)
         self.compile_cache.facts()  # the engine versions, read beside vLLM's start
-        self.start(relay_file)
+        self.relay_file = relay_file
+        self.start()
         relay = asyncio.ensure_future(self.relay_handoff(ctx, path, relay_file))
         try:
             limit = timeout + wait_limit(self.plan) + RELAY_MARGIN_SECONDS
