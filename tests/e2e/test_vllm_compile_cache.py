@@ -8,9 +8,6 @@ cache over the P2P surface and loads it too, as two bare workers and on the proc
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -18,7 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from tests.support.vllm import (
@@ -26,12 +22,13 @@ from tests.support.vllm import (
     ENGINE_ENV,
     READY_TIMEOUT,
     TEST_TIMEOUT,
+    VllmWorker,
     require_vllm_python,
     tiny_llm,
 )
-from weightlift.api.model import Engine, ModelFormat, ModelSource, Role, RuntimeSpec
+from weightlift.api.model import Role
 from weightlift.api.worker import PeerCandidate, WorkerPlan
-from weightlift.local.net import free_port
+from weightlift.local.llm import vllm_worker_plan
 from weightlift.local.observe import Observer, complete
 from weightlift.local.stack import LocalStack
 
@@ -44,104 +41,19 @@ LOADED = "Directly load AOT compilation from path"
 LOAD_FAILED = "Compiling model again due to a load failure"
 
 
-class Worker:
-    """A weightlift worker running vLLM, with its own engine dir and vLLM cache root."""
+class Worker(VllmWorker):
+    """A vLLM worker with its own vLLM cache root; answers the completion probe."""
 
     def __init__(self, plan: WorkerPlan, workdir: Path, cache_root: Path, python: Path) -> None:
-        self.plan = plan
-        self.address = f"127.0.0.1:{plan.runtime.port}"
-        self.workdir = workdir
-        workdir.mkdir(parents=True, exist_ok=True)
-        plan_file = workdir / f"{plan.pod_name}.plan.json"
-        plan_file.write_text(plan.model_dump_json(by_alias=True))
-        env = {
-            **os.environ,
-            **ENGINE_ENV,
-            "VLLM_CACHE_ROOT": str(cache_root),
-            "WEIGHTLIFT_VLLM_PYTHON": str(python),
-            "WEIGHTLIFT_ENGINE_DIR": str(workdir),
-            "WEIGHTLIFT_FAIL_LINGER_SECONDS": "0",
-        }
-        self.log = workdir / f"{plan.pod_name}.worker.log"
-        with self.log.open("wb") as out:
-            self.proc = subprocess.Popen(
-                [
-                    str(Path(sys.executable).parent / "weightlift"),
-                    "worker",
-                    "--plan",
-                    str(plan_file),
-                ],
-                env=env,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-
-    @property
-    def vllm_log(self) -> str:
-        return (self.workdir / self.plan.pod_name / "vllm.log").read_text(errors="replace")
-
-    def status(self) -> JSON:
-        doc: JSON = httpx.get(f"http://{self.address}/weightlift/v1/status", timeout=5).json()
-        return doc
-
-    def wait_serving(self) -> JSON:
-        deadline = time.monotonic() + READY_TIMEOUT
-        while time.monotonic() < deadline:
-            assert self.proc.poll() is None, f"worker exited:\n{self.log.read_text()[-3000:]}"
-            try:
-                st = self.status()
-                if st["phase"] == "Serving":
-                    return st
-                assert st["phase"] != "Failed", st
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        raise AssertionError(f"not serving in {READY_TIMEOUT}s:\n{self.log.read_text()[-3000:]}")
+        super().__init__(plan, workdir, python, cache_root=cache_root)
 
     def complete(self, probe: JSON) -> str:
-        c = probe["completion"]
-        body = {
-            "model": "llm",
-            "prompt": c["prompt"],
-            "max_tokens": c["maxTokens"],
-            "temperature": 0,
-        }
-        resp = httpx.post(f"http://{self.address}/v1/completions", json=body, timeout=120)
-        assert resp.status_code == 200, resp.text
-        text: str = resp.json()["choices"][0]["text"]
-        return text
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, 15)
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, 9)
-                self.proc.wait()
-        return self.proc.returncode
+        return complete(f"http://{self.address}/v1", "llm", probe["completion"], timeout=120)
 
 
 def plan(model: Path, pod: str, role: Role, peers: list[PeerCandidate]) -> WorkerPlan:
-    return WorkerPlan(
-        deployment="llm",
-        pod_name=pod,
-        role=role,
-        peers=peers,
-        model_identity="llm-tiny",
-        model=ModelSource(uri=f"file://{model}", format=ModelFormat.SAFETENSORS),
-        model_dir=str(model),  # the same path string on every replica: part of vLLM's cache key
-        served_model_name="llm",
-        device="cpu",
-        host="127.0.0.1",
-        runtime=RuntimeSpec(
-            engine=Engine.VLLM,
-            port=free_port(),
-            engine_port=free_port(),
-            engine_args=COMPILED_ARGS,
-        ),
-    )
+    # The same model path string on every replica: part of vLLM's cache key.
+    return vllm_worker_plan(model, pod, role, peers, COMPILED_ARGS)
 
 
 @pytest.fixture(scope="module")

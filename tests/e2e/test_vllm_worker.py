@@ -5,10 +5,6 @@ the source worker's port, and both answer the same greedy completion as transfor
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,9 +14,8 @@ import pytest
 
 from tests.support.vllm import (
     ENGINE_ARGS,
-    ENGINE_ENV,
-    READY_TIMEOUT,
     TEST_TIMEOUT,
+    VllmWorker,
     require_vllm_python,
     tiny_llm,
 )
@@ -51,62 +46,10 @@ def _plan(model: Path, pod: str, role: Role, peers: list[PeerCandidate], tp: int
     return vllm_worker_plan(model, pod, role, peers, ENGINE_ARGS if tp == 1 else TP2_ARGS, tp=tp)
 
 
-class RunningWorker:
+class RunningWorker(VllmWorker):
     def __init__(self, plan: WorkerPlan, workdir: Path, vllm_python: Path) -> None:
-        self.plan = plan
-        self.address = f"127.0.0.1:{plan.runtime.port}"
-        workdir.mkdir(parents=True, exist_ok=True)
-        plan_file = workdir / "plan.json"
-        plan_file.write_text(plan.model_dump_json(by_alias=True))
-        env = {
-            **os.environ,
-            **ENGINE_ENV,
-            "WEIGHTLIFT_VLLM_PYTHON": str(vllm_python),
-            "WEIGHTLIFT_ENGINE_DIR": str(workdir),
-            "WEIGHTLIFT_FAIL_LINGER_SECONDS": "0",
-            **(TP2_ENV if plan.tensor_parallel > 1 else {}),
-        }
-        self.log = workdir / "worker.log"
-        with self.log.open("wb") as out:
-            self.proc = subprocess.Popen(
-                [
-                    str(Path(sys.executable).parent / "weightlift"),
-                    "worker",
-                    "--plan",
-                    str(plan_file),
-                ],
-                env=env,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-
-    def status(self) -> JSON:
-        doc: JSON = httpx.get(f"http://{self.address}/weightlift/v1/status", timeout=5).json()
-        return doc
-
-    def wait_serving(self) -> JSON:
-        deadline = time.monotonic() + READY_TIMEOUT
-        while time.monotonic() < deadline:
-            assert self.proc.poll() is None, f"worker exited:\n{self.log.read_text()[-3000:]}"
-            try:
-                st = self.status()
-                if st["phase"] == "Serving":
-                    return st
-                assert st["phase"] != "Failed", st
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        raise AssertionError(f"not serving in {READY_TIMEOUT}s:\n{self.log.read_text()[-3000:]}")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, 15)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, 9)
-                self.proc.wait()
+        env = TP2_ENV if plan.tensor_parallel > 1 else {}
+        super().__init__(plan, workdir, vllm_python, env=env)
 
 
 @pytest.fixture
