@@ -103,6 +103,8 @@ def test_triton_source_from_storage_target_by_p2p_same_greedy_text(
     assert source["role"] == "Source" and target["role"] == "Target", rows
     assert target["loadedFrom"] == f"peer:{source['name']}", target
     assert target["bytesLoaded"] == target["bytesTotal"] == source["bytesTotal"] > 0
+    # Triton's own ports, as the pod spec declares them, in the ModelDeployment's status.
+    assert all(r["enginePorts"] == {"http": 8001, "grpc": 8003, "metrics": 8002} for r in rows)
     summary = pair.summary()["replicas"]
     assert all(r["tritonEndpoint"] and r["modelName"] == NAME for r in summary), summary
     # tritonclient against each replica's own tritonserver: transformers' greedy text twice.

@@ -746,6 +746,9 @@ class ReplicaStatus(ApiModel):
         "miss (<reason>) (compiled) or none (no compilation).",
     )
     hooks_run: bool | None = Field(None, description="Whether init hooks ran.")
+    engine_ports: dict[str, int] | None = Field(
+        None, description="The engine's own ports by protocol (Triton: http, grpc, metrics)."
+    )
     ready: bool = Field(False, description="Passed its inference probe.")
     probe: ProbeResult | None = Field(None, description="Last inference probe result.")
     message: str = Field("", description="Detail, e.g. why the replica failed.")

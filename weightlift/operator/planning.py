@@ -770,6 +770,7 @@ def _replica_status(pod: ObservedPod) -> ReplicaStatus:
         load_seconds=report.load_seconds if report else None,
         compile_cache=(report.compile_cache or None) if report else None,
         hooks_run=report.hooks_run if report else None,
+        engine_ports=(report.engine_ports or None) if report else None,
         ready=pod.inference_ready,
         probe=pod.probe,
         message=message,
