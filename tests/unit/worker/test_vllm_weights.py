@@ -290,3 +290,54 @@ def test_vllm_processes_started_by_the_worker_die_with_their_parent() -> None:
     # Outside the worker (a user's own `vllm serve`) nothing is armed: the orphan lives on.
     env.pop("WEIGHTLIFT_VLLM_DIE_WITH_PARENT")
     assert _grandchild_after_parent_killed(env)
+
+
+async def test_forwarding_gives_vllm_the_workers_key_and_a_rank_the_callers_token(
+    hf_dir: Path, tmp_path: Path
+) -> None:
+    """vLLM gets the key only the worker holds, never the caller's; a rank's manifest server
+    gets the caller's peer token as it came (it checks it)."""
+    from aiohttp import ClientSession, web
+
+    from weightlift.local.net import free_port
+    from weightlift.worker.engines.vllm.engine import VllmEngine
+
+    seen: dict[str, str | None] = {}
+
+    async def record(request: web.Request) -> web.Response:
+        seen[request.host.split(":")[1]] = request.headers.get("Authorization")
+        return web.json_response({"ok": True})
+
+    upstream, front = web.Application(), web.Application()
+    upstream.router.add_route("*", "/{tail:.*}", record)
+    vllm_port, rank_port, front_port = free_port(), free_port(), free_port()
+    plan = plan_for(hf_dir, "p").model_copy(update={"host": "127.0.0.1"})
+    plan.runtime.engine_port = vllm_port
+    engine = VllmEngine(plan, tmp_path)
+
+    async def to_vllm(request: web.Request) -> web.StreamResponse:
+        return await engine.forward(request, engine.url)
+
+    async def to_rank(request: web.Request) -> web.StreamResponse:
+        return await engine.forward(request, f"http://127.0.0.1:{rank_port}")
+
+    front.router.add_post("/v1/completions", to_vllm)
+    front.router.add_get("/weightlift/v1/p2p/manifest", to_rank)
+    runners = [web.AppRunner(upstream), web.AppRunner(upstream), web.AppRunner(front)]
+    try:
+        for runner, port in zip(runners, (vllm_port, rank_port, front_port), strict=True):
+            await runner.setup()
+            await web.TCPSite(runner, "127.0.0.1", port).start()
+        caller = {"Authorization": "Bearer callers-token"}
+        async with ClientSession() as client:
+            base = f"http://127.0.0.1:{front_port}"
+            async with client.post(f"{base}/v1/completions", json={}, headers=caller) as r:
+                assert r.status == 200
+            async with client.get(f"{base}/weightlift/v1/p2p/manifest", headers=caller) as r:
+                assert r.status == 200
+    finally:
+        await engine.close()
+        for runner in runners:
+            await runner.cleanup()
+    assert seen[str(vllm_port)] == f"Bearer {engine.api_key}" != "Bearer callers-token"
+    assert seen[str(rank_port)] == "Bearer callers-token"
