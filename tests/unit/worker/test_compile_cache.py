@@ -5,9 +5,11 @@ surface (aiohttp, with the peer bearer token); vLLM's log lines as vLLM 0.32 wri
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import io
 import tarfile
+import time
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
@@ -308,4 +310,29 @@ async def test_an_unreachable_peer_is_a_miss(tmp_path: Path) -> None:
     from weightlift.local.net import free_port
 
     got = await _fetch(f"127.0.0.1:{free_port()}", tmp_path / "root")
+    assert got.vllm_hash is None and "unreachable" in got.reason, got
+
+
+async def test_a_frozen_peer_is_a_miss_within_the_read_timeout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A peer that accepts the connection and never answers (a SIGSTOPped source) fails the
+    fetch at the per-read timeout, not at the session's total: vLLM is not held back."""
+    from weightlift.worker.engines.vllm import compile_cache
+
+    monkeypatch.setattr(
+        compile_cache, "PEER_TIMEOUT", aiohttp.ClientTimeout(total=None, sock_read=0.5)
+    )
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await asyncio.sleep(60)
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        started = time.monotonic()
+        got = await asyncio.wait_for(_fetch(f"127.0.0.1:{port}", tmp_path / "root"), timeout=30)
+        assert time.monotonic() - started < 10
+    finally:
+        server.close()
     assert got.vllm_hash is None and "unreachable" in got.reason, got

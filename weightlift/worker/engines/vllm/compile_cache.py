@@ -428,6 +428,12 @@ def publish(
 
 
 # ------------------------------------------------------------------------------ the target
+# A peer that stops answering (frozen, partitioned) fails the fetch within seconds, not at the
+# session's 10 min total: the target then compiles (or waits for no one) instead of hanging
+# before vLLM starts. Per read, not in total: a large archive may take longer than this.
+PEER_TIMEOUT = aiohttp.ClientTimeout(total=None, sock_connect=5, sock_read=15)
+
+
 async def fetch_and_install(
     session: aiohttp.ClientSession,
     peers: list[tuple[str, str]],
@@ -495,7 +501,9 @@ async def _from_peer(
 async def _manifest(
     session: aiohttp.ClientSession, base: str, rank: int, headers: dict[str, str], pod: str
 ) -> CacheManifest:
-    async with session.get(f"{base}/manifest", params={"rank": rank}, headers=headers) as resp:
+    async with session.get(
+        f"{base}/manifest", params={"rank": rank}, headers=headers, timeout=PEER_TIMEOUT
+    ) as resp:
         if resp.status == 404:
             doc = await resp.json(content_type=None)
             raise CacheRejected(f"{pod} offers no compile cache: {doc.get('message', doc)}")
@@ -516,7 +524,9 @@ async def _download(
     bound = manifest.total_bytes + 1024 * (len(manifest.files) + 4) + (1 << 20)
     dest.parent.mkdir(parents=True, exist_ok=True)
     size = 0
-    async with session.get(url, params={"rank": rank}, headers=headers) as resp:
+    async with session.get(
+        url, params={"rank": rank}, headers=headers, timeout=PEER_TIMEOUT
+    ) as resp:
         if resp.status != 200:
             raise CacheRejected(f"compile-cache archive of rank {rank}: HTTP {resp.status}")
         with dest.open("wb") as out:
