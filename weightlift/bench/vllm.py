@@ -13,6 +13,10 @@ contender with its own empty vLLM cache root, so every compile is cold unless a 
   p2p        a worker, role Target, pulling its rank's parameters from the preload one over NIXL
              (checksums verified) while that one keeps serving; compile cache not fetched
   p2p+cache  the same, and it installs the source's verified compile cache before vLLM starts
+  p2p+cache+standby
+             a fresh source and a target started together: the target's vLLM starts at once and
+             waits in Standby; the hand-off (the operator's annotation, here written to its file
+             the moment the source is Ready) brings the peer and its compile cache
 
 Seconds to ready: process start until vLLM's /health answers (for the workers: until their
 status says Serving, which waits for /health). Load seconds and GB/s: vLLM's "Loading weights
@@ -33,6 +37,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +45,7 @@ import click
 import httpx
 
 from weightlift.api.model import Role
-from weightlift.api.worker import PeerCandidate
+from weightlift.api.worker import PEERS_FILE_ENV, PeerCandidate, PeerHandoff
 from weightlift.local.llm import (
     ensure_vllm_env,
     make_in_engine_env,
@@ -135,6 +140,65 @@ def run_auto(
     return row, (proc, f"http://127.0.0.1:{port}/v1")
 
 
+@dataclass
+class Started:
+    """A worker process on its way up."""
+
+    proc: subprocess.Popen[bytes]
+    address: str
+    pod: str
+    log: Path
+    workdir: Path
+    started: float
+
+
+def start_worker(
+    python: Path,
+    model: Path,
+    workdir: Path,
+    role: Role,
+    peers: list[PeerCandidate],
+    args: list[str],
+    name: str,
+    **extra_env: str,
+) -> Started:
+    plan = vllm_worker_plan(
+        model, f"bench-{name}", role, peers, args, deployment="bench", identity="bench-llm"
+    )
+    plan_file = workdir / f"{plan.pod_name}.json"
+    plan_file.write_text(plan.model_dump_json(by_alias=True))
+    log = workdir / f"{plan.pod_name}.log"
+    started = time.monotonic()
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "weightlift", "worker", "--plan", str(plan_file)],
+            env=_env(python, workdir, name, **extra_env),
+            stdout=out,
+            stderr=out,
+        )
+    address = f"127.0.0.1:{plan.runtime.port}"
+    return Started(proc, address, plan.pod_name, log, workdir, started)
+
+
+def finish_worker(w: Started, timeout: float) -> tuple[JSON, Any]:
+    """Until the worker is Ready; its row (seconds from its own start) and its handles."""
+    _wait(f"http://{w.address}/v2/health/ready", w.proc, w.log, timeout)
+    ready_at = time.monotonic()
+    st = httpx.get(f"http://{w.address}/weightlift/v1/status", timeout=5).json()
+    row = {
+        "ready_s": ready_at - w.started,
+        "ready_at": ready_at,
+        "load_s": st.get("loadSeconds"),
+        "gbps": st.get("gbps"),
+        "from": st.get("loadedFrom"),
+        "bytes": st.get("bytesTotal"),
+        "phases": st.get("loadPhases") or {},
+        "init_s": engine_init_seconds((w.workdir / w.pod / "vllm.log").read_text(errors="replace")),
+        "compile_cache": st.get("compileCache") or "-",
+    }
+    return row, (w.proc, f"http://{w.address}/v1", w.address, w.pod)
+
+
 def run_worker(
     python: Path,
     model: Path,
@@ -146,38 +210,45 @@ def run_worker(
     name: str,
     **extra_env: str,
 ) -> tuple[JSON, Any]:
-    plan = vllm_worker_plan(
-        model, f"bench-{name}", role, peers, args, deployment="bench", identity="bench-llm"
+    w = start_worker(python, model, workdir, role, peers, args, name, **extra_env)
+    return finish_worker(w, timeout)
+
+
+def run_standby(
+    python: Path, model: Path, workdir: Path, timeout: float, args: list[str]
+) -> tuple[JSON, JSON, Any]:
+    """A source and a target started together: the target starts vLLM at once and waits in
+    Standby for its hand-off (written here, as the operator's annotation would be, the moment
+    the source is Ready), then pulls and installs the source's compile cache."""
+    handoff = workdir / "standby-handoff.json"
+    handoff.write_text("")
+    src = start_worker(python, model, workdir, Role.SOURCE, [], args, "standby-source")
+    tgt = start_worker(
+        python,
+        model,
+        workdir,
+        Role.TARGET,
+        [],
+        args,
+        "standby-target",
+        **{PEERS_FILE_ENV: str(handoff)},
     )
-    plan_file = workdir / f"{plan.pod_name}.json"
-    plan_file.write_text(plan.model_dump_json(by_alias=True))
-    log = workdir / f"{plan.pod_name}.log"
-    exe = str(Path(sys.executable).parent / "weightlift")
-    started = time.monotonic()
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [exe, "worker", "--plan", str(plan_file)],
-            env=_env(python, workdir, name, **extra_env),
-            stdout=out,
-            stderr=out,
-        )
-    address = f"127.0.0.1:{plan.runtime.port}"
-    _wait(f"http://{address}/v2/health/ready", proc, log, timeout)
-    ready = time.monotonic() - started
-    st = httpx.get(f"http://{address}/weightlift/v1/status", timeout=5).json()
-    row = {
-        "ready_s": ready,
-        "load_s": st.get("loadSeconds"),
-        "gbps": st.get("gbps"),
-        "from": st.get("loadedFrom"),
-        "bytes": st.get("bytesTotal"),
-        "phases": st.get("loadPhases") or {},
-        "init_s": engine_init_seconds(
-            (workdir / plan.pod_name / "vllm.log").read_text(errors="replace")
-        ),
-        "compile_cache": st.get("compileCache") or "-",
-    }
-    return row, (proc, f"http://{address}/v1", address, plan.pod_name)
+    try:
+        srow, shandle = finish_worker(src, timeout)
+    except BaseException:
+        _stop(tgt.proc)
+        raise
+    given = PeerHandoff(peers=[PeerCandidate(pod=src.pod, address=src.address)])
+    staged = handoff.with_suffix(".tmp")
+    staged.write_text(given.to_text())
+    staged.replace(handoff)  # atomic, as the kubelet swaps a downwardAPI file
+    try:
+        trow, thandle = finish_worker(tgt, timeout)
+    except BaseException:
+        _stop(src.proc)
+        raise
+    trow["after_source_s"] = trow["ready_at"] - srow["ready_at"]
+    return srow, trow, (shandle, thandle)
 
 
 @click.command("vllm")
@@ -244,11 +315,20 @@ def vllm_command(
                 python, model, work, Role.TARGET, peer, timeout, args, name.replace("+", "-"), **env
             )
             try:
-                measure(name, tgt, turl)
+                measure(name, {**tgt, "after_source_s": tgt["ready_s"]}, turl)
             finally:
                 _stop(tproc)
     finally:
         _stop(sproc)
+    if not enforce_eager:
+        _, stby, ((s2, _, _, _), (t2, t2url, _, _)) = run_standby(
+            python, model, work, timeout, args
+        )
+        try:
+            measure("p2p+cache+standby", stby, t2url)
+        finally:
+            _stop(t2)
+            _stop(s2)
     _print(rows, size, hidden, layers, "eager" if enforce_eager else "compiled")
     same = len(set(texts.values())) == 1 and probe["expectedText"] in texts.values()
     click.echo(f"greedy completions: {'identical, as transformers' if same else texts}")
@@ -263,7 +343,7 @@ def _print(rows: dict[str, JSON], size: int, hidden: int, layers: int, mode: str
         f"model: Llama hidden {hidden}, {layers} layers, {size / 1e6:.1f} MB fp32; vLLM {mode}"
     )
     click.echo(
-        f"{'loader':<10}{'from':<20}{'ready s':>8}{'x auto':>7}{'load s':>8}{'GB/s':>7}"
+        f"{'loader':<18}{'from':<28}{'ready s':>8}{'x auto':>7}{'load s':>8}{'GB/s':>7}"
         f"{'init s':>8}{'tok/s':>8}  compile cache"
     )
     for name, r in rows.items():
@@ -273,9 +353,16 @@ def _print(rows: dict[str, JSON], size: int, hidden: int, layers: int, mode: str
         init = f"{r['init_s']:.1f}" if r.get("init_s") is not None else "-"
         tok = f"{r['tok_s']:.1f}" if r.get("tok_s") is not None else "-"
         click.echo(
-            f"{name:<10}{r.get('from')!s:<20}{r['ready_s']:>8.1f}{ratio:>7.2f}{load:>8}{gbps:>7}"
+            f"{name:<18}{r.get('from')!s:<28}{r['ready_s']:>8.1f}{ratio:>7.2f}{load:>8}{gbps:>7}"
             f"{init:>8}{tok:>8}  {r.get('compile_cache', '-')}"
         )
+    for name, r in rows.items():
+        if r.get("after_source_s") is not None and base["ready_s"]:
+            after = r["after_source_s"]
+            click.echo(
+                f"{name}: Ready {after:.1f} s after its source; / auto's cold start "
+                f"{after / base['ready_s']:.2f}"
+            )
     for name, r in rows.items():
         if r.get("phases"):
             steps = ", ".join(f"{k} {v:.3f}" for k, v in r["phases"].items())
