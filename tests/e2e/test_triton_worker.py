@@ -13,9 +13,9 @@ import pytest
 from tests.support.triton import require_triton_home
 from tests.support.vllm import ENGINE_ARGS, ENGINE_ENV, require_vllm_python, tiny_llm
 from tests.support.worker import running_worker
-from weightlift.api.model import Engine, ModelFormat, ModelSource, Role, RuntimeSpec
+from weightlift.api.model import Role
 from weightlift.api.worker import WorkerPlan
-from weightlift.local.net import free_port
+from weightlift.local.llm import vllm_worker_plan
 
 JSON = dict[str, Any]
 
@@ -29,28 +29,7 @@ def llm(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, JSON, Path, Pat
 
 
 def _plan(model: Path, engine_args: list[str]) -> WorkerPlan:
-    return WorkerPlan(
-        tensor_parallel=1,
-        ranks=[0],
-        deployment="llm",
-        pod_name="llm-0",
-        role=Role.SOURCE,
-        peers=[],
-        model_identity="llm-tiny",
-        model=ModelSource(uri=f"file://{model}", format=ModelFormat.SAFETENSORS),
-        model_dir=str(model),
-        served_model_name="llm",
-        device="cpu",
-        host="127.0.0.1",
-        runtime=RuntimeSpec(
-            engine=Engine.TRITON,
-            port=free_port(),
-            engine_port=free_port(),
-            engine_grpc_port=free_port(),
-            engine_metrics_port=free_port(),
-            engine_args=engine_args,
-        ),
-    )
+    return vllm_worker_plan(model, "llm-0", Role.SOURCE, [], engine_args, triton=True)
 
 
 def test_a_model_triton_refuses_fails_the_worker_naming_repository_and_reason(

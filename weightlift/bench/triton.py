@@ -29,12 +29,16 @@ from typing import Any
 import click
 import httpx
 
-from weightlift.api.model import Engine, ModelFormat, ModelSource, Role, RuntimeSpec
+from weightlift.api.model import Role
 from weightlift.api.worker import PeerCandidate, WorkerPlan
 from weightlift.bench.vllm import _LOAD_LINE, _env, _stop, _wait
-from weightlift.local.llm import ensure_triton_env, ensure_vllm_env, make_in_engine_env
+from weightlift.local.llm import (
+    ensure_triton_env,
+    ensure_vllm_env,
+    make_in_engine_env,
+    vllm_worker_plan,
+)
 from weightlift.local.llm import vllm_python as find_vllm_python
-from weightlift.local.net import free_port
 from weightlift.local.observe import generate
 from weightlift.local.stack import VLLM_ENV, vllm_engine_args
 from weightlift.worker.engines.triton.engine import triton_command, triton_environment
@@ -51,25 +55,9 @@ ARGS = vllm_engine_args(eager=True)
 
 
 def _plan(model: Path, role: Role, peers: list[PeerCandidate]) -> WorkerPlan:
-    return WorkerPlan(
-        deployment="bench",
-        pod_name=f"bench-triton-{role.value.lower()}",
-        role=role,
-        peers=peers,
-        model_identity="bench-llm-triton",
-        model=ModelSource(uri=f"file://{model}", format=ModelFormat.SAFETENSORS),
-        model_dir=str(model),
-        served_model_name="llm",
-        device="cpu",
-        host="127.0.0.1",
-        runtime=RuntimeSpec(
-            engine=Engine.TRITON,
-            port=free_port(),
-            engine_port=free_port(),
-            engine_grpc_port=free_port(),
-            engine_metrics_port=free_port(),
-            engine_args=ARGS,
-        ),
+    pod = f"bench-triton-{role.value.lower()}"
+    return vllm_worker_plan(
+        model, pod, role, peers, ARGS, deployment="bench", identity="bench-llm-triton", triton=True
     )
 
 

@@ -223,9 +223,11 @@ def vllm_worker_plan(
     tp: int = 1,
     deployment: str = "llm",
     identity: str = "llm-tiny",
+    triton: bool = False,
 ) -> WorkerPlan:
     """A WorkerPlan for the tiny LLM served by vLLM on this machine (CPU, loopback, free
-    ports), as the vLLM tests and `bench vllm` run a worker without the operator. The model
+    ports), as the vLLM and Triton tests and benches run a worker without the operator
+    (`triton`: runtime.engine Triton, with its gRPC and metrics ports). The model
     dir is the same path string on every replica: it is part of vLLM's compile cache key."""
     from weightlift.api.model import Engine, ModelFormat, ModelSource, RuntimeSpec
     from weightlift.api.worker import WorkerPlan
@@ -245,9 +247,14 @@ def vllm_worker_plan(
         device="cpu",
         host="127.0.0.1",
         runtime=RuntimeSpec(
-            engine=Engine.VLLM,
+            engine=Engine.TRITON if triton else Engine.VLLM,
             port=free_port(),
             engine_port=free_port(),
+            **(
+                {"engine_grpc_port": free_port(), "engine_metrics_port": free_port()}
+                if triton
+                else {}
+            ),
             engine_args=engine_args,
         ),
     )
