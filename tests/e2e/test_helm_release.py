@@ -26,7 +26,7 @@ import yaml
 
 from tests.e2e.conftest import _require_binaries
 from tests.support.e2e import READY_TIMEOUT
-from weightlift.local.kubeclient import MERGE
+from weightlift.local.kubeclient import MERGE, KubeError
 from weightlift.local.observe import Observer
 from weightlift.local.podidentity import SERVICE_ACCOUNT_DIR
 from weightlift.local.release import CHART, HelmRelease, ReleaseError
@@ -208,7 +208,17 @@ def test_upgrade_rolls_the_operator_and_the_deployment_stays_ready(
         "metadata": {"name": "admitted", "namespace": "default"},
         "spec": {"model": {"uri": f"hostpath://{other}/m"}, "replicas": 0},
     }
-    stack.kube.create(md_path("default"), probe, {"dryRun": "All"})
+    # The API server reloads an updated ValidatingAdmissionPolicy from its informer, a moment
+    # after helm's write: the new prefix is admitted once it has (bounded, never a speed check).
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            stack.kube.create(md_path("default"), probe, {"dryRun": "All"})
+            break
+        except KubeError as exc:
+            if exc.status != 403 or time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
 
 
 def test_a_missing_verb_is_reported_naming_verb_and_resource(stack: LocalStack, root: Path) -> None:
