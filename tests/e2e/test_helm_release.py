@@ -16,21 +16,25 @@ import json
 import shutil
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 import yaml
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
 
 from tests.e2e.conftest import _require_binaries
 from tests.support.e2e import READY_TIMEOUT
-from weightlift.local.kubeclient import MERGE, KubeError
+from weightlift.api.model import GROUP, PLURAL, VERSION
+from weightlift.local.kube import call, get_or_none
 from weightlift.local.observe import Observer
 from weightlift.local.podidentity import SERVICE_ACCOUNT_DIR
 from weightlift.local.release import CHART, HelmRelease, ReleaseError
-from weightlift.local.stack import LocalStack, make_demo_model, md_path
+from weightlift.local.stack import LocalStack, make_demo_model
 
 JSON = dict[str, Any]
 ROOT = Path(__file__).resolve().parents[2]
@@ -39,6 +43,7 @@ OPERATOR_USER = "system:serviceaccount:weightlift:weightlift-operator"
 # The operator's two clients: kopf's own (aiohttp) and the kubernetes client's writes.
 OPERATOR_AGENTS = ("kopf/", "OpenAPI-Generator/")
 NAME = "tiny"
+CRD = "modeldeployments.weightlift.dev"
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -129,8 +134,9 @@ def worker_uids(stack: LocalStack) -> set[str]:
     return {p["metadata"]["uid"] for p in stack.pods(NAME)}
 
 
-def exists(stack: LocalStack, path: str) -> bool:
-    return stack.kube.get_or_none(path) is not None
+def crd_exists(stack: LocalStack) -> bool:
+    read = client.ApiextensionsV1Api(stack.kube.api).read_custom_resource_definition
+    return get_or_none(read, CRD) is not None
 
 
 def test_install_runs_the_operator_as_the_charts_pod(stack: LocalStack) -> None:
@@ -149,8 +155,7 @@ def test_install_runs_the_operator_as_the_charts_pod(stack: LocalStack) -> None:
     assert "BEGIN CERTIFICATE" in (mounted / "ca.crt").read_text()
     assert (mounted / "namespace").read_text() == "weightlift"
     assert not Path(SERVICE_ACCOUNT_DIR, "token").exists(), "the host's view must not change"
-    crd = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/modeldeployments.weightlift.dev"
-    assert exists(stack, crd), "the chart installs the CRD"
+    assert crd_exists(stack), "the chart installs the CRD"
 
 
 def test_example_gets_ready(stack: LocalStack, model_dir: Path) -> None:
@@ -212,10 +217,11 @@ def test_upgrade_rolls_the_operator_and_the_deployment_stays_ready(
     # after helm's write: the new prefix is admitted once it has (bounded, never a speed check).
     deadline = time.monotonic() + 60
     while True:
+        create = stack.kube.custom.create_namespaced_custom_object
         try:
-            stack.kube.create(md_path("default"), probe, {"dryRun": "All"})
+            call(create, GROUP, VERSION, "default", PLURAL, probe, dry_run="All")
             break
-        except KubeError as exc:
+        except ApiException as exc:
             if exc.status != 403 or time.monotonic() > deadline:
                 raise
             time.sleep(0.5)
@@ -231,14 +237,12 @@ def test_a_missing_verb_is_reported_naming_verb_and_resource(stack: LocalStack, 
     rbac.write_text(rbac.read_text().replace(full, '["get", "list", "watch", "delete", "patch"]'))
     values = dict(stack.release.values)
     stack.release.upgrade(values, chart=chart)
-    stack.kube.patch(md_path("default", NAME), {"spec": {"replicas": 3}}, content_type=MERGE)
+    stack.patch_md(NAME, {"spec": {"replicas": 3}})
     want = 'cannot create resource "pods"'
     obs = Observer(stack, NAME)
     obs.wait(lambda o: want in str(o.status().get("message")), 120, "the forbidden create")
     assert OPERATOR_USER in str(obs.status()["message"])
-    events = stack.kube.get(
-        "/api/v1/namespaces/default/events", {"fieldSelector": f"involvedObject.name={NAME}"}
-    )["items"]
+    events = stack.events(NAME)
     assert any(e["reason"] == "FailedCreate" and want in e["message"] for e in events)
     assert want in stack.operator_log().read_text()
     # The chart as it is grants it again: the third replica comes.
@@ -250,7 +254,7 @@ def test_uninstall_removes_operator_and_rbac_and_keeps_crd_and_deployments(
     stack: LocalStack,
 ) -> None:
     assert stack.release is not None
-    stack.kube.patch(md_path("default", NAME), {"spec": {"replicas": 2}}, content_type=MERGE)
+    stack.patch_md(NAME, {"spec": {"replicas": 2}})
     ready_observer(stack, 2)
     workers = worker_uids(stack)
     stack.release.uninstall()
@@ -258,20 +262,35 @@ def test_uninstall_removes_operator_and_rbac_and_keeps_crd_and_deployments(
     while stack.release.operator_pods() and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not stack.release.operator_pods()
-    rbac = "/apis/rbac.authorization.k8s.io/v1"
-    for path in (
-        "/apis/apps/v1/namespaces/weightlift/deployments/weightlift-operator",
-        "/api/v1/namespaces/weightlift/serviceaccounts/weightlift-operator",
-        f"{rbac}/clusterroles/weightlift-operator",
-        f"{rbac}/clusterroles/weightlift-operator-cluster",
-        f"{rbac}/clusterrolebindings/weightlift-operator-cluster",
-        f"{rbac}/namespaces/default/rolebindings/weightlift-operator",
-        f"{rbac}/namespaces/default/roles/weightlift-worker",
-        "/api/v1/namespaces/default/serviceaccounts/weightlift-worker",
-    ):
-        assert not exists(stack, path), f"{path} outlived helm uninstall"
-    crd = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/modeldeployments.weightlift.dev"
-    assert exists(stack, crd), "helm keeps CRDs from crds/ (README)"
+    core, apps = stack.kube.core, client.AppsV1Api(stack.kube.api)
+    rbac = client.RbacAuthorizationV1Api(stack.kube.api)
+    reads: dict[str, Callable[..., Any]] = {
+        "deployment weightlift/weightlift-operator": partial(
+            apps.read_namespaced_deployment, "weightlift-operator", "weightlift"
+        ),
+        "serviceaccount weightlift/weightlift-operator": partial(
+            core.read_namespaced_service_account, "weightlift-operator", "weightlift"
+        ),
+        "clusterrole weightlift-operator": partial(rbac.read_cluster_role, "weightlift-operator"),
+        "clusterrole weightlift-operator-cluster": partial(
+            rbac.read_cluster_role, "weightlift-operator-cluster"
+        ),
+        "clusterrolebinding weightlift-operator-cluster": partial(
+            rbac.read_cluster_role_binding, "weightlift-operator-cluster"
+        ),
+        "rolebinding default/weightlift-operator": partial(
+            rbac.read_namespaced_role_binding, "weightlift-operator", "default"
+        ),
+        "role default/weightlift-worker": partial(
+            rbac.read_namespaced_role, "weightlift-worker", "default"
+        ),
+        "serviceaccount default/weightlift-worker": partial(
+            core.read_namespaced_service_account, "weightlift-worker", "default"
+        ),
+    }
+    for what, read in reads.items():
+        assert get_or_none(read) is None, f"{what} outlived helm uninstall"
+    assert crd_exists(stack), "helm keeps CRDs from crds/ (README)"
     assert stack.get_md(NAME) is not None
     assert worker_uids(stack) == workers, "worker pods keep serving without the operator"
     for pod in stack.pods(NAME):
@@ -283,7 +302,7 @@ def test_reinstall_adopts_the_existing_deployment(stack: LocalStack) -> None:
     assert stack.release is not None
     workers = worker_uids(stack)
     stack.release.install()
-    stack.kube.patch(md_path("default", NAME), {"spec": {"replicas": 1}}, content_type=MERGE)
+    stack.patch_md(NAME, {"spec": {"replicas": 1}})
     obs = Observer(stack, NAME)
     obs.wait(
         lambda o: len(o.pods) == 1 and int(o.status().get("readyReplicas", 0)) == 1,

@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from tests.support.e2e import READY_TIMEOUT, alive, pids_of, wait_gone
-from weightlift.local.kubeclient import MERGE
+from weightlift.local.kube import delete
 from weightlift.local.observe import Observer, infer
-from weightlift.local.stack import LocalStack, md_path
+from weightlift.local.stack import LocalStack
 
 JSON = dict[str, Any]
 Deploy = Callable[..., Observer]
@@ -77,9 +77,7 @@ def test_three_replicas_one_source_two_p2p_targets_then_scale_and_delete(
 
     # Scale 3 -> 5 through the scale subresource: the new replicas load peer to peer.
     before = {r["name"] for r in rows}
-    stack.kube.patch(
-        md_path(stack.namespace, "life") + "/scale", {"spec": {"replicas": 5}}, content_type=MERGE
-    )
+    stack.scale_md("life", 5)
     obs.wait(
         lambda o: len(_ready_rows(o)) == 5 and o.phase() == "Ready",
         READY_TIMEOUT,
@@ -116,10 +114,8 @@ def test_source_deleted_while_target_pulls(
     source_pids = stack.node.pids()[f"{stack.namespace}/{source}"]
     assert source_pids
 
-    stack.kube.patch(
-        md_path(stack.namespace, "flaky"),
-        {"spec": {"replicas": 2, "loading": {"peerToPeer": {"transferTimeoutSeconds": 3}}}},
-        content_type=MERGE,
+    stack.patch_md(
+        "flaky", {"spec": {"replicas": 2, "loading": {"peerToPeer": {"transferTimeoutSeconds": 3}}}}
     )
     # Freeze the source as soon as the target pod exists (its worker needs seconds to start, so
     # it has not pulled yet): its pull meets a dead peer.
@@ -136,9 +132,7 @@ def test_source_deleted_while_target_pulls(
         READY_TIMEOUT,
         "the target to start loading",
     )
-    stack.kube.delete(
-        f"/api/v1/namespaces/{stack.namespace}/pods/{source}", {"gracePeriodSeconds": 1}
-    )
+    delete(stack.kube.core.delete_namespaced_pod, source, stack.namespace, grace_period_seconds=1)
     # The replacement of the deleted pod may reuse its name: tell them apart by uid.
     obs.wait(
         lambda o: (
@@ -210,9 +204,7 @@ def test_new_revision_rolls_over_without_dropping_to_zero_ready(
     old_identity = obs.status()["modelIdentity"]
     old_pods = {r["name"] for r in obs.replica_statuses()}
 
-    stack.kube.patch(
-        md_path(stack.namespace, "roll"), {"spec": {"model": {"revision": "2"}}}, content_type=MERGE
-    )
+    stack.patch_md("roll", {"spec": {"model": {"revision": "2"}}})
     min_ready = 10**6
 
     def rolled(o: Observer) -> bool:

@@ -18,9 +18,9 @@ import pytest
 
 from tests.support.e2e import READY_TIMEOUT, pids_of, wait_gone
 from weightlift.api.model import ModelDeploymentSpec
-from weightlift.local.kubeclient import MERGE
+from weightlift.local.kube import call, delete
 from weightlift.local.observe import Observer
-from weightlift.local.stack import LocalStack, md_path, model_deployment
+from weightlift.local.stack import LocalStack, model_deployment
 from weightlift.operator.identity import model_identity
 from weightlift.operator.pods import plan_for
 
@@ -34,9 +34,10 @@ BIG_ARGS = [f"--weightlift-padding-{i:03d}=" + "x" * 998 for i in range(128)]
 
 
 def _configmaps(stack: LocalStack, name: str) -> list[JSON]:
-    listing = stack.kube.get(
-        f"/api/v1/namespaces/{stack.namespace}/configmaps",
-        {"labelSelector": f"weightlift.dev/deployment={name},weightlift.dev/plan"},
+    listing = call(
+        stack.kube.core.list_namespaced_config_map,
+        stack.namespace,
+        label_selector=f"weightlift.dev/deployment={name},weightlift.dev/plan",
     )
     items: list[JSON] = listing["items"]
     return items
@@ -88,8 +89,8 @@ def _check_big_plan(stack: LocalStack, obs: Observer) -> None:
     assert any(str(r["loadedFrom"]).startswith("peer:") for r in rows), rows
 
     identity = obs.status()["modelIdentity"]
-    secret = stack.kube.get(
-        f"/api/v1/namespaces/{stack.namespace}/secrets/weightlift-peer-{identity}"
+    secret = call(
+        stack.kube.core.read_namespaced_secret, f"weightlift-peer-{identity}", stack.namespace
     )
     token = base64.b64decode(secret["data"]["token"]).decode()
     source = next(r for r in obs.summary()["replicas"] if r["role"] == "Source")
@@ -110,9 +111,7 @@ def _check_big_plan(stack: LocalStack, obs: Observer) -> None:
 
     # A new revision: a new plan; the old one is swept once its pods are gone.
     old = plan["metadata"]["name"]
-    stack.kube.patch(
-        md_path(stack.namespace, "bigplan"), {"spec": {"model": {"revision": "2"}}}, MERGE
-    )
+    stack.patch_md("bigplan", {"spec": {"model": {"revision": "2"}}})
 
     def swept(o: Observer) -> bool:
         names = [c["metadata"]["name"] for c in _configmaps(stack, "bigplan")]
@@ -141,12 +140,10 @@ def test_a_plan_configmap_that_is_not_the_operators_is_refused(
         "metadata": {"name": plan.name, "namespace": stack.namespace},
         "data": {"plan.json": tampered},
     }
-    path = f"/api/v1/namespaces/{stack.namespace}/configmaps"
-    stack.kube.create(path, cm)
+    core = stack.kube.core
+    call(core.create_namespaced_config_map, stack.namespace, cm)
     try:
-        stack.kube.patch(
-            md_path(stack.namespace, "tamper") + "/scale", {"spec": {"replicas": 1}}, MERGE
-        )
+        stack.scale_md("tamper", 1)
 
         def refused(o: Observer) -> bool:
             return o.phase() == "Failed"
@@ -162,4 +159,4 @@ def test_a_plan_configmap_that_is_not_the_operators_is_refused(
         assert not any(r.get("ready") for r in obs.replica_statuses())
         assert "refusing to run it" in _worker_logs(stack, "tamper")
     finally:
-        stack.kube.delete(f"{path}/{plan.name}")
+        delete(core.delete_namespaced_config_map, plan.name, stack.namespace)

@@ -11,8 +11,10 @@ from typing import Any
 
 import httpx
 import pytest
+from kubernetes import client
 
 from tests.support.e2e import alive
+from weightlift.local.kube import call, delete, get_or_none
 from weightlift.local.processnode import LOCAL_NODE_LABEL
 from weightlift.local.stack import LocalStack
 
@@ -53,12 +55,15 @@ def _pod(name: str, command: list[str], **container: Any) -> JSON:
     }
 
 
+def _get_pod(stack: LocalStack, name: str) -> JSON | None:
+    return get_or_none(stack.kube.core.read_namespaced_pod, name, stack.namespace)
+
+
 def _wait(stack: LocalStack, name: str, pred: Callable[[JSON], bool], timeout: float = 60) -> JSON:
-    path = f"/api/v1/namespaces/{stack.namespace}/pods/{name}"
     deadline = time.monotonic() + timeout
     pod: JSON | None = None
     while time.monotonic() < deadline:
-        pod = stack.kube.get_or_none(path)
+        pod = _get_pod(stack, name)
         if pod is not None and pred(pod):
             return pod
         time.sleep(0.2)
@@ -75,27 +80,24 @@ def pods(stack: LocalStack) -> Any:
     made: list[str] = []
 
     def create(manifest: JSON) -> str:
-        stack.kube.create(f"/api/v1/namespaces/{stack.namespace}/pods", manifest)
+        call(stack.kube.core.create_namespaced_pod, stack.namespace, manifest)
         made.append(manifest["metadata"]["name"])
         return str(manifest["metadata"]["name"])
 
     yield create
     for name in made:
-        stack.kube.delete(
-            f"/api/v1/namespaces/{stack.namespace}/pods/{name}", {"gracePeriodSeconds": 0}
-        )
+        delete(stack.kube.core.delete_namespaced_pod, name, stack.namespace, grace_period_seconds=0)
 
 
 def test_node_registered_with_gpus(stack: LocalStack) -> None:
-    node = stack.kube.get(f"/api/v1/nodes/{stack.node_name}")
+    node = call(stack.kube.core.read_node, stack.node_name)
     assert node["status"]["allocatable"]["nvidia.com/gpu"] == str(stack.gpus)
     assert node["metadata"]["labels"][LOCAL_NODE_LABEL] == "true"
     assert "kwok.x-k8s.io/node" not in node["metadata"].get("annotations", {})
     ready = [c for c in node["status"]["conditions"] if c["type"] == "Ready"]
     assert ready and ready[0]["status"] == "True"
-    lease = stack.kube.get(
-        f"/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/{stack.node_name}"
-    )
+    leases = client.CoordinationV1Api(stack.kube.api)
+    lease = call(leases.read_namespaced_lease, stack.node_name, "kube-node-lease")
     assert lease["spec"]["holderIdentity"] == stack.node_name
 
 
@@ -136,15 +138,12 @@ def test_pod_runs_as_process_with_own_ip_env_probe_and_graceful_delete(
         assert httpx.get(f"http://{ip}:8080/", timeout=5).text == f"{name} {ip}"
     pid = stack.node.pids()[f"{stack.namespace}/{names[0]}"][0]
     assert alive(pid)
-    stack.kube.delete(f"/api/v1/namespaces/{stack.namespace}/pods/{names[0]}")
+    delete(stack.kube.core.delete_namespaced_pod, names[0], stack.namespace)
     deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and (
-        alive(pid)
-        or stack.kube.get_or_none(f"/api/v1/namespaces/{stack.namespace}/pods/{names[0]}")
-    ):
+    while time.monotonic() < deadline and (alive(pid) or _get_pod(stack, names[0])):
         time.sleep(0.2)
     assert not alive(pid), "process survived pod deletion"
-    assert stack.kube.get_or_none(f"/api/v1/namespaces/{stack.namespace}/pods/{names[0]}") is None
+    assert _get_pod(stack, names[0]) is None
     log = next((stack.state_dir / "node" / "pods").glob(f"default_{names[0]}_*/main.log"))
     assert "got SIGTERM" in log.read_text(), "SIGTERM first, not SIGKILL"
 

@@ -16,7 +16,7 @@ import httpx
 from tests.support.e2e import READY_TIMEOUT, frozen_source
 from weightlift.api.labels import PEERS_ANNOTATION
 from weightlift.api.worker import PeerCandidate, PeerHandoff
-from weightlift.local.kubeclient import MERGE
+from weightlift.local.kube import MERGE, call
 from weightlift.local.observe import Observer, infer
 from weightlift.local.stack import LocalStack
 
@@ -86,10 +86,7 @@ def test_wait_for_source_expiry_hands_the_target_storage(
         )
         target = _row(obs, 1)
         assert target["loadedFrom"] == "storage:hostpath" and target["role"] == "Source"
-        events = stack.kube.get(
-            f"/api/v1/namespaces/{stack.namespace}/events",
-            {"fieldSelector": "involvedObject.name=expiry"},
-        )["items"]
+        events = stack.events("expiry")
         assert "WaitForSourceExpired" in {e["reason"] for e in events}
     obs.wait_ready(READY_TIMEOUT)
 
@@ -112,10 +109,12 @@ def test_a_peer_of_another_identity_is_refused(
         stack.kill_operator()
         try:
             handoff = PeerHandoff(peers=[PeerCandidate(pod=foreign_pod, address=address)])
-            stack.kube.patch(
-                f"/api/v1/namespaces/{stack.namespace}/pods/{target['name']}",
+            call(
+                stack.kube.core.patch_namespaced_pod,
+                target["name"],
+                stack.namespace,
                 {"metadata": {"annotations": {PEERS_ANNOTATION: handoff.to_text()}}},
-                content_type=MERGE,
+                _content_type=MERGE,
             )
             deadline = time.monotonic() + READY_TIMEOUT
             report: JSON = {}

@@ -14,6 +14,7 @@ import pytest
 from tests.support.e2e import READY_TIMEOUT
 from tests.support.storage import require_minio
 from weightlift.local.demo_stores import DemoStorage, prepare_storage
+from weightlift.local.kube import MERGE, call
 from weightlift.local.observe import Observer, infer
 from weightlift.local.stack import LocalStack
 
@@ -44,8 +45,7 @@ def _everything_said(stack: LocalStack, name: str) -> str:
     assert worker_logs, "no worker log of this deployment to search"
     for log in (stack.state_dir / "node").rglob("*.log"):
         parts.append(log.read_text(errors="replace"))
-    events = stack.kube.get(f"/api/v1/namespaces/{stack.namespace}/events")
-    parts.append(json.dumps(events))
+    parts.append(json.dumps(stack.events()))
     md = stack.get_md(name) or {}
     parts.append(json.dumps(md.get("status", {})))
     for pod in stack.pods(name):
@@ -98,13 +98,12 @@ def test_s3_wrong_credentials_fail_naming_the_bucket_and_leak_nothing(
     wrong = "wrong-secret-value-31415"
     import base64
 
-    secret_path = (
-        f"/api/v1/namespaces/{stack.namespace}/secrets/{where.model['credentials']['name']}"
-    )
-    stack.kube.patch(
-        secret_path,
+    call(
+        stack.kube.core.patch_namespaced_secret,
+        where.model["credentials"]["name"],
+        stack.namespace,
         {"data": {"AWS_SECRET_ACCESS_KEY": base64.b64encode(wrong.encode()).decode()}},
-        content_type="application/merge-patch+json",
+        _content_type=MERGE,
     )
     obs = deployments("bad-s3", model_dir, probe, replicas=1, model=where.model)
 

@@ -30,9 +30,8 @@ from tests.support.vllm import (
     require_vllm_python,
     tiny_llm,
 )
-from weightlift.local.kubeclient import MERGE
 from weightlift.local.observe import Observer
-from weightlift.local.stack import LocalStack, add_hook_library, md_path, model_deployment
+from weightlift.local.stack import LocalStack, add_hook_library, model_deployment
 
 JSON = dict[str, Any]
 NAME = "triton"
@@ -150,10 +149,8 @@ def test_sources_killed_mid_pull_leave_the_target_to_storage(
     before = {p["metadata"]["uid"] for p in pair.pods}
     groups = pids_of(stack, NAME)  # each pod's worker leads its process group
     assert len(groups) == 2, groups
-    stack.kube.patch(
-        md_path(stack.namespace, NAME),
-        {"spec": {"replicas": 3, "loading": {"peerToPeer": {"transferTimeoutSeconds": 20}}}},
-        content_type=MERGE,
+    stack.patch_md(
+        NAME, {"spec": {"replicas": 3, "loading": {"peerToPeer": {"transferTimeoutSeconds": 20}}}}
     )
     pair.wait(lambda o: len(o.pods) >= 3, READY_TIMEOUT, "a third pod")
     new = next(p["metadata"]["name"] for p in pair.pods if p["metadata"]["uid"] not in before)

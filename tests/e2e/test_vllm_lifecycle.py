@@ -23,9 +23,8 @@ from tests.support.vllm import (
     require_vllm_python,
     tiny_llm,
 )
-from weightlift.local.kubeclient import MERGE
 from weightlift.local.observe import Observer, complete
-from weightlift.local.stack import LocalStack, add_hook_library, md_path
+from weightlift.local.stack import LocalStack, add_hook_library
 
 JSON = dict[str, Any]
 Deploy = Callable[..., Observer]
@@ -142,10 +141,9 @@ def test_vllm_source_dies_while_target_pulls_target_falls_back_to_storage(
     source_uid = obs.pods[0]["metadata"]["uid"]
     source_pids = pids_of(stack, "vllmkill")
     assert source_pids
-    stack.kube.patch(
-        md_path(stack.namespace, "vllmkill"),
+    stack.patch_md(
+        "vllmkill",
         {"spec": {"replicas": 2, "loading": {"peerToPeer": {"transferTimeoutSeconds": 20}}}},
-        content_type=MERGE,
     )
     obs.wait(lambda o: len(o.pods) >= 2, READY_TIMEOUT, "a target pod")
     target_name = next(

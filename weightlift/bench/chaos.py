@@ -29,9 +29,11 @@ from typing import Any
 import click
 import httpx
 
-from weightlift.local.kubeclient import MERGE, Kube, KubeError
+from weightlift.api.labels import DEPLOYMENT_LABEL
+from weightlift.api.model import GROUP, PLURAL, VERSION
+from weightlift.local.kube import KUBE_ERRORS, Kube, call, describe, get_or_none
 from weightlift.local.models import build_hook_library
-from weightlift.local.stack import LocalStack, make_demo_model, md_path, model_deployment
+from weightlift.local.stack import LocalStack, make_demo_model, model_deployment
 
 JSON = dict[str, Any]
 # Deadlines, not speed checks: a loaded 2-core CI box took 215 s for the operator scenario.
@@ -129,17 +131,18 @@ class WeightsWatch(threading.Thread):
         self.join(timeout=30)
 
     def run(self) -> None:
-        kube = Kube(self.kubeconfig)
+        kube = Kube(self.kubeconfig, "chaos-weights-watch")
         try:
             with httpx.Client(timeout=10.0) as http:
                 while not self._halt.wait(0.3):
-                    with contextlib.suppress(KubeError, httpx.HTTPError, OSError, ValueError):
+                    with contextlib.suppress(*KUBE_ERRORS, httpx.HTTPError, OSError, ValueError):
                         self._check(kube, http)
         finally:
             kube.close()
 
     def _check(self, kube: Kube, http: httpx.Client) -> None:
-        md = kube.get_or_none(md_path(self.namespace, self.name))
+        get = kube.custom.get_namespaced_custom_object
+        md = get_or_none(get, GROUP, VERSION, self.namespace, PLURAL, self.name)
         if md is None:
             return
         ports = _pod_ports(kube, self.namespace, self.name)
@@ -166,11 +169,8 @@ class WeightsWatch(threading.Thread):
 
 
 def _pod_ports(kube: Kube, namespace: str, name: str) -> dict[str, int]:
-    from weightlift.api.labels import DEPLOYMENT_LABEL
-
-    pods = kube.get(
-        f"/api/v1/namespaces/{namespace}/pods", {"labelSelector": f"{DEPLOYMENT_LABEL}={name}"}
-    )["items"]
+    selector = f"{DEPLOYMENT_LABEL}={name}"
+    pods = call(kube.core.list_namespaced_pod, namespace, label_selector=selector)["items"]
     out: dict[str, int] = {}
     for pod in pods:
         for c in pod["spec"].get("containers", []):
@@ -309,22 +309,16 @@ class Run:
         self.stack.apply(manifest)
 
     def patch(self, spec: JSON) -> None:
-        self.stack.kube.patch(
-            md_path(self.stack.namespace, self.name), {"spec": spec}, content_type=MERGE
-        )
+        self.stack.patch_md(self.name, {"spec": spec})
 
     def scale(self, replicas: int) -> None:
-        self.stack.kube.patch(
-            md_path(self.stack.namespace, self.name) + "/scale",
-            {"spec": {"replicas": replicas}},
-            content_type=MERGE,
-        )
+        self.stack.scale_md(self.name, replicas)
 
     def wait(self, what: str, pred: Callable[[], bool], timeout: float = CONVERGE_TIMEOUT) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             self.stack.check_operator()
-            with contextlib.suppress(KubeError, httpx.HTTPError):
+            with contextlib.suppress(*KUBE_ERRORS, httpx.HTTPError):
                 if pred():
                     return
             time.sleep(0.25)
@@ -537,8 +531,8 @@ def run_scenario(stack: LocalStack, models: Models, scenario: Scenario, index: i
         seconds = round(time.monotonic() - run.fault_at, 1)
         converged = True
         detail = run.status_text() if scenario.refuses else ""
-    except (TimeoutError, RuntimeError, KubeError, AssertionError) as exc:
-        detail = f"{exc} [{run.status_text()}]"
+    except (TimeoutError, RuntimeError, *KUBE_ERRORS, AssertionError) as exc:
+        detail = f"{describe(exc)} [{run.status_text()}]"
     finally:
         watch.stop()
     orphans, left = _clean_up(run, before)
@@ -552,7 +546,7 @@ def _clean_up(run: Run, before: set[int]) -> tuple[int, str]:
     worker processes started during the scenario."""
     import os
 
-    with contextlib.suppress(KubeError):
+    with contextlib.suppress(*KUBE_ERRORS):
         if run.stack.get_md(run.name) is not None:
             run.stack.delete_md(run.name)
     deadline = time.monotonic() + GONE_TIMEOUT

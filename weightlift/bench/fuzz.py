@@ -17,7 +17,7 @@ from typing import Any
 import click
 from hypothesis import HealthCheck, Phase, given, settings
 
-from weightlift.api.model import GROUP, VERSION
+from weightlift.api.model import GROUP, PLURAL, VERSION
 from weightlift.bench.fuzz_headers import Case, HeaderCounts, cases, check_case
 from weightlift.bench.fuzz_specs import (
     Mutation,
@@ -28,7 +28,6 @@ from weightlift.bench.fuzz_specs import (
     spec_schema,
     specs,
 )
-from weightlift.local.kubeclient import KubeError
 
 JSON = dict[str, Any]
 BATCH = 25  # admitted specs live this long (in creations) before they are deleted
@@ -64,7 +63,9 @@ def fuzz_specs(
 ) -> SpecCounts:
     """`stack`: a LocalStack (kube, namespace, operator log). Admitted specs are deleted again in
     batches, after the operator had them for a while."""
-    from weightlift.local.stack import md_path
+    from kubernetes.client.exceptions import ApiException
+
+    from weightlift.local.kube import call
 
     counts = SpecCounts()
     fields = mutable_fields(spec_schema())
@@ -76,8 +77,8 @@ def fuzz_specs(
         time.sleep(1.0)
         for name in admitted:
             try:
-                stack.kube.delete(md_path(stack.namespace, name))
-            except KubeError as exc:
+                stack.delete_md(name)
+            except ApiException as exc:
                 if exc.status >= 500:
                     counts.api_5xx += 1
         admitted.clear()
@@ -94,16 +95,18 @@ def fuzz_specs(
             "metadata": {"name": name, "namespace": stack.namespace},
             "spec": spec,
         }
+        create = stack.kube.custom.create_namespaced_custom_object
         try:
-            stack.kube.create(md_path(stack.namespace), body, params={"fieldValidation": "Strict"})
-        except KubeError as exc:
+            call(create, GROUP, VERSION, stack.namespace, PLURAL, body, field_validation="Strict")
+        except ApiException as exc:
+            text = str(exc.body or "")
             if exc.status == 422 or exc.status == 400:
-                if names_a_field(exc.body, muts):
+                if names_a_field(text, muts):
                     counts.rejected_field_named += 1
                 else:
                     counts.rejected_vague += 1
                     if len(counts.vague_examples) < 10:
-                        counts.vague_examples.append(exc.body[:300])
+                        counts.vague_examples.append(text[:300])
             elif exc.status >= 500:
                 counts.api_5xx += 1
             else:

@@ -18,11 +18,13 @@ from typing import Any
 
 import httpx
 import yaml
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
 
 from weightlift.api.model import GROUP, PLURAL, VERSION
 from weightlift.bench import apiaudit
 from weightlift.local.cluster import POD_CIDR, ClusterInfo, ControlPlane, GpuNodeSpec
-from weightlift.local.kubeclient import Kube, KubeError
+from weightlift.local.kube import Kube, call, get_or_none
 from weightlift.local.net import free_port
 from weightlift.local.procs import UpDown, child_options, stop_group
 from weightlift.local.stack import apply_crd
@@ -121,18 +123,18 @@ class BenchStack(UpDown):
             kwok_pod_parallelism=KWOK_POD_PARALLELISM,
         )
         self.info = self._cluster.up()
-        self.kube = Kube(self.info.kubeconfig)
+        self.kube = Kube(self.info.kubeconfig, "bench-operator-stack")
         apply_crd(self.kube)
         self._operator_identity()
-        self._wait_served(f"/apis/{GROUP}/{VERSION}/namespaces/{NAMESPACE}/{PLURAL}")
+        self._wait_served()
         self._start_sim()
 
     def _operator_identity(self) -> None:
         """Namespace, the operator's ServiceAccount (cluster-admin) and a kubeconfig with its
         token: the audit policy records exactly this user."""
-        self.kube.create("/api/v1/namespaces", {"metadata": {"name": NAMESPACE}})
-        sa_path = f"/api/v1/namespaces/{NAMESPACE}/serviceaccounts"
-        self.kube.create(sa_path, {"metadata": {"name": OPERATOR_SA}})
+        core = self.kube.core
+        call(core.create_namespace, {"metadata": {"name": NAMESPACE}})
+        call(core.create_namespaced_service_account, NAMESPACE, {"metadata": {"name": OPERATOR_SA}})
         binding = {
             "metadata": {"name": "weightlift-bench-operator"},
             "roleRef": {
@@ -142,9 +144,10 @@ class BenchStack(UpDown):
             },
             "subjects": [{"kind": "ServiceAccount", "name": OPERATOR_SA, "namespace": NAMESPACE}],
         }
-        self.kube.create("/apis/rbac.authorization.k8s.io/v1/clusterrolebindings", binding)
+        call(client.RbacAuthorizationV1Api(self.kube.api).create_cluster_role_binding, binding)
         request = {"spec": {"expirationSeconds": 6 * 3600}}
-        token = self.kube.create(f"{sa_path}/{OPERATOR_SA}/token", request)["status"]["token"]
+        issued = call(core.create_namespaced_service_account_token, OPERATOR_SA, NAMESPACE, request)
+        token = issued["status"]["token"]
         doc = yaml.safe_load(self.info.kubeconfig.read_text())
         doc["users"] = [{"name": "operator", "user": {"token": token}}]
         doc["contexts"][0]["context"].update(user="operator", namespace=NAMESPACE)
@@ -154,19 +157,26 @@ class BenchStack(UpDown):
         self.operator_kubeconfig = path
         # Worker pods are admitted only once the namespace's default ServiceAccount exists.
         deadline = time.monotonic() + 60
-        while self.kube.get_or_none(f"{sa_path}/default") is None:
+        while get_or_none(core.read_namespaced_service_account, "default", NAMESPACE) is None:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"no default ServiceAccount in {NAMESPACE} after 60s")
             time.sleep(0.2)
 
-    def _wait_served(self, path: str, timeout: float = 60.0) -> None:
-        """Until the API server lists `path` (a new CRD's storage takes a moment to start)."""
+    def _wait_served(self, timeout: float = 60.0) -> None:
+        """Until the API server lists ModelDeployments in NAMESPACE (a new CRD's storage takes
+        a moment to start)."""
         deadline = time.monotonic() + timeout
         while True:
             try:
-                self.kube.get(path)
+                call(
+                    self.kube.custom.list_namespaced_custom_object,
+                    GROUP,
+                    VERSION,
+                    NAMESPACE,
+                    PLURAL,
+                )
                 return
-            except KubeError:
+            except ApiException:
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.2)

@@ -23,7 +23,7 @@ import click
 import httpx
 
 from weightlift.local.demo_stores import STORAGE_KINDS, DemoStorage, prepare_storage
-from weightlift.local.kubeclient import JSON, KubeError
+from weightlift.local.kube import JSON, KUBE_ERRORS, describe
 from weightlift.local.observe import TIMELINE_STEPS, Observer, complete, generate, infer
 from weightlift.local.stack import (
     VLLM_ENV,
@@ -259,8 +259,8 @@ def demo_command(
         except (KeyboardInterrupt, _Terminated):
             console.print("[yellow]interrupted; tearing down[/]")
             raise SystemExit(130) from None
-        except (TimeoutError, RuntimeError, KubeError) as exc:
-            console.print(f"[red]demo failed:[/] {exc}")
+        except (TimeoutError, RuntimeError, *KUBE_ERRORS) as exc:
+            console.print(f"[red]demo failed:[/] {describe(exc)}")
             console.print(f"[dim]operator log tail:\n{stack.operator_log_tail(20)}[/]")
             raise SystemExit(1) from None
         finally:

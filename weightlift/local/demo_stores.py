@@ -13,9 +13,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from weightlift.local.kubeclient import Kube, KubeError
+from kubernetes.client.exceptions import ApiException
 
-JSON = dict[str, Any]
+from weightlift.local.kube import JSON, Kube, call, delete
+
 STORAGE_KINDS = ("hostpath", "pvc", "s3")
 BUCKET = "models"
 
@@ -32,20 +33,25 @@ class DemoStorage:
     secret_values: list[str] = field(default_factory=list)  # what must never show up anywhere
 
 
-def _create_or_replace(kube: Kube, collection: str, obj: JSON) -> None:
+def _create_or_replace(kube: Kube, kind: str, obj: JSON) -> None:
+    """Create a core/v1 object, or replace the one that exists. `kind`: the suffix of the
+    core API's methods for it (persistent_volume, namespaced_secret, ...)."""
+    namespaced = kind.startswith("namespaced_")
+    where = {"namespace": obj["metadata"]["namespace"]} if namespaced else {}
     try:
-        kube.create(collection, obj)
-    except KubeError as exc:
+        call(getattr(kube.core, f"create_{kind}"), body=obj, **where)
+    except ApiException as exc:
         if exc.status != 409:
             raise
-        path = f"{collection}/{obj['metadata']['name']}"
-        obj["metadata"]["resourceVersion"] = kube.get(path)["metadata"]["resourceVersion"]
-        kube.replace(path, obj)
+        name = obj["metadata"]["name"]
+        current = call(getattr(kube.core, f"read_{kind}"), name=name, **where)
+        obj["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
+        call(getattr(kube.core, f"replace_{kind}"), name=name, body=obj, **where)
 
 
-def _delete(kube: Kube, path: str) -> None:
+def _delete(method: Callable[..., Any], *args: str) -> None:
     with contextlib.suppress(Exception):  # best effort: the cluster may be going away too
-        kube.delete(path)
+        delete(method, *args)
 
 
 def pvc_storage(kube: Kube, namespace: str, name: str, model_dir: Path) -> DemoStorage:
@@ -76,12 +82,12 @@ def pvc_storage(kube: Kube, namespace: str, name: str, model_dir: Path) -> DemoS
             "resources": {"requests": {"storage": "1Gi"}},
         },
     }
-    _create_or_replace(kube, "/api/v1/persistentvolumes", pv)
-    _create_or_replace(kube, f"/api/v1/namespaces/{namespace}/persistentvolumeclaims", pvc)
+    _create_or_replace(kube, "persistent_volume", pv)
+    _create_or_replace(kube, "namespaced_persistent_volume_claim", pvc)
 
     def close() -> None:
-        _delete(kube, f"/api/v1/namespaces/{namespace}/persistentvolumeclaims/{claim}")
-        _delete(kube, f"/api/v1/persistentvolumes/{pv_name}")
+        _delete(kube.core.delete_namespaced_persistent_volume_claim, claim, namespace)
+        _delete(kube.core.delete_persistent_volume, pv_name)
 
     return DemoStorage("pvc", {"uri": f"pvc://{claim}/{model_dir.name}"}, close)
 
@@ -100,7 +106,7 @@ def s3_storage(
         data = {"AWS_ACCESS_KEY_ID": server.access_key, "AWS_SECRET_ACCESS_KEY": server.secret_key}
         _create_or_replace(
             kube,
-            f"/api/v1/namespaces/{namespace}/secrets",
+            "namespaced_secret",
             {
                 "apiVersion": "v1",
                 "kind": "Secret",
@@ -114,7 +120,7 @@ def s3_storage(
         raise
 
     def close() -> None:
-        _delete(kube, f"/api/v1/namespaces/{namespace}/secrets/{secret}")
+        _delete(kube.core.delete_namespaced_secret, secret, namespace)
         server.stop()
 
     model = {

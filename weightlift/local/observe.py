@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from weightlift.local.kubeclient import JSON
+from weightlift.local.kube import JSON
 from weightlift.local.stack import LocalStack
 
 log = logging.getLogger("weightlift.demo")

@@ -16,12 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from kubernetes import client, config
-from kubernetes.client.exceptions import ApiException
+from kubernetes import client
 
 from weightlift.local.cluster import tool_path
+from weightlift.local.kube import JSON, Kube, call, get_or_none
 
-JSON = dict[str, Any]
 CHART = Path(__file__).resolve().parents[2] / "helm" / "weightlift"
 OPERATOR_CONTAINER = "operator"
 
@@ -40,21 +39,15 @@ class HelmRelease:
     values: dict[str, Any] = field(default_factory=dict)
     chart: Path = CHART
     timeout: float = 120.0
-    # The official client, as the admin (reads only: the release's pods and Deployment).
-    api: client.ApiClient = field(init=False, repr=False)
+    # The admin's client (reads only: the release's pods and Deployment), under its own name in
+    # the API server's audit log, apart from the operator's clients.
+    kube: Kube = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        self.api = config.new_client_from_config(config_file=str(self.kubeconfig))
-        # Its own name in the API server's audit log, apart from the operator's client.
-        self.api.user_agent = "weightlift-local/helm-release"
+        self.kube = Kube(self.kubeconfig, "helm-release")
 
     def close(self) -> None:
-        self.api.close()
-
-    def _wire(self, obj: Any) -> JSON:
-        """A typed object as the API server wrote it (camelCase JSON)."""
-        doc: JSON = self.api.sanitize_for_serialization(obj)
-        return doc
+        self.kube.close()
 
     @property
     def fullname(self) -> str:
@@ -107,15 +100,9 @@ class HelmRelease:
         return self.wait_operator(replacing=before["metadata"]["name"])
 
     def deployment_generation(self) -> int:
-        try:
-            deployment = client.AppsV1Api(self.api).read_namespaced_deployment(
-                self.fullname, self.namespace
-            )
-        except ApiException as exc:
-            if exc.status == 404:
-                return 0
-            raise
-        return int(deployment.metadata.generation or 0) if deployment.metadata else 0
+        read = client.AppsV1Api(self.kube.api).read_namespaced_deployment
+        deployment = get_or_none(read, self.fullname, self.namespace)
+        return int((deployment or {}).get("metadata", {}).get("generation") or 0)
 
     def uninstall(self) -> None:
         self.helm("uninstall", self.name, "--namespace", self.namespace, "--wait")
@@ -128,10 +115,11 @@ class HelmRelease:
 
     # -- the operator pod
     def operator_pods(self) -> list[JSON]:
-        listing = client.CoreV1Api(self.api).list_namespaced_pod(
-            self.namespace, label_selector=self.selector
+        listing = call(
+            self.kube.core.list_namespaced_pod, self.namespace, label_selector=self.selector
         )
-        return [self._wire(pod) for pod in listing.items]
+        pods: list[JSON] = listing["items"]
+        return pods
 
     def operator_pod(self) -> JSON | None:
         """The release's live operator pod (not being deleted), if any."""

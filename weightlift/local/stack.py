@@ -23,9 +23,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
 from weightlift.api.labels import DEPLOYMENT_LABEL
 from weightlift.api.model import GROUP, PLURAL, VERSION
-from weightlift.local.kubeclient import JSON, MERGE, Kube, KubeError
+from weightlift.local.kube import JSON, MERGE, Kube, call, delete, get_or_none
 from weightlift.local.processnode import LOCAL_NODE_LABEL, ProcessNode
 from weightlift.local.procs import UpDown, child_options, stop_group
 from weightlift.local.release import HelmRelease
@@ -76,19 +79,19 @@ def apply_crd(kube: Kube, timeout: float = 30.0) -> None:
     from weightlift.api.crd import build_crd
 
     crd = build_crd()
-    path = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
     name = crd["metadata"]["name"]
+    ext = client.ApiextensionsV1Api(kube.api)
     try:
-        kube.create(path, crd)
-    except KubeError as exc:
+        call(ext.create_custom_resource_definition, crd)
+    except ApiException as exc:
         if exc.status != 409:
             raise
-        current = kube.get(f"{path}/{name}")
+        current = call(ext.read_custom_resource_definition, name)
         crd["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
-        kube.replace(f"{path}/{name}", crd)
+        call(ext.replace_custom_resource_definition, name, crd)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        obj = kube.get(f"{path}/{name}")
+        obj = call(ext.read_custom_resource_definition, name)
         conds = (obj.get("status") or {}).get("conditions") or []
         if any(c["type"] == "Established" and c["status"] == "True" for c in conds):
             return
@@ -145,7 +148,7 @@ class LocalStack(UpDown):
         )
         info = self._cluster.up()
         self.kubeconfig = Path(info.kubeconfig)
-        self.kube = Kube(self.kubeconfig)
+        self.kube = Kube(self.kubeconfig, "stack")
         if self.install == "helm":  # the CRD comes from the chart
             progress(f"starting process node {self.node_name}")
             self._start_node()
@@ -297,25 +300,63 @@ class LocalStack(UpDown):
         ns = manifest["metadata"].get("namespace", self.namespace)
         name = manifest["metadata"]["name"]
         try:
-            return self.kube.create(md_path(ns), manifest)
-        except KubeError as exc:
+            return call(self.kube.custom.create_namespaced_custom_object, *_md(ns), manifest)
+        except ApiException as exc:
             if exc.status != 409:
                 raise
-        return self.kube.patch(md_path(ns, name), {"spec": manifest["spec"]}, content_type=MERGE)
+        return self.patch_md(name, {"spec": manifest["spec"]}, namespace=ns)
+
+    def patch_md(self, name: str, patch: JSON, namespace: str | None = None) -> JSON:
+        """Merge-patch a ModelDeployment (its spec, labels...)."""
+        ns = namespace or self.namespace
+        return call(
+            self.kube.custom.patch_namespaced_custom_object,
+            *_md(ns),
+            name,
+            patch,
+            _content_type=MERGE,
+        )
+
+    def scale_md(self, name: str, replicas: int) -> JSON:
+        """Scale a ModelDeployment through its scale subresource (as kubectl scale, an HPA)."""
+        return call(
+            self.kube.custom.patch_namespaced_custom_object_scale,
+            *_md(self.namespace),
+            name,
+            {"spec": {"replicas": replicas}},
+            _content_type=MERGE,
+        )
 
     def get_md(self, name: str) -> JSON | None:
-        return self.kube.get_or_none(md_path(self.namespace, name))
+        return get_or_none(
+            self.kube.custom.get_namespaced_custom_object, *_md(self.namespace), name
+        )
 
     def pods(self, name: str) -> list[JSON]:
-        listing = self.kube.get(
-            f"/api/v1/namespaces/{self.namespace}/pods",
-            {"labelSelector": f"{DEPLOYMENT_LABEL}={name}"},
+        listing = call(
+            self.kube.core.list_namespaced_pod,
+            self.namespace,
+            label_selector=f"{DEPLOYMENT_LABEL}={name}",
+        )
+        items: list[JSON] = listing["items"]
+        return items
+
+    def events(self, involved: str | None = None) -> list[JSON]:
+        """The namespace's Events; those about the object named `involved` when given."""
+        selector = f"involvedObject.name={involved}" if involved else None
+        listing = call(
+            self.kube.core.list_namespaced_event, self.namespace, field_selector=selector
         )
         items: list[JSON] = listing["items"]
         return items
 
     def delete_md(self, name: str) -> None:
-        self.kube.delete(md_path(self.namespace, name))
+        delete(self.kube.custom.delete_namespaced_custom_object, *_md(self.namespace), name)
+
+
+def _md(namespace: str) -> tuple[str, str, str, str]:
+    """The custom objects API's first arguments for ModelDeployments in `namespace`."""
+    return GROUP, VERSION, namespace, PLURAL
 
 
 # ------------------------------------------------------------------------------ the model

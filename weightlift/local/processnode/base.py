@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from weightlift.local.kubeclient import JSON
+from weightlift.local.kube import JSON
 from weightlift.local.procs import child_options
 
 log = logging.getLogger("weightlift.processnode")

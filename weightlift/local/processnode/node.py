@@ -17,10 +17,21 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
+from kubernetes import client, watch
+from kubernetes.client.exceptions import ApiException
 
 from weightlift.api.times import now_micro, now_rfc3339
-from weightlift.local.kubeclient import JSON, MERGE, Kube, KubeError
+from weightlift.local.kube import (
+    JSON,
+    KUBE_ERRORS,
+    MERGE,
+    STRATEGIC,
+    Kube,
+    call,
+    delete,
+    describe,
+    get_or_none,
+)
 from weightlift.local.processnode.base import (
     LEASE_SECONDS,
     LOCAL_NODE_LABEL,
@@ -33,6 +44,9 @@ from weightlift.local.processnode.runner import PodRunner
 from weightlift.local.procs import signal_group
 
 log = logging.getLogger("weightlift.processnode")
+LEASE_NAMESPACE = "kube-node-lease"
+# A watch the API server ends after this long (then it is opened again from its last version).
+WATCH_SECONDS = 30
 
 
 class ProcessNode:
@@ -51,7 +65,8 @@ class ProcessNode:
     ) -> None:
         self.config = NodeConfig(name=name, state_dir=Path(state_dir), **options)
         self.kubeconfig = Path(kubeconfig)
-        self.kube = Kube(self.kubeconfig)
+        self.kube = Kube(self.kubeconfig, "process-node")
+        self.leases = client.CoordinationV1Api(self.kube.api)
         self.host_ip = "127.0.0.1"
         self.stopping = threading.Event()
         self._runners: dict[str, PodRunner] = {}  # uid -> runner
@@ -98,13 +113,10 @@ class ProcessNode:
                     signal_group(c.proc, signal.SIGKILL)
                     c.proc.wait()
         if self.config.delete_node_on_stop:
-            with contextlib.suppress(KubeError, httpx.HTTPError):
-                self.kube.delete(f"/api/v1/nodes/{self.config.name}")
-            with contextlib.suppress(KubeError, httpx.HTTPError):
-                self.kube.delete(
-                    f"/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/"
-                    f"{self.config.name}"
-                )
+            with contextlib.suppress(*KUBE_ERRORS):
+                delete(self.kube.core.delete_node, self.config.name)
+            with contextlib.suppress(*KUBE_ERRORS):
+                delete(self.leases.delete_namespaced_lease, self.config.name, LEASE_NAMESPACE)
         self.kube.close()
 
     def wait(self) -> None:
@@ -142,16 +154,16 @@ class ProcessNode:
             "count": 1,
         }
         try:
-            self.kube.create(f"/api/v1/namespaces/{meta['namespace']}/events", body)
-        except (KubeError, httpx.HTTPError) as exc:
-            log.debug("event not posted: %s", exc)
+            call(self.kube.core.create_namespaced_event, meta["namespace"], body)
+        except KUBE_ERRORS as exc:
+            log.debug("event not posted: %s", describe(exc))
 
     # -- node object
     def _node_object(self) -> JSON:
         cfg = self.config
         try:
-            version = self.kube.get("/version").get("gitVersion", "v0.0.0")
-        except (KubeError, httpx.HTTPError):
+            version = call(client.VersionApi(self.kube.api).get_code).get("gitVersion", "v0.0.0")
+        except KUBE_ERRORS:
             version = "v0.0.0"
         resources = {
             "cpu": cfg.cpu,
@@ -231,71 +243,77 @@ class ProcessNode:
 
     def _register(self) -> None:
         body = self._node_object()
-        path = f"/api/v1/nodes/{self.config.name}"
-        existing = self.kube.get_or_none(path)
+        name, core = self.config.name, self.kube.core
+        existing = get_or_none(core.read_node, name)
         if existing is None:
-            self.kube.create("/api/v1/nodes", body)
+            call(core.create_node, body)
         else:
             annotations = existing["metadata"].get("annotations", {})
             if PROCESS_NODE_ANNOTATION not in annotations:
                 raise RuntimeError(
                     f"node {self.config.name} exists and is not a process node; pick another name"
                 )
-            self.kube.patch(path, {"metadata": body["metadata"], "spec": {"taints": None}})
-        self.kube.patch(f"{path}/status", {"status": body["status"]})
-        self.uid = self.kube.get(path)["metadata"]["uid"]
+            patch = {"metadata": body["metadata"], "spec": {"taints": None}}
+            call(core.patch_node, name, patch, _content_type=STRATEGIC)
+        self._patch_status({"status": body["status"]})
+        self.uid = call(core.read_node, name)["metadata"]["uid"]
+
+    def _patch_status(self, patch: JSON) -> None:
+        call(self.kube.core.patch_node_status, self.config.name, patch, _content_type=STRATEGIC)
 
     def _renew_lease(self) -> None:
-        ns_path = "/api/v1/namespaces/kube-node-lease"
-        path = f"/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/{self.config.name}"
+        name = self.config.name
         spec = {
-            "holderIdentity": self.config.name,
+            "holderIdentity": name,
             "leaseDurationSeconds": LEASE_SECONDS,
             "renewTime": now_micro(),
         }
+        patch_lease = self.leases.patch_namespaced_lease
         try:
-            self.kube.patch(path, {"spec": spec}, content_type=MERGE)
+            call(patch_lease, name, LEASE_NAMESPACE, {"spec": spec}, _content_type=MERGE)
             return
-        except KubeError as exc:
+        except ApiException as exc:
             if exc.status != 404:
                 raise
-        if self.kube.get_or_none(ns_path) is None:
-            with contextlib.suppress(KubeError):
-                self.kube.create("/api/v1/namespaces", {"metadata": {"name": "kube-node-lease"}})
-        owner = {"apiVersion": "v1", "kind": "Node", "name": self.config.name, "uid": self.uid}
-        self.kube.create(
-            "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases",
-            {"metadata": {"name": self.config.name, "ownerReferences": [owner]}, "spec": spec},
-        )
+        if get_or_none(self.kube.core.read_namespace, LEASE_NAMESPACE) is None:
+            with contextlib.suppress(ApiException):
+                call(self.kube.core.create_namespace, {"metadata": {"name": LEASE_NAMESPACE}})
+        owner = {"apiVersion": "v1", "kind": "Node", "name": name, "uid": self.uid}
+        lease = {"metadata": {"name": name, "ownerReferences": [owner]}, "spec": spec}
+        call(self.leases.create_namespaced_lease, LEASE_NAMESPACE, lease)
 
     def _heartbeat_loop(self) -> None:
-        path = f"/api/v1/nodes/{self.config.name}/status"
         while not self.stopping.wait(self.config.heartbeat_seconds):
             try:
                 self._renew_lease()
-                self.kube.patch(path, {"status": {"conditions": self._conditions()}})
-            except (KubeError, httpx.HTTPError) as exc:
+                self._patch_status({"status": {"conditions": self._conditions()}})
+            except KUBE_ERRORS as exc:
                 if self.stopping.is_set():
                     return
-                log.warning("heartbeat failed: %s", exc)
+                log.warning("heartbeat failed: %s", describe(exc))
 
     # -- pods
     def _watch_loop(self) -> None:
-        params = {"fieldSelector": f"spec.nodeName={self.config.name}"}
+        selector = f"spec.nodeName={self.config.name}"
+        list_pods = self.kube.core.list_pod_for_all_namespaces
+        # "object": events carry the pods as the API server sent them (dicts, no models).
+        pods = watch.Watch(return_type="object")
         while not self.stopping.is_set():
             try:
-                listing = self.kube.get("/api/v1/pods", params)
+                listing = call(list_pods, field_selector=selector)
                 rv = listing["metadata"]["resourceVersion"]
                 self._sync({p["metadata"]["uid"]: p for p in listing["items"]})
                 while not self.stopping.is_set():
-                    for event in self.kube.watch(
-                        "/api/v1/pods",
-                        {**params, "resourceVersion": rv, "allowWatchBookmarks": "true"},
-                        timeout_seconds=30,
+                    # An ERROR event (410 Gone: rv too old) raises ApiException: list again.
+                    for event in pods.stream(
+                        list_pods,
+                        field_selector=selector,
+                        resource_version=rv,
+                        allow_watch_bookmarks=True,
+                        timeout_seconds=WATCH_SECONDS,
+                        _request_timeout=(10, WATCH_SECONDS + 15),
                     ):
-                        obj = event["object"]
-                        if event["type"] == "ERROR":
-                            raise KubeError(int(obj.get("code", 500)), str(obj), "watch")
+                        obj = event["raw_object"]
                         rv = obj["metadata"]["resourceVersion"]
                         if event["type"] in ("ADDED", "MODIFIED"):
                             self._on_pod(obj)
@@ -303,10 +321,10 @@ class ProcessNode:
                             self._on_deleted(obj)
                         if self.stopping.is_set():
                             return
-            except (KubeError, httpx.HTTPError, ValueError) as exc:
+            except (*KUBE_ERRORS, ValueError) as exc:
                 if self.stopping.is_set():
                     return
-                log.debug("pod watch restarts: %s", exc)
+                log.debug("pod watch restarts: %s", describe(exc))
                 self.stopping.wait(0.5)
 
     def _sync(self, pods: dict[str, JSON]) -> None:

@@ -19,9 +19,10 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 import httpx
+from kubernetes.client.exceptions import ApiException
 
 from weightlift.api.times import now_rfc3339
-from weightlift.local.kubeclient import JSON, KubeError
+from weightlift.local.kube import JSON, KUBE_ERRORS, STRATEGIC, call, delete, describe, get_or_none
 from weightlift.local.podidentity import (
     MountError,
     kubernetes_service_env,
@@ -346,7 +347,7 @@ class PodRunner(threading.Thread):
         env["PATH"] = f"{cfg.bin_dir}:{os.environ.get('PATH', '/usr/bin:/bin')}"
         env["HOSTNAME"] = self.pod_name
         env["PYTHONUNBUFFERED"] = "1"
-        env.update(kubernetes_service_env(self.node.kube.config.server))
+        env.update(kubernetes_service_env(self.node.kube.server))
         env.update(cfg.extra_env)
         ns = self.namespace
         for src in spec.get("envFrom", []):
@@ -411,7 +412,7 @@ class PodRunner(threading.Thread):
         return str(value) if value is not None else "0"
 
     def _configmap(self, ns: str, name: str, ref: JSON) -> dict[str, str]:
-        obj = self.node.kube.get_or_none(f"/api/v1/namespaces/{ns}/configmaps/{name}")
+        obj = get_or_none(self.node.kube.core.read_namespaced_config_map, name, ns)
         if obj is None:
             if ref.get("optional"):
                 return {}
@@ -422,7 +423,7 @@ class PodRunner(threading.Thread):
     def _secret(self, ns: str, name: str, ref: JSON) -> dict[str, str]:
         import base64
 
-        obj = self.node.kube.get_or_none(f"/api/v1/namespaces/{ns}/secrets/{name}")
+        obj = get_or_none(self.node.kube.core.read_namespaced_secret, name, ns)
         if obj is None:
             if ref.get("optional"):
                 return {}
@@ -485,14 +486,14 @@ class PodRunner(threading.Thread):
     def _claim_dir(self, claim: str, volume: str) -> Path:
         """The directory behind a PVC: its bound PV must be hostPath or local (no mounts here;
         the real PV controller did the binding, the real scheduler waited for it)."""
-        ns, kube = self.namespace, self.node.kube
-        pvc = kube.get_or_none(f"/api/v1/namespaces/{ns}/persistentvolumeclaims/{claim}")
+        ns, core = self.namespace, self.node.kube.core
+        pvc = get_or_none(core.read_namespaced_persistent_volume_claim, claim, ns)
         if pvc is None:
             raise ConfigError(f"volume {volume}: persistentvolumeclaim {ns}/{claim} not found")
         pv_name = pvc.get("spec", {}).get("volumeName")
         if pvc.get("status", {}).get("phase") != "Bound" or not pv_name:
             raise ConfigError(f"volume {volume}: persistentvolumeclaim {ns}/{claim} is not bound")
-        pv = kube.get_or_none(f"/api/v1/persistentvolumes/{pv_name}")
+        pv = get_or_none(core.read_persistent_volume, pv_name)
         if pv is None:
             raise ConfigError(f"volume {volume}: persistentvolume {pv_name} not found")
         source = pv["spec"].get("hostPath") or pv["spec"].get("local")
@@ -569,13 +570,12 @@ class PodRunner(threading.Thread):
                         **({"audiences": [sat["audience"]]} if sat.get("audience") else {}),
                     },
                 }
+                create = self.node.kube.core.create_namespaced_service_account_token
                 try:
-                    tr = self.node.kube.create(
-                        f"/api/v1/namespaces/{self.namespace}/serviceaccounts/{sa}/token", body
-                    )
+                    tr = call(create, sa, self.namespace, body)
                     (root / sat.get("path", "token")).write_text(tr["status"]["token"])
-                except KubeError as exc:
-                    raise ConfigError(f"service account {sa}: no token: {exc}") from exc
+                except KUBE_ERRORS as exc:
+                    raise ConfigError(f"service account {sa}: no token: {describe(exc)}") from exc
         return root
 
     def _translate(self, path: str) -> str:
@@ -702,16 +702,19 @@ class PodRunner(threading.Thread):
         if any(c.proc is not None for c in self.containers):
             self.node.event(pod, "Normal", "Killing", "Stopping container(s)")
         self._kill_all(grace=self._grace(pod))
-        with contextlib.suppress(KubeError):
+        with contextlib.suppress(*KUBE_ERRORS):
             self._write_status()
-        path = f"/api/v1/namespaces/{self.namespace}/pods/{self.pod_name}"
+        options = {"gracePeriodSeconds": 0, "preconditions": {"uid": self.uid}}
         try:
-            self.node.kube.delete(
-                path, {"gracePeriodSeconds": 0, "preconditions": {"uid": self.uid}}
+            delete(
+                self.node.kube.core.delete_namespaced_pod,
+                self.pod_name,
+                self.namespace,
+                body=options,
             )
-        except KubeError as exc:
+        except ApiException as exc:
             if exc.status != 409:  # 409: a newer pod with this name; ours is already gone
-                log.warning("pod %s: final delete failed: %s", self.pod_name, exc)
+                log.warning("pod %s: final delete failed: %s", self.pod_name, describe(exc))
         self.deleted = True
         with contextlib.suppress(OSError):
             shutil.rmtree(self.dir / "volumes")
@@ -791,14 +794,13 @@ class PodRunner(threading.Thread):
         status = self._status()
         if status == self._last_status:
             return
-        path = f"/api/v1/namespaces/{self.namespace}/pods/{self.pod_name}/status"
+        patch = {"metadata": {"uid": self.uid}, "status": status}
+        patch_status = self.node.kube.core.patch_namespaced_pod_status
         try:
-            self.node.kube.patch(path, {"metadata": {"uid": self.uid}, "status": status})
+            call(patch_status, self.pod_name, self.namespace, patch, _content_type=STRATEGIC)
             self._last_status = status
-        except KubeError as exc:
-            if exc.status == 404:
+        except KUBE_ERRORS as exc:
+            if isinstance(exc, ApiException) and exc.status == 404:
                 self.gone()
             else:
-                log.warning("pod %s: status update failed: %s", self.pod_name, exc)
-        except httpx.HTTPError as exc:
-            log.warning("pod %s: status update failed: %s", self.pod_name, exc)
+                log.warning("pod %s: status update failed: %s", self.pod_name, describe(exc))
