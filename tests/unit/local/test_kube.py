@@ -86,9 +86,9 @@ def server() -> Iterator[ThreadingHTTPServer]:
 
 
 def test_answers_are_the_wire_json(server: ThreadingHTTPServer, tmp_path: Path) -> None:
-    api = Kube(_kubeconfig(tmp_path, server.server_address[1]), "unit")
+    api = Kube(_kubeconfig(tmp_path, server.server_port), "unit")
     try:
-        assert api.server == f"http://127.0.0.1:{server.server_address[1]}"
+        assert api.server == f"http://127.0.0.1:{server.server_port}"
         assert call(api.core.read_node, "n0") == NODE  # "Port" as sent, not a model's "port"
         assert get_or_none(api.core.read_node, "gone") is None
         delete(api.core.delete_node, "gone")  # already gone is fine
