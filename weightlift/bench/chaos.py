@@ -39,6 +39,13 @@ JSON = dict[str, Any]
 # Deadlines, not speed checks: a loaded 2-core CI box took 215 s for the operator scenario.
 CONVERGE_TIMEOUT = 420.0
 GONE_TIMEOUT = 120.0
+# What ends a scenario unconverged (reported, not raised).
+SCENARIO_ERRORS: tuple[type[Exception], ...] = (
+    TimeoutError,
+    RuntimeError,
+    *KUBE_ERRORS,
+    AssertionError,
+)
 
 SEGFAULT_HOOK = """
 #include <stddef.h>
@@ -531,7 +538,7 @@ def run_scenario(stack: LocalStack, models: Models, scenario: Scenario, index: i
         seconds = round(time.monotonic() - run.fault_at, 1)
         converged = True
         detail = run.status_text() if scenario.refuses else ""
-    except (TimeoutError, RuntimeError, *KUBE_ERRORS, AssertionError) as exc:
+    except SCENARIO_ERRORS as exc:
         detail = f"{describe(exc)} [{run.status_text()}]"
     finally:
         watch.stop()

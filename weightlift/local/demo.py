@@ -37,6 +37,8 @@ from weightlift.local.stack import (
 log = logging.getLogger("weightlift.demo")
 
 INSTALL_KINDS = ("process", "helm")
+# What fails the demo with a message (not a traceback).
+DEMO_ERRORS: tuple[type[Exception], ...] = (TimeoutError, RuntimeError, *KUBE_ERRORS)
 
 # ---------------------------------------------------------------------------------- view
 
@@ -259,7 +261,7 @@ def demo_command(
         except (KeyboardInterrupt, _Terminated):
             console.print("[yellow]interrupted; tearing down[/]")
             raise SystemExit(130) from None
-        except (TimeoutError, RuntimeError, *KUBE_ERRORS) as exc:
+        except DEMO_ERRORS as exc:
             console.print(f"[red]demo failed:[/] {describe(exc)}")
             console.print(f"[dim]operator log tail:\n{stack.operator_log_tail(20)}[/]")
             raise SystemExit(1) from None

@@ -47,6 +47,7 @@ log = logging.getLogger("weightlift.processnode")
 LEASE_NAMESPACE = "kube-node-lease"
 # A watch the API server ends after this long (then it is opened again from its last version).
 WATCH_SECONDS = 30
+WATCH_ERRORS: tuple[type[Exception], ...] = (*KUBE_ERRORS, ValueError)
 
 
 class ProcessNode:
@@ -321,7 +322,7 @@ class ProcessNode:
                             self._on_deleted(obj)
                         if self.stopping.is_set():
                             return
-            except (*KUBE_ERRORS, ValueError) as exc:
+            except WATCH_ERRORS as exc:
                 if self.stopping.is_set():
                     return
                 log.debug("pod watch restarts: %s", describe(exc))
