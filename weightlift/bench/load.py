@@ -58,6 +58,29 @@ def touch(tensors: Tensors) -> int:
     return acc
 
 
+def copied_bytes(tensors: Tensors, files: list[Path]) -> int | None:
+    """Bytes of `tensors` that are not views of a mapping of `files` (read or copied into other
+    memory); None where /proc/self/maps is missing (not Linux)."""
+    try:
+        maps = Path("/proc/self/maps").read_text()
+    except OSError:
+        return None
+    names = {str(f.resolve()) for f in files}
+    spans = []
+    for line in maps.splitlines():
+        fields = line.split(maxsplit=5)
+        if len(fields) == 6 and fields[5] in names:
+            lo, hi = fields[0].split("-")
+            spans.append((int(lo, 16), int(hi, 16)))
+    copied = 0
+    for t in tensors.values():
+        n = t.numel() * t.element_size()
+        start = t.data_ptr()
+        if n and not any(lo <= start and start + n <= hi for lo, hi in spans):
+            copied += n
+    return copied
+
+
 def drop_cache(files: list[Path]) -> None:
     for f in files:
         fd = os.open(f, os.O_RDONLY)
@@ -129,14 +152,19 @@ def make_loaders(threads: int, chunk_mib: int) -> dict[str, BenchLoader]:
 # Loaders `make_loaders` knows that run only when asked for with --loader.
 OPT_IN = {"weightlift-preload-staged"}
 
-# Where the time goes, printed under the table and stored in the JSON.
+# Where the time goes, printed under the table and stored in the JSON; "copied MB" in the table
+# is measured per run (bytes of the result that are not views of the files' mappings).
 NOTES = [
     "weightlift-preload (CPU): files mapped MAP_PRIVATE into one region, then "
-    "madvise(MADV_POPULATE_READ) in parallel ranges: warm = page-table setup only (no byte "
-    "copied, hence above memcpy); cold = kernel readahead into the page cache, one sequential "
-    "stream per file (compare odirect_read_gbps). Every page is mapped on return.",
+    "madvise(MADV_POPULATE_READ) in parallel ranges; every tensor stays a view of its file's "
+    "mapping (each sits at its file offset mod 64, the placement every load path and P2P "
+    "target uses, so outputs are bit-identical without realigning): warm = page-table setup "
+    "only; cold = kernel readahead into the page cache, one sequential stream per file "
+    "(compare odirect_read_gbps). Every page is mapped on return. Only a tensor whose offset "
+    "is not a multiple of its element size is copied (torch cannot view it).",
     "safetensors / weightlift-direct (CPU): mmap, lazily faulted page by page inside the timed "
-    "touch; fastsafetensors / runai-model-streamer: read (copy) into their own host buffers.",
+    "touch (weightlift-direct places tensors like preload: no copy either); fastsafetensors / "
+    "runai-model-streamer: read (copy) into their own host buffers.",
     "weightlift-preload-staged (opt-in): the CUDA path on CPU: read into staging buffers, copy "
     "into one result buffer (fresh anonymous pages: zeroing + copy).",
 ]
@@ -201,6 +229,7 @@ class Run:
     seconds: float
     gbps: float
     verified: bool
+    copied_bytes: int | None  # of the result, not a view of the files' mappings
 
 
 def bench(
@@ -233,9 +262,10 @@ def bench(
                 touch(tensors)
                 secs = time.perf_counter() - t0
                 ok = all_bit_equal(tensors, reference)
+                copied = copied_bytes(tensors, files)
                 del tensors
                 close()
-                runs.append(Run(name, cache, secs, nbytes / secs / 1e9, ok))
+                runs.append(Run(name, cache, secs, nbytes / secs / 1e9, ok, copied))
     ncpu = os.cpu_count() or 1
     mem, odr = [], []
     for _ in range(repeat):  # limits measured as often as the loaders, medians reported
@@ -260,6 +290,9 @@ def bench(
                     "gbps": round(nbytes / secs / 1e9, 3),
                     "seconds": round(secs, 4),
                     "verified": all(r.verified for r in rs),
+                    "copied_bytes": max(
+                        (r.copied_bytes for r in rs if r.copied_bytes is not None), default=None
+                    ),
                     "runs": len(rs),
                 }
             )
@@ -299,7 +332,16 @@ def print_table(doc: dict[str, Any]) -> None:
         title=f"weightlift bench load: {doc['bytes'] / 1e6:.0f} MB, median of {doc['repeat']}, "
         f"memcpy {memcpy} GB/s, O_DIRECT read {lim['odirect_read_gbps']} GB/s"
     )
-    for col in ("loader", "cache", "GB/s", "seconds", "x memcpy", "x best peer", "verified"):
+    for col in (
+        "loader",
+        "cache",
+        "GB/s",
+        "seconds",
+        "x memcpy",
+        "x best peer",
+        "copied MB",
+        "verified",
+    ):
         t.add_column(col, justify="left" if col in ("loader", "cache") else "right", no_wrap=True)
     for r in doc["results"]:
         peer = best_peer[r["cache"]]
@@ -310,6 +352,7 @@ def print_table(doc: dict[str, Any]) -> None:
             f"{r['seconds']:.3f}",
             f"{r['gbps'] / memcpy:.2f}" if memcpy else "-",
             f"{r['gbps'] / peer:.2f}" if peer else "-",
+            "-" if r.get("copied_bytes") is None else f"{r['copied_bytes'] / 1e6:.0f}",
             "yes" if r["verified"] else "NO",
         )
     console = Console()

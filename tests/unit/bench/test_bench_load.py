@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 from click.testing import CliRunner
@@ -44,4 +45,12 @@ def test_bench_load_json_png(tmp_path: Path) -> None:
         (n, c) for n in LOADERS for c in ("warm", "cold")
     }
     assert all(r["verified"] and r["gbps"] > 0 and r["seconds"] > 0 for r in doc["results"])
+    if sys.platform.startswith("linux"):  # what the notes say: who serves the files in place
+        copied = {(r["loader"], r["cache"]): r["copied_bytes"] for r in doc["results"]}
+        for cache in ("warm", "cold"):
+            assert copied[("weightlift-preload", cache)] == 0
+            assert copied[("weightlift-direct", cache)] == 0
+            assert copied[("safetensors", cache)] == 0
+            assert copied[("fastsafetensors", cache)] == doc["bytes"]
+            assert copied[("runai-model-streamer", cache)] == doc["bytes"]
     assert out.with_suffix(".png").stat().st_size > 1000

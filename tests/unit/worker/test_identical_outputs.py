@@ -1,11 +1,14 @@
 """Identical weights give bit-identical outputs whatever loaded them: preload (mapped and
-staged), direct, and P2P from a source that loaded by preload.
+staged), direct, P2P from a source that loaded by preload, and copies in fresh memory that the
+runtime places before binding.
 
-The model's files are rewritten so their data section starts 8 bytes past a 64-byte boundary,
-as most safetensors files do (headers are padded to 8 bytes only): a mapped load then sees
-misaligned tensors, a P2P target fresh aligned buffers. Before the loaders aligned every tensor,
-batch-1 outputs of the mapped source and the P2P target differed in the last bits (MKL's gemv
-picks its code path by the weights' alignment).
+The model's files are rewritten so their data section starts off a 64-byte boundary (8 or 40
+bytes past one), as most safetensors files do (headers are padded to 8 bytes only). Every path
+puts each tensor at its file offset mod 64 (the canonical placement, weights/tensors.py): the
+mapped load in place, with no byte copied; fresh buffers (staged reads, the P2P target, the
+copies) at that residue. Before all paths agreed on one placement, batch-1 outputs of the
+mapped source and the P2P target differed in the last bits (MKL's gemv picks its code path by
+the weights' alignment).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import torch
 from tests.support.p2p import ThreadSource, needs_nixl
 from tests.support.worker import pad_header
 from weightlift.api.model import Role
+from weightlift.bench.load import copied_bytes
 from weightlift.local.models import DemoModel, make_demo
 from weightlift.local.sharded import make_plan
 from weightlift.worker.engines.builtin.runtime import Pt2Runtime
@@ -29,19 +33,24 @@ from weightlift.worker.loaders.p2p import PeerToPeerLoader
 from weightlift.worker.loaders.preload import PreloadLoader
 from weightlift.worker.weights.files import shard_index
 from weightlift.worker.weights.progress import LoadProgress
-from weightlift.worker.weights.tensors import TENSOR_ALIGNMENT, is_aligned
+from weightlift.worker.weights.tensors import TENSOR_ALIGNMENT, file_residues, misplaced
 
 CPU = torch.device("cpu")
 Shards = dict[int, dict[str, torch.Tensor]]
 
 
-@pytest.fixture(scope="module", params=[1, 2], ids=["tp1", "tp2"])
+@pytest.fixture(scope="module", params=[(1, 8), (2, 40)], ids=["tp1-r8", "tp2-r40"])
 def model(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> DemoModel:
-    tp = int(request.param)
+    tp, residue = request.param
     demo = make_demo(tmp_path_factory.mktemp(f"ident-tp{tp}"), size_mb=3, tp=tp, hook=False)
     for f in demo.files:
-        pad_header(f, 8)
+        pad_header(f, residue)
     return demo
+
+
+def residues(demo: DemoModel, rank: int) -> dict[str, int]:
+    infos = (info for _, info in shard_index(demo.out, rank, demo.tp).tensors.values())
+    return file_residues(infos, CPU)
 
 
 def storage_loads(demo: DemoModel) -> dict[str, Callable[[int], dict[str, torch.Tensor]]]:
@@ -59,7 +68,9 @@ def storage_loads(demo: DemoModel) -> dict[str, Callable[[int], dict[str, torch.
 
 def outputs(demo: DemoModel, shards: Shards, inputs: list[np.ndarray]) -> list[bytes]:
     runtime = Pt2Runtime.open(demo.out)
-    runtime.bind(shards)
+    bound = runtime.bind(shards)
+    for r, tensors in bound.items():  # the runtime placed whatever was not yet placed
+        assert not misplaced(tensors, residues(demo, r)), r
     return [runtime.infer({"INPUT0": x})["OUTPUT0"].tobytes() for x in inputs]
 
 
@@ -102,8 +113,15 @@ def test_every_load_path_gives_bit_identical_outputs(model: DemoModel, tmp_path:
 
     for name, by_rank in shards.items():
         for r, tensors in by_rank.items():
-            bad = [k for k, t in tensors.items() if not is_aligned(t)]
-            assert not bad, f"{name} rank {r}: misaligned tensors {bad[:3]}"
+            bad = misplaced(tensors, residues(model, r))
+            assert not bad, f"{name} rank {r}: tensors off their file offsets mod 64: {bad[:3]}"
+    for r, tensors in shards["preload"].items():  # zero copy: every tensor views its file
+        assert copied_bytes(tensors, model.files) == 0, r
+    # Copies in fresh (64-byte aligned) memory: the runtime must place them before binding.
+    shards["copied"] = {
+        r: {k: t.clone() for k, t in tensors.items()} for r, tensors in shards["direct"].items()
+    }
+    assert all(misplaced(shards["copied"][r], residues(model, r)) for r in range(model.tp))
 
     results = {name: outputs(model, s, inputs) for name, s in shards.items()}
     want = results["p2p"]

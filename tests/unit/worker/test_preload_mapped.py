@@ -16,6 +16,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from tests.support.worker import pad_header
+from weightlift.bench.load import copied_bytes
 from weightlift.worker.loaders import preload
 from weightlift.worker.loaders.preload import PreloadLoader
 from weightlift.worker.weights.files import index_files, rank_files
@@ -112,19 +113,25 @@ def test_mapped_tensors_private_writable_and_unmapped_after_use(tmp_path: Path) 
 
 
 @linux
+@pytest.mark.parametrize("residue", [0, 8, 40])
 @pytest.mark.parametrize("staged", [False, True])
-def test_misaligned_files_give_aligned_tensors(tmp_path: Path, staged: bool) -> None:
+def test_tensors_sit_at_their_file_offsets_mod_64(
+    tmp_path: Path, staged: bool, residue: int
+) -> None:
     """Files whose data sits off a 64-byte boundary (most real ones: headers are padded to 8
-    bytes) are served from aligned memory: the kernels then take the same path as for a P2P
-    target's fresh buffers (tests/unit/worker/test_identical_outputs.py). The mapping is not
-    kept once its bytes were copied."""
-    files = _files(tmp_path, 2, residue=8)
-    got = PreloadLoader(staged=staged).load_index(index_files(files), CPU, LoadProgress())
-    assert all(t.data_ptr() % TENSOR_ALIGNMENT == 0 for t in got.values())
+    bytes) are served at their canonical placement (weights/tensors.py): each tensor at its
+    file offset mod 64, the same as a P2P target's buffer gives it
+    (tests/unit/worker/test_identical_outputs.py). The mapped path copies no byte for it."""
+    files = _files(tmp_path, 2, residue=residue)
+    idx = index_files(files)
+    got = PreloadLoader(staged=staged).load_index(idx, CPU, LoadProgress())
     assert all_bit_equal(got, _reference(files))
+    for name, (_, info) in idx.tensors.items():
+        assert got[name].data_ptr() % TENSOR_ALIGNMENT == info.begin % TENSOR_ALIGNMENT, name
     assert len({t.untyped_storage().data_ptr() for t in got.values()}) == 1
-    gc.collect()
-    assert not any(_mapped(f) for f in files)
+    if not staged:
+        assert copied_bytes(got, files) == 0
+        assert all(_mapped(f) for f in files)
 
 
 def test_mapped_misaligned_data_is_copied_aligned(tmp_path: Path) -> None:
@@ -137,6 +144,7 @@ def test_mapped_misaligned_data_is_copied_aligned(tmp_path: Path) -> None:
     p.write_bytes(struct.pack("<Q", len(raw)) + raw + a.numpy().tobytes())
     got = PreloadLoader().load_index(index_files([p]), CPU, LoadProgress())
     assert torch.equal(got["a"], a)
+    assert got["a"].data_ptr() % TENSOR_ALIGNMENT == 0  # a copy's canonical residue
 
 
 def test_populate_fallback_touches_pages(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

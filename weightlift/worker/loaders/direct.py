@@ -9,7 +9,7 @@ from safetensors import safe_open
 
 from weightlift.worker.weights.files import ShardIndex, shard_index
 from weightlift.worker.weights.progress import LoadError, LoadProgress
-from weightlift.worker.weights.tensors import realign
+from weightlift.worker.weights.tensors import file_residues, place
 
 if TYPE_CHECKING:
     from weightlift.api.worker import WorkerPlan
@@ -42,7 +42,9 @@ class DirectLoader:
                 raise
             except Exception as exc:  # safetensors raises its own error types
                 raise LoadError(f"{h.path}: {exc}") from exc
-        # safetensors hands out CPU tensors at the file's offsets: align them like every loader.
-        out, _ = realign(out)
+        # safetensors maps CPU tensors at the file's offsets (their canonical residue: nothing
+        # copied) and allocates CUDA ones fresh; `place` fixes any other placement.
+        infos = (info for _, info in index.tensors.values())
+        out, _ = place(out, file_residues(infos, torch.device(device)))
         progress.finish()
         return out

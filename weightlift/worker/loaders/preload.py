@@ -64,7 +64,12 @@ import torch
 
 from weightlift.worker.weights.files import ShardIndex, shard_index
 from weightlift.worker.weights.progress import LoadError, LoadProgress
-from weightlift.worker.weights.tensors import realign, view_tensor
+from weightlift.worker.weights.tensors import (
+    canonical_residue,
+    file_residues,
+    place,
+    view_tensor,
+)
 
 if TYPE_CHECKING:
     from weightlift.api.worker import WorkerPlan
@@ -272,6 +277,10 @@ def _views(
     return out
 
 
+def _residues(index: ShardIndex, device: torch.device) -> dict[str, int]:
+    return file_residues((info for _, info in index.tensors.values()), device)
+
+
 def _load_mapped(
     index: ShardIndex, progress: LoadProgress, threads: int, chunk_bytes: int
 ) -> dict[str, torch.Tensor]:
@@ -320,9 +329,9 @@ def _load_mapped(
         region.close()
         raise
     data_offsets = [offsets[i] + h.data_start - first[i] for i, h in enumerate(files)]
-    # A mapping keeps the file's offsets; tensors at offsets that are not TENSOR_ALIGNMENT
-    # aligned are copied into aligned memory (same outputs as every other load path).
-    out, _ = realign(_views(index, host, data_offsets))
+    # Every address is its file offset mod 2 MiB: each tensor already sits at its canonical
+    # residue (weights/tensors.py), so `place` copies nothing; it only guards the rule.
+    out, _ = place(_views(index, host, data_offsets), _residues(index, torch.device("cpu")))
     progress.finish()
     return out
 
@@ -375,11 +384,13 @@ def _load_staged(
 ) -> dict[str, torch.Tensor]:
     cuda = device.type == "cuda"
     files = index.files
+    # File i's data lands at bases[i]: a page boundary plus its canonical residue, so on the
+    # host every tensor sits where a mapping would put it (mod 64) and nothing is copied again.
     bases: list[int] = []
     total = 0
     for h in files:
-        bases.append(total)
-        total += _round_up(h.data_bytes, _ALIGN)
+        bases.append(_round_up(total, _ALIGN) + canonical_residue(device, h.data_start, 1))
+        total = bases[-1] + h.data_bytes
     chunks: list[_Chunk] = []
     for i, h in enumerate(files):
         off = 0
@@ -440,7 +451,8 @@ def _load_staged(
             raise
     if stream is not None:
         stream.synchronize()
-    out, _ = realign(_views(index, dev_buf, bases))
+    # On CUDA tensors off a 64-byte boundary are copied once more on the device (the rule there).
+    out, _ = place(_views(index, dev_buf, bases), _residues(index, device))
     progress.finish()
     return out
 

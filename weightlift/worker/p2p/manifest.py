@@ -141,7 +141,3 @@ class RankManifest(_Wire):
 
     def metadata_bytes(self) -> bytes:
         return base64.b64decode(self.agent_metadata)
-
-
-def align_up(n: int, alignment: int) -> int:
-    return (n + alignment - 1) // alignment * alignment

@@ -37,12 +37,11 @@ from weightlift.worker.p2p.manifest import (
     RankManifest,
     Region,
     TensorEntry,
-    align_up,
     checksum,
 )
 from weightlift.worker.p2p.nixl_compat import nixl
 from weightlift.worker.peer_auth import peer_token, refusal
-from weightlift.worker.weights.tensors import dtype_name
+from weightlift.worker.weights.tensors import canonical_residue, dtype_name, pack
 
 if TYPE_CHECKING:
     from weightlift.api.worker import WorkerPlan
@@ -51,7 +50,6 @@ log = logging.getLogger(__name__)
 
 # More distinct storages than this and we pack the rank into one buffer instead.
 MAX_REGIONS = 16
-ALIGNMENT = 256
 SESSION_LEASE_SECONDS = 600.0
 # Progress polling of each rank's agent: while a reader has a session open / when idle.
 POLL_ACTIVE_S = 0.001
@@ -182,23 +180,19 @@ class RankSource:
                 placed[name] = (idx, t.data_ptr() - s.data_ptr(), t)
             self._keep.extend(tensors.values())
             return regions, placed
-        # Pack: one contiguous buffer on the first tensor's device, aligned offsets.
+        # Pack: one contiguous buffer on the first tensor's device, each tensor at the residue
+        # mod 64 it has here (targets copy the placement from the manifest's addresses).
         device = next(iter(tensors.values())).device
-        offsets: dict[str, int] = {}
-        total = 0
-        for name, t in tensors.items():
-            offsets[name] = total
-            total = align_up(total + t.numel() * t.element_size(), ALIGNMENT)
-        buf = torch.empty(max(total, 1), dtype=torch.uint8, device=device)
-        placed = {}
-        for name, t in tensors.items():
-            n = t.numel() * t.element_size()
-            view = buf[offsets[name] : offsets[name] + n].view(t.dtype).reshape(t.shape)
-            view.copy_(t)
-            placed[name] = (0, offsets[name], view)
-        self._keep.append(buf)
+        residues = {
+            k: canonical_residue(device, t.data_ptr(), t.element_size()) for k, t in tensors.items()
+        }
+        packed = pack(tensors, device, residues)
+        storage = next(iter(packed.values())).untyped_storage()
+        base = storage.data_ptr()
+        placed = {name: (0, view.data_ptr() - base, view) for name, view in packed.items()}
+        self._keep.extend(packed.values())
         dev_id = max(device.index or 0, 0) if device.type == "cuda" else 0
-        return [Region(addr=buf.data_ptr(), nbytes=buf.numel(), device_id=dev_id)], placed
+        return [Region(addr=base, nbytes=storage.nbytes(), device_id=dev_id)], placed
 
     def close(self) -> None:
         self._stop.set()

@@ -32,15 +32,14 @@ import torch
 
 from weightlift.worker.p2p import P2P_PREFIX, reserve
 from weightlift.worker.p2p.expected import ExpectedTensor, ShapeMismatch, check_manifest
-from weightlift.worker.p2p.manifest import RankManifest, align_up, checksum, element_size
+from weightlift.worker.p2p.manifest import RankManifest, checksum, element_size
 from weightlift.worker.p2p.nixl_compat import nixl
 from weightlift.worker.peer_auth import auth_headers, peer_token
 from weightlift.worker.weights.progress import LoadProgress
-from weightlift.worker.weights.tensors import TORCH_DTYPES
+from weightlift.worker.weights.tensors import TORCH_DTYPES, canonical_residue, slot_bytes
 
 log = logging.getLogger(__name__)
 
-ALIGNMENT = 256
 # PullResult.phases() (consecutive, they add up to the pull) and .overlapped() (beside them).
 PULL_PHASES = ("manifest", "alloc", "agent", "transfer", "verify")
 OVERLAPPED_PHASES = ("prefault", "memory_wait")
@@ -129,15 +128,16 @@ class _Batch:
 
 
 def _layout_size(expected: dict[str, ExpectedTensor]) -> int | None:
-    """Bytes of the local buffer for these tensors (the same in any order: each is aligned);
-    None when a dtype is unknown (the manifest check will say so)."""
+    """Bytes of the local buffer for these tensors (the same in any order and whatever their
+    residues: one slot each, see `_Pull.alloc`); None when a dtype is unknown (the manifest
+    check will say so)."""
     total = 0
     for t in expected.values():
         numel = 1
         for d in t.shape:
             numel *= d
         try:
-            total = align_up(total + numel * element_size(t.dtype), ALIGNMENT)
+            total += slot_bytes(numel * element_size(t.dtype))
         except KeyError:
             return None
     return total
@@ -418,11 +418,14 @@ class _Pull:
         setup.shutdown(wait=False)
 
     def alloc(self, manifest: RankManifest) -> None:
-        """Local layout: one buffer, aligned offsets, in manifest order."""
+        """Local layout: one buffer, one slot per tensor in manifest order, each tensor at its
+        source's address modulo 64 (the source follows the canonical placement of
+        weights/tensors.py, so this replica computes bit for bit what the source does)."""
         total = 0
         for t in manifest.tensors:
-            self.offsets.append(total)
-            total = align_up(total + t.nbytes, ALIGNMENT)
+            at = manifest.regions[t.region].addr + t.offset if t.nbytes else 0
+            self.offsets.append(total + canonical_residue(self.device, at, element_size(t.dtype)))
+            total += slot_bytes(t.nbytes)
         if self.buf is None or self.early_size != total:
             self._new_buffer(total)
         self.timings["alloc"] = time.monotonic() - self.t0

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
+
 import torch
 
-from weightlift.worker.weights.header import SAFETENSORS_DTYPES, TensorInfo
+from weightlift.worker.weights.header import DTYPE_SIZES, SAFETENSORS_DTYPES, TensorInfo
 
 TORCH_DTYPES: dict[str, torch.dtype] = {
     name: getattr(torch, attr) for name, (attr, _) in SAFETENSORS_DTYPES.items()
@@ -50,24 +52,59 @@ def all_bit_equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> boo
     return a.keys() == b.keys() and all(bit_equal(a[k], b[k]) for k in a)
 
 
-# Every tensor a loader hands the runtime starts at a multiple of this many bytes (torch's own
-# CPU allocator alignment; CUDA's is larger). Why it matters: BLAS kernels pick their code path
-# by the operands' alignment, and the paths round differently. Measured here (torch 2.x with
-# MKL, AVX2): F.linear of a [1, 512] input with the same fp32 weight bytes at 16-byte-aligned
-# vs 8-byte-aligned addresses differs by up to 1.5e-6. Tensors mapped straight from a
-# safetensors file sit at the file's offsets (headers are padded to 8 bytes only), while fresh
-# buffers (P2P targets, CUDA) are aligned: the same weights gave different outputs per load path.
+# Canonical placement: where each tensor's first byte sits modulo TENSOR_ALIGNMENT, the same on
+# every replica of a device kind. Why it matters: BLAS kernels pick their code path by the
+# operands' alignment, and the paths round differently. Measured here (torch 2.x with MKL,
+# AVX2): F.linear of a [1, 512] input with the same fp32 weight bytes at 16-byte-aligned vs
+# 8-byte-aligned addresses differs by up to 1.5e-6, so the same weights at different addresses
+# gave different outputs per load path. The rule (`canonical_residue`):
+#  - host memory: the tensor's offset in its safetensors file (8 + header length + data begin),
+#    i.e. where a page-aligned mapping of the file puts it. Mapping a file is then a valid load
+#    with no byte copied (headers are padded to 8 bytes only, so most files' tensors are not
+#    64-byte aligned); fresh buffers (P2P targets, staged reads, copies) place each tensor at
+#    that residue. A tensor whose offset is not a multiple of its element size cannot be
+#    viewed in place (torch refuses), so every path copies it into fresh memory: residue 0,
+#    as for tensors a cast makes.
+#  - CUDA: 0. Every CUDA allocation starts 256-byte aligned and vectorised kernels want aligned
+#    operands; safetensors, fastsafetensors and our staged path all hand out aligned device
+#    tensors, and there is no mapping to spare a copy of.
+# A P2P target places each tensor at its source's address mod 64 (the source follows the rule;
+# a host target of a CUDA source thus gets 0: bit-identity holds within one device kind).
 TENSOR_ALIGNMENT = 64
 
 
-def is_aligned(t: torch.Tensor) -> bool:
-    return t.numel() == 0 or t.data_ptr() % TENSOR_ALIGNMENT == 0
+def canonical_residue(device: torch.device, file_offset: int, element_size: int) -> int:
+    """Where a tensor at `file_offset` in its file (or at that address on a source that follows
+    this rule) sits modulo TENSOR_ALIGNMENT on `device` (the rule above)."""
+    if device.type == "cuda" or file_offset % element_size:
+        return 0
+    return file_offset % TENSOR_ALIGNMENT
 
 
-def realign(tensors: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], int]:
-    """`tensors` with every misaligned one copied into one fresh, aligned buffer per device
-    (aligned ones are returned as they are). Returns the tensors and the bytes copied."""
-    moved = [k for k, t in tensors.items() if not is_aligned(t)]
+def residue_of(t: torch.Tensor) -> int:
+    return t.data_ptr() % TENSOR_ALIGNMENT
+
+
+def file_residues(tensors: Iterable[TensorInfo], device: torch.device) -> dict[str, int]:
+    """name -> canonical residue on `device` of each tensor of a file's header."""
+    return {t.name: canonical_residue(device, t.begin, DTYPE_SIZES[t.dtype]) for t in tensors}
+
+
+def misplaced(tensors: Mapping[str, torch.Tensor], residues: Mapping[str, int]) -> list[str]:
+    """Names of non-empty tensors not at their residue (names missing from `residues` pass)."""
+    return [
+        k
+        for k, t in tensors.items()
+        if t.numel() and k in residues and residue_of(t) != residues[k]
+    ]
+
+
+def place(
+    tensors: dict[str, torch.Tensor], residues: Mapping[str, int]
+) -> tuple[dict[str, torch.Tensor], int]:
+    """`tensors` with every one not at its residue copied into one fresh buffer per device,
+    placed there (the rest are returned as they are). Returns the tensors and the bytes copied."""
+    moved = misplaced(tensors, residues)
     if not moved:
         return tensors, 0
     out = dict(tensors)
@@ -75,18 +112,30 @@ def realign(tensors: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], 
     for k in moved:
         by_device.setdefault(tensors[k].device, []).append(k)
     for device, names in by_device.items():
-        out.update(pack({k: tensors[k] for k in names}, device))
+        out.update(pack({k: tensors[k] for k in names}, device, residues))
     return out, sum(tensors[k].numel() * tensors[k].element_size() for k in moved)
 
 
-def pack(tensors: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
-    """Copies of `tensors` as aligned views of one fresh buffer on `device` (one allocation, one
-    memory region to register for P2P)."""
+def slot_bytes(nbytes: int) -> int:
+    """Room one tensor takes in a packed buffer: its bytes at any residue, the next tensor's
+    slot starting TENSOR_ALIGNMENT-aligned again (so a layout's size is the same whatever the
+    residues and the order)."""
+    return -(-(nbytes + TENSOR_ALIGNMENT - 1) // TENSOR_ALIGNMENT) * TENSOR_ALIGNMENT
+
+
+def pack(
+    tensors: dict[str, torch.Tensor],
+    device: torch.device,
+    residues: Mapping[str, int] | None = None,
+) -> dict[str, torch.Tensor]:
+    """Copies of `tensors` as views of one fresh buffer on `device` (one allocation, one memory
+    region to register for P2P), each at its residue (default 0)."""
+    want = residues or {}
     offsets: list[int] = []
     total = 0
-    for t in tensors.values():
-        offsets.append(total)
-        total += -(-t.numel() * t.element_size() // TENSOR_ALIGNMENT) * TENSOR_ALIGNMENT
+    for k, t in tensors.items():
+        offsets.append(total + want.get(k, 0))
+        total += slot_bytes(t.numel() * t.element_size())
     buf = torch.empty(max(total, 1), dtype=torch.uint8, device=device)
     assert buf.data_ptr() % TENSOR_ALIGNMENT == 0, "torch's allocator is aligned"
     out: dict[str, torch.Tensor] = {}

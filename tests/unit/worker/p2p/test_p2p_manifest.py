@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -132,11 +133,27 @@ def test_rendezvous_spreads_and_is_stable() -> None:
     assert len(dup) == 2
 
 
-def test_early_layout_size_matches_the_manifest_layout() -> None:
-    """The target sizes its buffer from the local headers before the manifest arrives; any
-    manifest that passes the check needs exactly that many bytes, in whatever order."""
-    from weightlift.worker.p2p.manifest import align_up
-    from weightlift.worker.p2p.target import ALIGNMENT, _layout_size
+def _layout(manifest: RankManifest, device: torch.device) -> tuple[list[int], int]:
+    """The offsets and buffer size a target's `_Pull.alloc` picks for `manifest`."""
+    from weightlift.worker.p2p.target import PullOptions, _Pull
+
+    pull = _Pull("src-0", "127.0.0.1:1", "id-a", 1, device, PullOptions(prefault=False), None)
+    try:
+        pull.alloc(manifest)
+        assert pull.buf is not None
+        assert pull.buf.data_ptr() % 64 == 0
+        return pull.offsets, pull.buf.numel()
+    finally:
+        pull.close()
+
+
+@pytest.mark.parametrize("order", [["a", "b", "c", "d"], ["d", "c", "b", "a"]])
+@pytest.mark.parametrize("base", [4096, 4096 + 8, 4096 + 40])
+def test_target_layout_keeps_source_residues_and_early_size(order: list[str], base: int) -> None:
+    """A host target places each tensor at its source's address mod 64 (the canonical
+    placement, weights/tensors.py), without overlaps, in a buffer exactly as large as the one
+    it sized from its local headers before the manifest arrived (any order, any residues)."""
+    from weightlift.worker.p2p.target import _layout_size
 
     expected = {
         "a": ExpectedTensor(dtype="F16", shape=(3, 5)),
@@ -145,9 +162,33 @@ def test_early_layout_size_matches_the_manifest_layout() -> None:
         "d": ExpectedTensor(dtype="BF16", shape=(1000, 3)),
     }
     sizes = {"a": 30, "b": 28, "c": 0, "d": 6000}
-    for order in (["a", "b", "c", "d"], ["d", "c", "b", "a"]):
-        total = 0
-        for name in order:
-            total = align_up(total + sizes[name], ALIGNMENT)
-        assert _layout_size(expected) == total
+    offsets, at = [], 0
+    for name in order:  # the source's own layout: packed back to back from `base`
+        offsets.append(at)
+        at += sizes[name] + (-sizes[name] % 4)
+    entries = [
+        TensorEntry(
+            name=n,
+            dtype=expected[n].dtype,
+            shape=list(expected[n].shape),
+            nbytes=sizes[n],
+            region=0,
+            offset=off,
+            checksum="x",
+        )
+        for n, off in zip(order, offsets, strict=True)
+    ]
+    manifest = _manifest(
+        regions=[Region(addr=base, nbytes=at)], tensors=entries, total_bytes=sum(sizes.values())
+    )
+    got, size = _layout(manifest, torch.device("cpu"))
+    assert size == _layout_size(expected)
+    spans = []
+    for t, off in zip(entries, got, strict=True):
+        if t.nbytes:
+            assert off % 64 == (base + t.offset) % 64, t.name
+            spans.append((off, off + t.nbytes))
+    spans.sort()
+    assert all(a[1] <= b[0] for a, b in pairwise(spans))
+    assert spans[-1][1] <= size
     assert _layout_size({"x": ExpectedTensor(dtype="NOPE", shape=(1,))}) is None

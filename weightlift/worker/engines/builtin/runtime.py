@@ -31,8 +31,14 @@ import numpy as np
 import torch
 from torch.func import functional_call
 
+from weightlift.worker.weights.files import shard_index
 from weightlift.worker.weights.progress import LoadError
-from weightlift.worker.weights.tensors import TENSOR_ALIGNMENT, realign
+from weightlift.worker.weights.tensors import (
+    DTYPE_NAMES,
+    TENSOR_ALIGNMENT,
+    canonical_residue,
+    place,
+)
 
 log = logging.getLogger(__name__)
 
@@ -253,18 +259,7 @@ class Pt2Runtime:
                 tensors = {
                     k: (v.to(cast) if v.is_floating_point() else v) for k, v in tensors.items()
                 }
-            # Our loaders hand out aligned tensors; anything else is realigned here so the
-            # kernels take the same code path whatever loaded the weights (bit-identical outputs).
-            tensors, moved = realign(tensors)
-            if moved:
-                log.warning(
-                    "rank %d: %d bytes of weights were not %d-byte aligned; copied to aligned "
-                    "memory before binding",
-                    r,
-                    moved,
-                    TENSOR_ALIGNMENT,
-                )
-            out[r] = tensors
+            out[r] = self._placed(r, tensors)
         bound: list[list[tuple[torch.device, dict[str, torch.Tensor]]]] = []
         if self.config.layout == "whole":
             t0 = out[0]
@@ -281,6 +276,32 @@ class Pt2Runtime:
                 bound.append(layer)
         self._bound = bound
         return out
+
+    def _placed(self, rank: int, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """`tensors` with each at its canonical residue (weights/tensors.py), so the kernels take
+        the same code path whatever loaded the weights (bit-identical outputs). Our loaders
+        already place them; anything else is copied here. Without the model's files (a P2P
+        target that trusts its source) the source's placement stands."""
+        if not any(Path(self.model_dir).glob("*.safetensors")):
+            return tensors
+        index = shard_index(self.model_dir, rank, self.config.tensor_parallel)
+        residues: dict[str, int] = {}
+        for name, t in tensors.items():
+            _, info = index.tensors.get(name, (None, None))
+            if info is not None and info.dtype == DTYPE_NAMES.get(t.dtype):
+                residues[name] = canonical_residue(t.device, info.begin, t.element_size())
+            else:  # a cast made a fresh tensor: residue 0 on every path (the rule)
+                residues[name] = 0
+        placed, moved = place(tensors, residues)
+        if moved:
+            log.warning(
+                "rank %d: %d bytes of weights were not at their canonical %d-byte residue; "
+                "copied there before binding",
+                rank,
+                moved,
+                TENSOR_ALIGNMENT,
+            )
+        return placed
 
     def metadata(self, name: str) -> dict[str, Any]:
         return {
