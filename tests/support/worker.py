@@ -38,7 +38,7 @@ def copy_model(src: Path, dst: Path) -> Path:
 def pad_header(path: Path, residue: int) -> None:
     """Pad a safetensors file's JSON header with spaces (the format allows it) so its data
     section starts at `residue` mod 64: real files start wherever their 8-byte padded header
-    ends, and 64-byte-aligned ones are what zero-copy mapping needs."""
+    ends, and every load path must place tensors as a mapping of the file does."""
     raw = path.read_bytes()
     (n,) = struct.unpack("<Q", raw[:8])
     header = raw[8 : 8 + n].rstrip(b" ")
