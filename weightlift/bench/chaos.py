@@ -2,10 +2,10 @@
 
 One LocalStack (control plane, process node, operator: local/stack.py) runs every scenario in turn.
 A scenario applies a ModelDeployment, injects its fault (SIGKILL the operator, restart the
-kube-apiserver, lose the node, corrupt a file, a hook library that crashes...) and then waits for
-convergence: the right number of replicas Ready with `observedGeneration` caught up and exactly
-those pods and worker processes, or, for broken inputs, no replica Ready and a status that names
-what is wrong and where. Meanwhile a watcher sends the probe request to every replica the status
+kube-apiserver, lose the node, corrupt a file, a hook library that crashes, faults while Targets
+wait in Standby: bench/chaos_standby.py) and then waits for convergence: the right number of
+replicas Ready with `observedGeneration` caught up and exactly those pods and worker processes,
+or, for broken inputs, no replica Ready and a status that names what is wrong and where. Meanwhile a watcher sends the probe request to every replica the status
 calls Ready and compares the answer with the expected output of the right weights: a replica
 that answers otherwise counts as wrong weights served. After each scenario the deployment is
 deleted and every worker process started since the scenario began must be gone (orphans).
@@ -31,6 +31,7 @@ import httpx
 
 from weightlift.api.labels import DEPLOYMENT_LABEL
 from weightlift.api.model import GROUP, PLURAL, VERSION
+from weightlift.bench import chaos_standby as standby
 from weightlift.local.kube import KUBE_ERRORS, Kube, call, describe, get_or_none
 from weightlift.local.models import build_hook_library
 from weightlift.local.stack import LocalStack, make_demo_model, model_deployment
@@ -123,12 +124,15 @@ def outputs_match(outputs: list[JSON], probe: JSON) -> bool:
 
 class WeightsWatch(threading.Thread):
     """Infers through every replica the status calls Ready; remembers the pods that answered
-    with anything but the right weights' output (or that were Ready at all, when `never_ready`)."""
+    with anything but the right weights' output (or that were Ready at all, when `never_ready`,
+    or Ready with a model identity in `banned`: a revision the spec has left). A scenario that
+    changes the model sets `probe` to the new weights' probe."""
 
     def __init__(self, kubeconfig: Path, namespace: str, name: str, probe: JSON) -> None:
         super().__init__(name=f"weights-watch-{name}", daemon=True)
         self.kubeconfig, self.namespace, self.name, self.probe = kubeconfig, namespace, name, probe
         self.never_ready = False
+        self.banned: set[str] = set()
         self.wrong: set[str] = set()
         self.checked: set[str] = set()
         self._halt = threading.Event()
@@ -153,11 +157,12 @@ class WeightsWatch(threading.Thread):
         if md is None:
             return
         ports = _pod_ports(kube, self.namespace, self.name)
+        probe = self.probe  # one expectation per pass: a scenario may swap it meanwhile
         for rs in (md.get("status") or {}).get("replicaStatuses") or []:
             if not rs.get("ready"):
                 continue
             pod = rs["name"]
-            if self.never_ready:
+            if self.never_ready or rs.get("modelIdentity") in self.banned:
                 self.wrong.add(pod)
                 continue
             ip, port = rs.get("podIP"), ports.get(pod)
@@ -165,13 +170,11 @@ class WeightsWatch(threading.Thread):
                 continue
             url = f"http://{ip}:{port}/v2/models/{self.name}/infer"
             try:
-                r = http.post(url, json=self.probe["request"])
+                r = http.post(url, json=probe["request"])
             except httpx.HTTPError:
                 continue  # gone between the status read and the request: not a wrong answer
             self.checked.add(pod)
-            if r.status_code == 200 and not outputs_match(
-                r.json().get("outputs") or [], self.probe
-            ):
+            if r.status_code == 200 and not outputs_match(r.json().get("outputs") or [], probe):
                 self.wrong.add(pod)
 
 
@@ -210,6 +213,23 @@ class Models:
     def model(self) -> Path:
         assert self.good is not None
         return self.good
+
+    def alt(self) -> tuple[Path, JSON]:
+        """The good model's program, hook and tensor shapes with other weights (another seed),
+        and its probe: a replica that serves one where the other belongs answers wrongly, while
+        shapes alone never tell them apart (only the model identity and the probe do)."""
+        out = self.work / "alt"
+        header, data = _split(_weights(self.model))
+        if not (out / "probe.json").exists():
+            # A byte under the good size: make-demo rounds layers up, so this gives as many.
+            make_demo_model(out, (len(data) - 1) / 1e6, seed=11)
+        alt_header, _ = _split(_weights(out))
+        shapes = {k: v["shape"] for k, v in header.items() if k != "__metadata__"}
+        alt_shapes = {k: v["shape"] for k, v in alt_header.items() if k != "__metadata__"}
+        if shapes != alt_shapes:
+            raise RuntimeError(f"{out}: tensor shapes differ from {self.model}'s")
+        probe: JSON = json.loads((out / "probe.json").read_text())
+        return out, probe
 
     def copy(self, name: str) -> Path:
         out = self.work / name
@@ -299,16 +319,21 @@ class Result:
 class Run:
     """One scenario's deployment and its checks."""
 
-    def __init__(self, stack: LocalStack, models: Models, name: str) -> None:
-        self.stack, self.models, self.name = stack, models, name
+    def __init__(
+        self, stack: LocalStack, models: Models, name: str, watch: WeightsWatch | None = None
+    ) -> None:
+        self.stack, self.models, self.name, self.watch = stack, models, name, watch
         self.fault_at = time.monotonic()
+        # Other ModelDeployments the scenario applied: deleted with it, their processes counted.
+        self.others: list[str] = []
+        self.notes: JSON = {}  # what the scenario saw, for its `verify`
 
     def deploy(self, model_dir: Path | None = None, replicas: int = 1, **kw: Any) -> None:
         manifest = model_deployment(
-            self.name,
+            kw.pop("name", self.name),
             model_dir or self.models.model,
             replicas=replicas,
-            probe=self.models.probe,
+            probe=kw.pop("probe", self.models.probe),
             probe_period_seconds=1,
             wait_for_source_seconds=kw.pop("wait_for_source_seconds", 120),
             **kw,
@@ -385,8 +410,10 @@ class Run:
         msgs += [f"{r['name']}: {r.get('message')}" for r in status.get("replicaStatuses") or []]
         return " | ".join(m for m in msgs if m)[:400]
 
-    def _node_pods(self) -> list[str]:
-        return [k for k in self.stack.node.pods() if k.split("/")[1].startswith(f"{self.name}-")]
+    def _node_pods(self, *names: str) -> list[str]:
+        """The node's pods of this deployment (or of `names`)."""
+        prefixes = tuple(f"{n}-" for n in names or (self.name,))
+        return [k for k in self.stack.node.pods() if k.split("/")[1].startswith(prefixes)]
 
 
 @dataclass(frozen=True)
@@ -396,6 +423,9 @@ class Scenario:
     replicas: int = 1  # Ready at the end (0: deleted or refused)
     refuses: str | None = None  # broken input: the status must name this; never Ready
     fast: bool = False  # in `make test`'s subset
+    # After convergence: checks what the scenario is about (AssertionError: not converged) and
+    # returns a line for the detail column.
+    verify: Callable[[Run], str] | None = None
 
 
 def _operator_killed(run: Run) -> None:
@@ -515,6 +545,37 @@ SCENARIOS: tuple[Scenario, ...] = (
     Scenario("overlapping-offsets", _corrupt(overlapping_offsets), 0, "model.safetensors"),
     Scenario("nan-weights", _corrupt(nan_weights), 0, "non-finite"),
     Scenario("swapped-model-pt2", _swapped_program, 0, "model.pt2"),
+    # Faults while Targets wait in Standby (the source is stalled until one is seen there).
+    Scenario(
+        "standby-source-sigkill",
+        standby.source_dies,
+        replicas=3,
+        verify=standby.verify_source_dies,
+    ),
+    Scenario(
+        "standby-revision-changed",
+        standby.revision_changes,
+        replicas=2,
+        verify=standby.verify_revision_changes,
+    ),
+    Scenario(
+        "standby-wait-for-source-expires",
+        standby.wait_expires,
+        replicas=2,
+        verify=standby.verify_wait_expires,
+    ),
+    Scenario(
+        "standby-scale-down",
+        standby.scale_down_in_standby,
+        replicas=2,
+        verify=standby.verify_scale_down,
+    ),
+    Scenario(
+        "standby-foreign-peer-refused",
+        standby.foreign_peer,
+        replicas=2,
+        verify=standby.verify_foreign_peer,
+    ),
 )
 
 
@@ -523,9 +584,9 @@ def run_scenario(stack: LocalStack, models: Models, scenario: Scenario, index: i
 
     name = f"chaos{index}"
     before = worker_processes(os.getpid())
-    run = Run(stack, models, name)
     watch = WeightsWatch(stack.kubeconfig, stack.namespace, name, models.probe)
     watch.never_ready = scenario.refuses is not None
+    run = Run(stack, models, name, watch)
     watch.start()
     converged, seconds, detail = False, None, ""
     try:
@@ -536,8 +597,10 @@ def run_scenario(stack: LocalStack, models: Models, scenario: Scenario, index: i
         else:
             run.wait(f"{scenario.replicas} Ready", lambda: run.converged(scenario.replicas))
         seconds = round(time.monotonic() - run.fault_at, 1)
-        converged = True
         detail = run.status_text() if scenario.refuses else ""
+        if scenario.verify is not None:
+            detail = scenario.verify(run)
+        converged = True
     except SCENARIO_ERRORS as exc:
         detail = f"{describe(exc)} [{run.status_text()}]"
     finally:
@@ -553,18 +616,21 @@ def _clean_up(run: Run, before: set[int]) -> tuple[int, str]:
     worker processes started during the scenario."""
     import os
 
-    with contextlib.suppress(*KUBE_ERRORS):
-        if run.stack.get_md(run.name) is not None:
-            run.stack.delete_md(run.name)
+    names = [run.name, *run.others]
+    for name in names:
+        with contextlib.suppress(*KUBE_ERRORS):
+            if run.stack.get_md(name) is not None:
+                run.stack.delete_md(name)
     deadline = time.monotonic() + GONE_TIMEOUT
     left: set[int] = set()
     while time.monotonic() < deadline:
         left = worker_processes(os.getpid()) - before
-        pods = run.stack.pods(run.name)
-        if not left and not pods and not run._node_pods() and run.stack.get_md(run.name) is None:
+        pods = [p for n in names for p in run.stack.pods(n)]
+        mds = [n for n in names if run.stack.get_md(n) is not None]
+        if not left and not pods and not run._node_pods(*names) and not mds:
             return 0, "gone"
         time.sleep(0.5)
-    pods = run.stack.pods(run.name)
+    pods = [p for n in names for p in run.stack.pods(n)]
     return len(left) + len(pods), f"left {len(left)} processes, {len(pods)} pods"
 
 
