@@ -100,7 +100,11 @@ def _row(run: Run, name: str) -> JSON:
 
 
 def _loaded_from(run: Run) -> str:
-    return ", ".join(f"{r['name'][-1]}<-{r.get('loadedFrom')}" for r in run.replicas())
+    """Replica <- where it loaded from, pod names shortened to their replica index's tail."""
+    return ", ".join(
+        f"{r.get('replica')}<-{str(r.get('loadedFrom')).replace(run.name + '-', '')}"
+        for r in run.replicas()
+    )
 
 
 def _events(run: Run, name: str) -> set[str]:
