@@ -156,7 +156,7 @@ def revision_changes(run: Run) -> None:
 
 def verify_revision_changes(run: Run) -> str:
     old = run.notes["old"]
-    identities = {r.get("modelIdentity") for r in run.replicas()}
+    identities = {str(r.get("modelIdentity")) for r in run.replicas()}
     assert old not in identities, f"a replica of the old identity {old} is left"
     return f"identity {old[:6]} -> {', '.join(sorted(i[:6] for i in identities))}"
 
