@@ -5,9 +5,10 @@ A scenario applies a ModelDeployment, injects its fault (SIGKILL the operator, r
 kube-apiserver, lose the node, corrupt a file, a hook library that crashes, faults while Targets
 wait in Standby: bench/chaos_standby.py) and then waits for convergence: the right number of
 replicas Ready with `observedGeneration` caught up and exactly those pods and worker processes,
-or, for broken inputs, no replica Ready and a status that names what is wrong and where. Meanwhile a watcher sends the probe request to every replica the status
-calls Ready and compares the answer with the expected output of the right weights: a replica
-that answers otherwise counts as wrong weights served. After each scenario the deployment is
+or, for broken inputs, no replica Ready and a status that names what is wrong and where.
+Meanwhile a watcher sends the probe request to every replica the status calls Ready and compares
+the answer with the expected output of the right weights: a replica that answers otherwise counts
+as wrong weights served. After each scenario the deployment is
 deleted and every worker process started since the scenario began must be gone (orphans).
 """
 
@@ -550,6 +551,7 @@ SCENARIOS: tuple[Scenario, ...] = (
         "standby-source-sigkill",
         standby.source_dies,
         replicas=3,
+        fast=True,  # about 10 s here: `make test` sees a fault strike a deployment in standby
         verify=standby.verify_source_dies,
     ),
     Scenario(
