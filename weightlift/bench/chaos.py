@@ -8,8 +8,8 @@ replicas Ready with `observedGeneration` caught up and exactly those pods and wo
 or, for broken inputs, no replica Ready and a status that names what is wrong and where.
 Meanwhile a watcher sends the probe request to every replica the status calls Ready and compares
 the answer with the expected output of the right weights: a replica that answers otherwise counts
-as wrong weights served. After each scenario the deployment is
-deleted and every worker process started since the scenario began must be gone (orphans).
+as wrong weights served. After each scenario the deployment is deleted and every worker process
+started since the scenario began must be gone (orphans).
 """
 
 from __future__ import annotations

@@ -15,7 +15,6 @@ from weightlift.bench.chaos import SCENARIOS, Models, Run, outputs_match
 from weightlift.bench.chaos_standby import SHORT_WAIT_SECONDS, _standby_before_expiry
 from weightlift.local.models import make_demo
 from weightlift.worker.engines.builtin.runtime import Pt2Runtime
-from weightlift.worker.weights.tensors import realign
 
 JSON = dict[str, Any]
 
@@ -23,7 +22,7 @@ JSON = dict[str, Any]
 def _answer(model: Path, probe: JSON) -> list[JSON]:
     """What `model`'s program and weights answer to `probe`'s request (KServe v2 outputs)."""
     rt = Pt2Runtime.open(model)
-    rt.bind({0: realign(load_file(str(model / "model.safetensors")))[0]})
+    rt.bind({0: load_file(str(model / "model.safetensors"))})  # at the file's offsets
     request = probe["request"]["inputs"][0]
     x = np.array(request["data"], dtype=np.float32).reshape(request["shape"])
     y = rt.infer({"INPUT0": x})["OUTPUT0"]
