@@ -89,7 +89,9 @@ class SharedPlan(ApiModel):
     model: ModelSource
     served_model_name: str
     tensor_parallel: int = 1
+    # Ranks this process drives; one process may drive all local ranks of a replica.
     ranks: list[int] = Field(default_factory=lambda: [0])
+    # "cpu", or "cuda" (rank r uses cuda:r) ; the operator writes "auto" and the worker decides.
     device: str = "auto"
     loading: LoadingSpec = Field(default_factory=LoadingSpec)
     init_hooks: InitHooks | None = None
@@ -108,36 +110,18 @@ class Assignment(ApiModel):
     pod_name: str
     replica: int = 0
     role: Role = Role.SOURCE
+    # Local directory holding model.pt2 and the safetensors files (the resolved uri mount).
     model_dir: str
+    # Candidates to pull from when role is Target, best first.
     peers: list[PeerCandidate] = Field(default_factory=list)
 
     def to_text(self) -> str:
         return self.model_dump_json(by_alias=True, exclude_none=True)
 
 
-class WorkerPlan(ApiModel):
-    namespace: str = "default"
-    deployment: str
-    pod_name: str
-    replica: int = 0
-    role: Role = Role.SOURCE
-    model_identity: str
-    model: ModelSource
-    # Local directory holding model.pt2 and the safetensors files (the resolved uri mount).
-    model_dir: str
-    served_model_name: str
-    tensor_parallel: int = 1
-    # Ranks this process drives; one process may drive all local ranks of a replica.
-    ranks: list[int] = Field(default_factory=lambda: [0])
-    # "cpu", or "cuda" (rank r uses cuda:r) ; the operator writes "auto" and the worker decides.
-    device: str = "auto"
-    loading: LoadingSpec = Field(default_factory=LoadingSpec)
-    # Candidates to pull from when role is Target, best first.
-    peers: list[PeerCandidate] = Field(default_factory=list)
-    init_hooks: InitHooks | None = None
-    runtime: RuntimeSpec = Field(default_factory=RuntimeSpec)
-    probe: InferenceProbe | None = None
-    host: str = "0.0.0.0"
+class WorkerPlan(SharedPlan, Assignment):
+    """What one worker runs: its replica's shared plan and its own assignment, in one document
+    (the pod's plan file; `compose` and `split` convert)."""
 
     @property
     def strategy(self) -> LoadStrategy:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -31,7 +30,7 @@ import httpx
 
 from weightlift.api.model import Role
 from weightlift.api.worker import PeerCandidate, WorkerPlan
-from weightlift.bench.vllm import _LOAD_LINE, _env, _stop, _wait
+from weightlift.bench.vllm import _LOAD_LINE, _env, _stop, _wait, spawn_worker
 from weightlift.local.llm import (
     ensure_triton_env,
     ensure_vllm_env,
@@ -88,20 +87,10 @@ def run_triton_worker(
     python: Path, model: Path, work: Path, role: Role, peers: list[PeerCandidate], timeout: float
 ) -> tuple[JSON, Any]:
     plan = _plan(model, role, peers)
-    plan_file = work / f"{plan.pod_name}.json"
-    plan_file.write_text(plan.model_dump_json(by_alias=True))
-    log = work / f"{plan.pod_name}.log"
-    started = time.monotonic()
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "weightlift", "worker", "--plan", str(plan_file)],
-            env=_env(python, work, plan.pod_name),
-            stdout=out,
-            stderr=out,
-        )
-    address = f"127.0.0.1:{plan.runtime.port}"
-    _wait(f"http://{address}/v2/health/ready", proc, log, timeout)
-    ready = time.monotonic() - started
+    w = spawn_worker(plan, _env(python, work, plan.pod_name), work)
+    address = w.address
+    _wait(f"http://{address}/v2/health/ready", w.proc, w.log, timeout)
+    ready = time.monotonic() - w.started
     st = httpx.get(f"http://{address}/weightlift/v1/status", timeout=5).json()
     row = {
         "ready_s": ready,
@@ -111,7 +100,7 @@ def run_triton_worker(
         "phases": st.get("loadPhases") or {},
     }
     base = f"http://127.0.0.1:{plan.runtime.engine_port}"
-    return row, (proc, base, address, plan.pod_name)
+    return row, (w.proc, base, address, plan.pod_name)
 
 
 @click.command("triton")

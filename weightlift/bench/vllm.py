@@ -45,7 +45,7 @@ import click
 import httpx
 
 from weightlift.api.model import Role
-from weightlift.api.worker import PEERS_FILE_ENV, PeerCandidate, PeerHandoff
+from weightlift.api.worker import PEERS_FILE_ENV, PeerCandidate, PeerHandoff, WorkerPlan
 from weightlift.local.llm import (
     ensure_vllm_env,
     make_in_engine_env,
@@ -165,6 +165,11 @@ def start_worker(
     plan = vllm_worker_plan(
         model, f"bench-{name}", role, peers, args, deployment="bench", identity="bench-llm"
     )
+    return spawn_worker(plan, _env(python, workdir, name, **extra_env), workdir)
+
+
+def spawn_worker(plan: WorkerPlan, env: dict[str, str], workdir: Path) -> Started:
+    """`weightlift worker --plan` as a pod would run it, its output in `<pod>.log`."""
     plan_file = workdir / f"{plan.pod_name}.json"
     plan_file.write_text(plan.model_dump_json(by_alias=True))
     log = workdir / f"{plan.pod_name}.log"
@@ -172,7 +177,7 @@ def start_worker(
     with log.open("wb") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "weightlift", "worker", "--plan", str(plan_file)],
-            env=_env(python, workdir, name, **extra_env),
+            env=env,
             stdout=out,
             stderr=out,
         )

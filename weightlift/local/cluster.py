@@ -31,7 +31,7 @@ import signal
 import ssl
 import subprocess
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -753,13 +753,6 @@ class ControlPlane:
             f"kwok log:\n{_log_tail(self.logs / 'kwok.log')}\n"
             f"kube-controller-manager log:\n{_log_tail(self.logs / 'kube-controller-manager.log')}"
         )
-
-
-@contextlib.contextmanager
-def running_cluster(state_dir: Path, **kwargs: Any) -> Iterator[ClusterInfo]:
-    """``with running_cluster(dir) as info:`` brings a cluster up and always tears it down."""
-    with ControlPlane(state_dir, **kwargs) as info:
-        yield info
 
 
 # ------------------------------------------------------------------------------------------- CLI

@@ -138,12 +138,6 @@ def delete_pod(core: client.CoreV1Api, namespace: str, name: str) -> None:
             raise
 
 
-def patch_pod_labels(
-    core: client.CoreV1Api, namespace: str, name: str, labels: dict[str, str]
-) -> None:
-    patch_pod_metadata(core, namespace, name, {"labels": labels})
-
-
 def patch_pod_metadata(core: client.CoreV1Api, namespace: str, name: str, metadata: Obj) -> None:
     """Merge `metadata` (labels, annotations) into the pod's."""
     # Without an explicit type the client picks application/json-patch+json for any body, which

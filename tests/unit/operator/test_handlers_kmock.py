@@ -620,7 +620,9 @@ async def test_kube_wrappers_round_trip_pods_and_labels(
     listed = await asyncio.to_thread(kube.list_pods, core, NS, f"{DEPLOYMENT_LABEL}=x")
     assert [p["metadata"]["name"] for p in listed] == ["p0"]
 
-    await asyncio.to_thread(kube.patch_pod_labels, core, NS, "p0", {ROLE_LABEL: "Source"})
+    await asyncio.to_thread(
+        kube.patch_pod_metadata, core, NS, "p0", {"labels": {ROLE_LABEL: "Source"}}
+    )
     patch = [r for r in cluster.emulator if r.method == kmock.method.PATCH][-1]
     headers = {k.lower(): v for k, v in patch.headers.items()}
     assert headers["content-type"] in (

@@ -19,8 +19,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +39,6 @@ from weightlift.worker.engines.vllm.engine import (
     EngineFailed,
     VllmEngine,
     _connect_host,
-    _die_with_parent,
     engine_python,
     vllm_environment,
 )
@@ -140,25 +137,11 @@ class TritonEngine(VllmEngine):
         root = server_root()
         python = engine_python_info(engine_python())
         backends = backend_dir(root, python.version)
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        plan_file = self.workdir / "plan.json"
-        plan_file.write_text(self.plan.model_dump_json(by_alias=True))
-        argv = engine_argv(self.plan, plan_file, self.report_dir)
+        argv = engine_argv(self.plan, self._write_plan(), self.report_dir)
         site = stub_site(python.version)
         write_repository(self.repository, self.plan.served_model_name, python, argv, site)
         cmd = triton_command(self.plan, root, backends, self.repository)
-        self.started_at = time.monotonic()
-        with self.log_path.open("ab") as out:
-            self.log_offset = out.tell()
-            self.process = subprocess.Popen(
-                cmd,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                # vLLM's compile cache root, as under vLLM's own server (a target's fetched one)
-                env={**triton_environment(python), **self.compile_cache.env()},
-                cwd=self.workdir,
-                preexec_fn=_die_with_parent,
-            )
+        self._spawn(cmd, triton_environment(python), cwd=self.workdir)
 
     def _failure(self, what: str) -> EngineFailed:
         failed = [r for r in self.reports() if not r.ok]

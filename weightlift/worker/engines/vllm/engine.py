@@ -151,11 +151,20 @@ class VllmEngine:
 
     # -------------------------------------------------------------------------- lifecycle
     def start(self) -> None:
+        cmd = vllm_command(self.plan, self._write_plan(), self.report_dir, self.relay_file)
+        log.info("starting vLLM: %s", " ".join(cmd))
+        self._spawn(cmd, {**vllm_environment(), API_KEY_ENV: self.api_key})
+
+    def _write_plan(self) -> Path:
+        """The plan file the engine's ranks read (its load format runs in their processes)."""
         self.workdir.mkdir(parents=True, exist_ok=True)
         plan_file = self.workdir / "plan.json"
         plan_file.write_text(self.plan.model_dump_json(by_alias=True))
-        cmd = vllm_command(self.plan, plan_file, self.report_dir, self.relay_file)
-        log.info("starting vLLM: %s", " ".join(cmd))
+        return plan_file
+
+    def _spawn(self, cmd: list[str], env: dict[str, str], cwd: Path | None = None) -> None:
+        """Start the engine's process, its output appended to this engine's log, with vLLM's
+        compile cache root (a target's fetched one) in its environment."""
         self.started_at = time.monotonic()
         with self.log_path.open("ab") as out:
             self.log_offset = out.tell()
@@ -163,13 +172,10 @@ class VllmEngine:
                 cmd,
                 stdout=out,
                 stderr=subprocess.STDOUT,
-                env={
-                    **vllm_environment(),
-                    **self.compile_cache.env(),
-                    API_KEY_ENV: self.api_key,
-                },
-                # Same process group as the worker: whoever kills the pod's group kills vLLM too;
-                # and vLLM dies with the worker if the worker is killed alone.
+                env={**env, **self.compile_cache.env()},
+                cwd=cwd,
+                # Same process group as the worker: whoever kills the pod's group kills the engine
+                # too; and the engine dies with the worker if the worker is killed alone.
                 preexec_fn=_die_with_parent,
             )
 
