@@ -11,7 +11,7 @@ import io
 import tarfile
 import time
 from collections.abc import AsyncIterator
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import aiohttp
@@ -57,7 +57,7 @@ def fake_cache(root: Path, vllm_hash: str = HASH, ranks: int = 1) -> None:
 
 
 def key(**changes: object) -> CacheKey:
-    base = CacheKey(HASH, "0.32.0+cpu", "2.13.0", "cpu:x86_64+avx2", 1, 0, "llm-tiny")
+    base = CacheKey(**asdict(WANTED), vllm_hash=HASH)
     return replace(base, **changes)  # type: ignore[arg-type]
 
 

@@ -16,7 +16,6 @@ gone (it watches its parent).
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from pathlib import Path
@@ -39,34 +38,16 @@ from weightlift.worker.engines.vllm.engine import (
     EngineFailed,
     VllmEngine,
     _connect_host,
+    engine_args,
     engine_python,
     vllm_environment,
 )
 from weightlift.worker.engines.vllm.plugin import DIE_WITH_PARENT_ENV
-from weightlift.worker.engines.vllm.weights import LOAD_FORMAT, EngineLoadOptions
 
 # Seconds tritonserver waits for in-flight requests at SIGTERM (the worker's grace is 15 s).
 EXIT_TIMEOUT_SECONDS = 10
 # Triton's model load failures, as its log words them.
 _REFUSED = re.compile(r"(failed to load '[^']*'.*|Failed to create instance: .*|error: .*)")
-
-
-def engine_argv(plan: WorkerPlan, plan_file: Path, report_dir: Path) -> list[str]:
-    """vLLM's engine arguments for the model inside Triton (as `vllm serve` takes them)."""
-    options = EngineLoadOptions(plan=str(plan_file), report_dir=str(report_dir))
-    return [
-        "--model",
-        plan.model_dir,
-        "--served-model-name",
-        plan.served_model_name,
-        "--tensor-parallel-size",
-        str(plan.tensor_parallel),
-        "--load-format",
-        LOAD_FORMAT,
-        "--model-loader-extra-config",
-        json.dumps(options.wire()),
-        *plan.runtime.engine_args,
-    ]
 
 
 def triton_command(plan: WorkerPlan, server: Path, backends: Path, repository: Path) -> list[str]:
@@ -137,7 +118,7 @@ class TritonEngine(VllmEngine):
         root = server_root()
         python = engine_python_info(engine_python())
         backends = backend_dir(root, python.version)
-        argv = engine_argv(self.plan, self._write_plan(), self.report_dir)
+        argv = engine_args(self.plan, self._write_plan(), self.report_dir)
         site = stub_site(python.version)
         write_repository(self.repository, self.plan.served_model_name, python, argv, site)
         cmd = triton_command(self.plan, root, backends, self.repository)

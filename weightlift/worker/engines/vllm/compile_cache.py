@@ -33,7 +33,7 @@ import shutil
 import subprocess
 import tarfile
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import IO, Any
 
@@ -70,17 +70,6 @@ class CacheRejected(Exception):
 
 # ------------------------------------------------------------------------------ the key
 @dataclass(frozen=True)
-class CacheKey:
-    vllm_hash: str  # the directory vLLM named after its own compile factors
-    vllm: str
-    torch: str
-    isa: str
-    tensor_parallel: int
-    rank: int
-    model_identity: str
-
-
-@dataclass(frozen=True)
 class Wanted:
     """What a target can check before its vLLM runs (vLLM's hash only vLLM knows)."""
 
@@ -92,9 +81,14 @@ class Wanted:
     model_identity: str
 
 
+@dataclass(frozen=True)
+class CacheKey(Wanted):
+    vllm_hash: str  # the directory vLLM named after its own compile factors
+
+
 def key_mismatch(offered: CacheKey, wanted: Wanted) -> str | None:
     """Why `offered` cannot serve `wanted`, or None when it may (vLLM checks its hash itself)."""
-    for name in ("vllm", "torch", "isa", "tensor_parallel", "rank", "model_identity"):
+    for name in (f.name for f in fields(Wanted)):
         have, want = getattr(offered, name), getattr(wanted, name)
         if have != want:
             label = name.replace("_", " ")
@@ -417,7 +411,7 @@ def publish(
     for rank, c in sorted(compiles.items()):
         if c.action == "failed":
             return {}, f"rank {rank}'s program failed to load: {c.reason}"
-        key = CacheKey(c.vllm_hash, **{**asdict(facts), "rank": rank})
+        key = CacheKey(**{**asdict(facts), "rank": rank}, vllm_hash=c.vllm_hash)
         archive = out_dir / f"compile-cache-rank-{rank}.tar"
         manifest = pack_rank(root, key, archive)
         if manifest.total_bytes > max_bytes:

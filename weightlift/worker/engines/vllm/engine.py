@@ -78,29 +78,38 @@ def engine_python() -> str:
 def vllm_command(
     plan: WorkerPlan, plan_file: Path, report_dir: Path, handoff: Path | None = None
 ) -> list[str]:
-    options = EngineLoadOptions(
-        plan=str(plan_file), report_dir=str(report_dir), handoff=str(handoff) if handoff else None
-    )
-    rt = plan.runtime
     return [
         engine_python(),
         "-m",
         "weightlift.worker.engines.vllm.serve",
+        "--host",
+        engine_host(plan.host),
+        "--port",
+        str(plan.runtime.engine_port),
+        *engine_args(plan, plan_file, report_dir, handoff),
+    ]
+
+
+def engine_args(
+    plan: WorkerPlan, plan_file: Path, report_dir: Path, handoff: Path | None = None
+) -> list[str]:
+    """vLLM's engine arguments for the plan's model with weightlift's load format, as `vllm
+    serve` takes them (vLLM's own server and the one inside Triton alike); the user's last."""
+    options = EngineLoadOptions(
+        plan=str(plan_file), report_dir=str(report_dir), handoff=str(handoff) if handoff else None
+    )
+    return [
         "--model",
         plan.model_dir,
         "--served-model-name",
         plan.served_model_name,
-        "--host",
-        engine_host(plan.host),
-        "--port",
-        str(rt.engine_port),
         "--tensor-parallel-size",
         str(plan.tensor_parallel),
         "--load-format",
         LOAD_FORMAT,
         "--model-loader-extra-config",
         json.dumps(options.wire()),
-        *rt.engine_args,
+        *plan.runtime.engine_args,
     ]
 
 
