@@ -224,7 +224,7 @@ class VllmEngine:
         timeout: float,
         report: WorkerReport | None = None,
         relay: asyncio.Future[None] | None = None,
-        poll: float = 0.5,
+        poll: float = 0.2,
     ) -> list[EngineRankReport]:
         """Until vLLM's /health answers 200 and every rank has reported its load done;
         EngineFailed if vLLM exits, a rank reports a failure, or `timeout` passes. Meanwhile
@@ -248,7 +248,7 @@ class VllmEngine:
                 raise self._failure(f"exited with code {code} before it was ready")
             if any(not r.ok for r in reports):
                 raise self._failure("failed to load")
-            done = [r for r in reports if r.stage == "done"]
+            done = [r for r in reports if r.stage == "done" and not r.publishing]
             if len(done) == self.plan.tensor_parallel and await self._healthy(session):
                 return reports
             if time.monotonic() > deadline:

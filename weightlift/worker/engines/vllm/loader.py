@@ -15,6 +15,7 @@ failure writes the reason there too, then raises so vLLM stops. What is publishe
 from __future__ import annotations
 
 import atexit
+import threading
 import time
 from pathlib import Path
 
@@ -71,6 +72,8 @@ class WeightliftModelLoader(BaseModelLoader):
             ) from None
         self.plan = WorkerPlan.from_file(Path(self.options.plan))
         self.report = EngineRankReport(rank=0, ok=True)
+        # The publishing thread updates the report too; every change and write holds this.
+        self._report_lock = threading.Lock()
 
     def download_model(self, model_config: ModelConfig) -> None:
         check_model_dir(model_config.model, weights=self._holds_weights())
@@ -82,6 +85,10 @@ class WeightliftModelLoader(BaseModelLoader):
     def _stamp(self, step: str) -> None:
         self.report.timeline[step] = round(time.time(), 3)
 
+    def _write_report(self) -> None:
+        with self._report_lock:
+            write_report(self.options.report_dir, self.report)
+
     def load_model(
         self, vllm_config: VllmConfig, model_config: ModelConfig, prefix: str = ""
     ) -> nn.Module:
@@ -90,7 +97,7 @@ class WeightliftModelLoader(BaseModelLoader):
         self.report = EngineRankReport(rank=rank, ok=True, stage="loading")
         self._stamp("engine")
         try:
-            write_report(self.options.report_dir, self.report)
+            self._write_report()
             if wants_peer_to_peer(self.plan) or self.options.handoff:
                 # NIXL's first agent costs ~0.5 s of library loading: pay it while the hooks
                 # run and vLLM builds the model, not inside the pull.
@@ -102,17 +109,18 @@ class WeightliftModelLoader(BaseModelLoader):
                 _HOOKS.append(session)
                 self.report.hooks = list(session.reports)
             self._stamp("hooks")
-            write_report(self.options.report_dir, self.report)  # the weights' turn now
+            self._write_report()  # the weights' turn now
             model = super().load_model(vllm_config, model_config, prefix)
         except Exception as exc:
             self.report.ok = False
             self.report.message = f"rank {rank}: {exc}"
             self.report.permanent = bool(getattr(exc, "permanent", False))
-            write_report(self.options.report_dir, self.report)
+            self._write_report()
             raise
-        self._stamp("processed")
-        self.report.stage = "done"
-        write_report(self.options.report_dir, self.report)
+        with self._report_lock:
+            self._stamp("processed")
+            self.report.stage = "done"
+            write_report(self.options.report_dir, self.report)
         log.info("weightlift: rank %d steps %s", rank, self.report.timeline)
         return model
 
@@ -124,7 +132,6 @@ class WeightliftModelLoader(BaseModelLoader):
         params: dict[str, torch.Tensor] = dict(model.named_parameters())
         loaded = load_rank(self.plan, rank, params, lambda ckpt: self._feed(model, ckpt))
         self._stamp("load")
-        address = self._publish(rank, loaded)
         p = loaded.progress
         self.report = self.report.model_copy(
             update={
@@ -135,12 +142,18 @@ class WeightliftModelLoader(BaseModelLoader):
                 "seconds": p.seconds,
                 "gbps": p.gbps,
                 "peer_failures": loaded.peer_failures,
-                "manifest_address": address,
                 "load_phases": dict(p.phases),
+                "publishing": True,
             }
         )
+        # Checksums, the NIXL agent and its registration take ~0.8 s for 155 MB on 2 cores:
+        # off vLLM's path to Ready (its post-load processing and compile go on meanwhile). The
+        # snapshot they publish was taken inside load_rank, before any post-load processing.
+        threading.Thread(
+            target=self._publish, args=(rank, loaded), name="wl-publish", daemon=True
+        ).start()
         log.info(
-            "weightlift: rank %d loaded %d bytes from %s (%s) in %.3fs; with publish %.3fs",
+            "weightlift: rank %d loaded %d bytes from %s (%s) in %.3fs (%.3fs in all)",
             rank,
             p.bytes_loaded,
             self.report.loaded_from,
@@ -157,13 +170,13 @@ class WeightliftModelLoader(BaseModelLoader):
             return
         self.report.stage = "standby"
         self._stamp("standby")
-        write_report(self.options.report_dir, self.report)
+        self._write_report()
         limit = wait_limit(self.plan) + RELAY_MARGIN_SECONDS
         handoff = wait_for_handoff_blocking(Path(self.options.handoff), limit)
         self.plan = apply_handoff(self.plan, handoff)
         self.report.stage = "loading"
         self._stamp("peers")
-        write_report(self.options.report_dir, self.report)
+        self._write_report()
         log.info("weightlift: rank %d standby over: %s", self.report.rank, handoff.to_text())
 
     @staticmethod
@@ -178,11 +191,23 @@ class WeightliftModelLoader(BaseModelLoader):
                 f"checkpoint lacks {len(missing)} parameter(s) the model needs, e.g. {missing[0]!r}"
             )
 
-    def _publish(self, rank: int, loaded: RankLoad) -> str | None:
+    def _publish(self, rank: int, loaded: RankLoad) -> None:
+        started = time.perf_counter()
+        address = None
         try:
             published = PublishedRank(self.plan, rank, loaded.published)
         except Exception as exc:  # NIXL missing or failing: still serve, just not as a source
             log.warning("weightlift: rank %d cannot publish as a P2P source: %s", rank, exc)
-            return None
-        _PUBLISHED.append(published)
-        return published.address
+        else:
+            _PUBLISHED.append(published)
+            address = published.address
+            log.info(
+                "weightlift: rank %d published at %s in %.3fs",
+                rank,
+                address,
+                time.perf_counter() - started,
+            )
+        with self._report_lock:
+            self.report.manifest_address = address
+            self.report.publishing = False
+            write_report(self.options.report_dir, self.report)

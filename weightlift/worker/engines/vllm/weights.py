@@ -94,6 +94,9 @@ class EngineRankReport(ApiModel):
     peer_failures: list[str] = Field(default_factory=list)
     # 127.0.0.1:port of this rank's P2P manifest server; the worker proxies to it.
     manifest_address: str | None = None
+    # A Source rank checksums and registers its parameters beside vLLM's post-load processing
+    # and compile; the worker waits for this to clear before it calls the replica Ready.
+    publishing: bool = False
     hooks: list[HookReport] = Field(default_factory=list)
     # Wall clock (Unix seconds) at which each step of this rank ended: engine (vLLM started and
     # initialized up to its weight load), hooks, standby (model built, waiting for the hand-off)
