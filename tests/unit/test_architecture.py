@@ -51,3 +51,16 @@ def test_no_function_over_100_lines() -> None:
                 if lines > 100 and where not in DECLARATIVE:
                     long.append(f"{where[0]}:{node.lineno} {node.name} ({lines} lines)")
     assert not long, f"functions over 100 lines: {long}"
+
+
+def test_the_worker_front_process_starts_without_torch() -> None:
+    """A vLLM or Triton worker only decides and starts its engine: importing torch first (~1 s
+    on 2 cores) would sit on every replica's path to Ready. The builtin engine imports it."""
+    code = (
+        "import sys, weightlift.worker.main; "
+        "print(sorted(m for m in ('torch', 'safetensors', 'numpy') if m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    )
+    assert out.stdout.strip() == "[]", out.stdout

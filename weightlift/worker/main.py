@@ -36,7 +36,6 @@ from aiohttp import web
 from weightlift.api.worker import WorkerPhase, WorkerPlan, WorkerReport
 from weightlift.worker.engines import create_engine
 from weightlift.worker.engines.base import BringUp, Engine, in_daemon_thread, write_termination_log
-from weightlift.worker.engines.builtin.runtime import BindError
 from weightlift.worker.hooks import HookError
 from weightlift.worker.loaders.strategy import wants_peer_to_peer
 from weightlift.worker.peer_auth import RedactingFilter
@@ -58,7 +57,7 @@ FAIL_LINGER_ENV = "WEIGHTLIFT_FAIL_LINGER_SECONDS"
 
 
 def is_permanent(exc: BaseException) -> bool:
-    if isinstance(exc, SafetensorsFormatError | BindError):
+    if isinstance(exc, SafetensorsFormatError):
         return True
     if isinstance(exc, HookError):
         return exc.permanent

@@ -19,13 +19,14 @@ import logging
 import os
 import time
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from weightlift.api.model import Role, pulls_from_peers
 from weightlift.api.worker import PEERS_FILE_ENV, PeerHandoff, WorkerPhase, WorkerPlan, WorkerReport
-from weightlift.worker.p2p import reserve
 from weightlift.worker.weights.progress import LoadError
+
+if TYPE_CHECKING:  # torch comes with the engine that reserves memory, not with this module
+    import torch
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +92,7 @@ def reserve_destination(plan: WorkerPlan, devices: dict[int, torch.device]) -> i
     """Allocate and fault in each local rank's pull buffer (sized from the shard headers, as
     the pull lays it out); returns the bytes reserved. A rank whose headers cannot be read
     reserves nothing: its pull allocates as usual and says what is wrong."""
+    from weightlift.worker.p2p import reserve
     from weightlift.worker.p2p.expected import expected_for_rank
     from weightlift.worker.p2p.target import layout_size
 
@@ -113,6 +115,8 @@ def reserve_destination(plan: WorkerPlan, devices: dict[int, torch.device]) -> i
 def apply_handoff(plan: WorkerPlan, handoff: PeerHandoff) -> WorkerPlan:
     """The plan with the handed peers (none: storage), and reserved memory freed for storage."""
     if handoff.storage or not handoff.peers:
+        from weightlift.worker.p2p import reserve
+
         freed = reserve.release()
         if freed:
             log.info("handed storage: released %d reserved bytes", freed)

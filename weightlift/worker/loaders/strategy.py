@@ -15,8 +15,6 @@ from typing import TYPE_CHECKING
 
 from weightlift.api.model import LoadStrategy, Role, pulls_from_peers
 from weightlift.worker.loaders.base import Loader
-from weightlift.worker.loaders.direct import DirectLoader
-from weightlift.worker.loaders.preload import PreloadLoader
 from weightlift.worker.weights.files import shard_index
 from weightlift.worker.weights.progress import LoadError, LoadProgress
 
@@ -65,6 +63,11 @@ def choose_storage_loader(
     available: int | None = None,
 ) -> Loader:
     """Preload or Direct, per `plan.loading.strategy` (Auto and PeerToPeer decide by memory)."""
+    # Imported here: the loaders bring torch, which a vLLM or Triton worker's front process
+    # (it only decides, then starts the engine) would otherwise import for ~1 s before vLLM.
+    from weightlift.worker.loaders.direct import DirectLoader
+    from weightlift.worker.loaders.preload import PreloadLoader
+
     strategy = plan.strategy
     if strategy == LoadStrategy.PRELOAD:
         return PreloadLoader()
