@@ -118,6 +118,11 @@ def test_triton_source_from_storage_target_by_p2p_same_greedy_text(
         assert "weightlift_ready 1.0" in metrics and "nv_inference_request_success" in metrics
         status = httpx.get(f"{r['endpoint']}/weightlift/v1/status", timeout=10).json()
         assert set(status["enginePorts"]) == {"http", "grpc", "metrics"}, status
+    # Standby: the target's tritonserver started with its pod; the model's vLLM ran the hooks
+    # and its weight step waited for the hand-off (peers) inside Triton's model load.
+    timeline = _worker_status(pair, target["name"]).get("timeline", {})
+    assert {"engine", "hooks", "standby", "peers"} <= set(timeline), timeline
+    assert timeline["hooks"] < timeline["peers"] < timeline["load"], timeline
     # The init hook ran in each replica's Triton stub (vLLM rank 0), before its weights.
     inits = [ln.split() for ln in hook_log.read_text().splitlines() if ln.startswith("init ")]
     mine = [ln for ln in inits if Path(ln[1]).resolve() == model.resolve() and ln[2] == "0"]

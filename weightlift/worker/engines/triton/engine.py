@@ -102,8 +102,9 @@ class TritonEngine(VllmEngine):
 
     label = "tritonserver"
     serves_v2 = True  # the worker forwards /v2/models/{m}/... to it
-    # A standby Target starts tritonserver once handed its peers (worker/main.py waits).
-    prepares_standby = False
+    # A standby Target starts tritonserver at once, as vLLM's: the model's vLLM builds, runs the
+    # hooks and its weight step waits for the relayed hand-off (inside Triton's model load).
+    prepares_standby = True
 
     def __init__(self, plan: WorkerPlan, workdir: Path) -> None:
         super().__init__(plan, workdir)
@@ -118,7 +119,7 @@ class TritonEngine(VllmEngine):
         root = server_root()
         python = engine_python_info(engine_python())
         backends = backend_dir(root, python.version)
-        argv = engine_args(self.plan, self._write_plan(), self.report_dir)
+        argv = engine_args(self.plan, self._write_plan(), self.report_dir, self.relay_file)
         site = stub_site(python.version)
         write_repository(self.repository, self.plan.served_model_name, python, argv, site)
         cmd = triton_command(self.plan, root, backends, self.repository)
