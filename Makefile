@@ -63,8 +63,12 @@ test: controlplane minio vllm-env triton-env
 	WEIGHTLIFT_TRITON_HOME=$(TRITON_ENV) \
 	WEIGHTLIFT_VLLM_PYTHON=$(VLLM_ENV)/bin/python $(PY) -m pytest -q
 
+# The operator as the chart's pod (`helm install`) where the process node may give it its
+# ServiceAccount's mounts (root); as a local process elsewhere. Same time to Ready either way.
+DEMO_INSTALL ?= $(if $(filter 0,$(shell id -u)),helm,process)
+
 demo: controlplane
-	$(VENV)/bin/weightlift demo
+	$(VENV)/bin/weightlift demo --install $(DEMO_INSTALL)
 
 clean:
 	rm -rf $(VENV) .state
