@@ -16,11 +16,13 @@ from weightlift.api.model import Engine, ModelFormat, ModelSource, Role, Runtime
 from weightlift.api.worker import PeerCandidate, WorkerPlan
 from weightlift.local.s3server import MinioServer
 from weightlift.worker.engines.vllm import weights as vllm_weights
-from weightlift.worker.engines.vllm.weights import (
+from weightlift.worker.engines.vllm.ranks import (
     ModelDirError,
-    RankLoad,
     check_model_dir,
     holds_weights,
+)
+from weightlift.worker.engines.vllm.weights import (
+    RankLoad,
     load_rank,
 )
 from weightlift.worker.storage.errors import StorageError

@@ -57,7 +57,8 @@ def test_the_worker_front_process_starts_without_torch() -> None:
     """A vLLM or Triton worker only decides and starts its engine: importing torch first (~1 s
     on 2 cores) would sit on every replica's path to Ready. The builtin engine imports it."""
     code = (
-        "import sys, weightlift.worker.main; "
+        "import sys, weightlift.worker.main, weightlift.worker.engines.vllm.engine, "
+        "weightlift.worker.engines.triton.engine; "
         "print(sorted(m for m in ('torch', 'safetensors', 'numpy') if m in sys.modules))"
     )
     out = subprocess.run(

@@ -17,10 +17,12 @@ from weightlift.api.model import InitHooks
 from weightlift.api.worker import WorkerPlan
 from weightlift.local.models import build_hook_library
 from weightlift.worker.engines.vllm.engine import VllmEngine
-from weightlift.worker.engines.vllm.weights import (
+from weightlift.worker.engines.vllm.ranks import (
     EngineRankReport,
-    run_rank_hooks,
     write_report,
+)
+from weightlift.worker.engines.vllm.weights import (
+    run_rank_hooks,
 )
 from weightlift.worker.hooks import INIT_SYMBOL, HookError
 

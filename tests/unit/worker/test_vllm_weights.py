@@ -22,17 +22,19 @@ from tests.support.p2p import NIXL_MISSING
 from weightlift.api.model import ModelFormat, ModelSource, Role, RuntimeSpec
 from weightlift.api.worker import PeerCandidate, WorkerPlan
 from weightlift.worker.engines.vllm.engine import engine_host, vllm_command, vllm_environment
-from weightlift.worker.engines.vllm.serve import NOT_INSTALLED_EXIT
-from weightlift.worker.engines.vllm.weights import (
+from weightlift.worker.engines.vllm.ranks import (
     EngineRankReport,
     ModelDirError,
-    PublishedRank,
-    RankLoad,
     check_model_dir,
-    load_checkpoint,
-    load_rank,
     read_report,
     write_report,
+)
+from weightlift.worker.engines.vllm.serve import NOT_INSTALLED_EXIT
+from weightlift.worker.engines.vllm.weights import (
+    PublishedRank,
+    RankLoad,
+    load_checkpoint,
+    load_rank,
 )
 from weightlift.worker.weights.tensors import all_bit_equal
 

@@ -37,8 +37,7 @@ from weightlift.api.worker import WorkerPhase, WorkerPlan, WorkerReport
 from weightlift.worker.engines.base import BringUp, not_served
 from weightlift.worker.engines.vllm.compile_cache import CompileCache
 from weightlift.worker.engines.vllm.plugin import DIE_WITH_PARENT_ENV
-from weightlift.worker.engines.vllm.serve import NOT_INSTALLED_EXIT
-from weightlift.worker.engines.vllm.weights import (
+from weightlift.worker.engines.vllm.ranks import (
     LOAD_FORMAT,
     RELAY_MARGIN_SECONDS,
     EngineLoadOptions,
@@ -47,6 +46,7 @@ from weightlift.worker.engines.vllm.weights import (
     holds_weights,
     read_report,
 )
+from weightlift.worker.engines.vllm.serve import NOT_INSTALLED_EXIT
 from weightlift.worker.server import set_p2p_handler
 from weightlift.worker.standby import apply_handoff, wait_for_handoff, wait_limit
 from weightlift.worker.weights.progress import LoadError

@@ -27,18 +27,20 @@ from vllm.distributed import get_tensor_model_parallel_rank
 from vllm.model_executor.model_loader.base_loader import BaseModelLoader
 
 from weightlift.api.worker import WorkerPlan
-from weightlift.worker.engines.vllm.weights import (
+from weightlift.worker.engines.vllm.ranks import (
     RELAY_MARGIN_SECONDS,
     EngineLoadOptions,
     EngineRankReport,
-    PublishedRank,
-    RankLoad,
     check_model_dir,
     holds_weights,
+    write_report,
+)
+from weightlift.worker.engines.vllm.weights import (
+    PublishedRank,
+    RankLoad,
     load_rank,
     log,
     run_rank_hooks,
-    write_report,
 )
 from weightlift.worker.hooks import InitHookSession
 from weightlift.worker.loaders.strategy import wants_peer_to_peer

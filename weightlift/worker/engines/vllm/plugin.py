@@ -10,7 +10,7 @@ import os
 import signal
 
 from weightlift.worker.engines.vllm.aot_load import allow_bundled_aot_reload
-from weightlift.worker.engines.vllm.weights import LOAD_FORMAT
+from weightlift.worker.engines.vllm.ranks import LOAD_FORMAT
 
 # Set by the worker in the environment of the vLLM it starts (engine.vllm_environment).
 DIE_WITH_PARENT_ENV = "WEIGHTLIFT_VLLM_DIE_WITH_PARENT"

@@ -21,22 +21,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
-import json
 import logging
-import os
 import socket
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from pydantic import Field
 
-from weightlift.api.model import ApiModel
 from weightlift.api.uri import ModelUri
-from weightlift.api.worker import HookReport, WorkerPlan
+from weightlift.api.worker import WorkerPlan
+from weightlift.worker.engines.vllm.ranks import has_weights
 from weightlift.worker.hooks import InitHookSession, run_init_hooks
 from weightlift.worker.loaders.strategy import choose_storage_loader, wants_peer_to_peer
 from weightlift.worker.p2p.expected import ExpectedTensor
@@ -46,123 +42,11 @@ from weightlift.worker.weights.tensors import dtype_name, pack
 
 log = logging.getLogger("vllm.weightlift")  # vLLM's handler only prints `vllm.*` loggers
 
-LOAD_FORMAT = "weightlift"
-# Standby: beyond the worker's own bound on the hand-off (worker/standby.py), how long a rank
-# also waits for the worker's compile-cache fetch before it relays the hand-off.
-RELAY_MARGIN_SECONDS = 120.0
 CPU = torch.device("cpu")
-
-
-class ModelDirError(LoadError):
-    """The model directory cannot be served by vLLM (permanent: the files are wrong)."""
-
-    permanent = True
-
-
-class EngineLoadOptions(ApiModel):
-    """`--model-loader-extra-config` of the weightlift load format (camelCase JSON)."""
-
-    plan: str = Field(description="Path of the WorkerPlan JSON file.")
-    report_dir: str = Field(description="Where each rank writes rank-<r>.json.")
-    handoff: str | None = Field(
-        None,
-        description="Standby: the file the worker relays the pod's hand-off to (peers or "
-        "storage, worker/standby.py), once it has installed the peer's compile cache; each "
-        "rank's weight step waits for it. None: load with the plan's peers at once.",
-    )
-
-
-class EngineRankReport(ApiModel):
-    """What one vLLM rank says about its load; the worker folds it into its WorkerReport.
-
-    Written when vLLM reaches the weight load (stage "loading", so the worker can show where
-    vLLM is; "standby" while a standby rank waits for its hand-off) and when the weights are
-    loaded and processed (stage "done"), or on failure.
-    """
-
-    rank: int
-    ok: bool
-    stage: str = "done"  # loading | standby | done
-    message: str = ""
-    permanent: bool = False  # retrying cannot help (bad files, a missing hook symbol)
-    strategy: str = ""
-    loaded_from: str = ""
-    bytes_loaded: int = 0
-    bytes_total: int = 0
-    seconds: float = 0.0
-    gbps: float = 0.0
-    peer_failures: list[str] = Field(default_factory=list)
-    # 127.0.0.1:port of this rank's P2P manifest server; the worker proxies to it.
-    manifest_address: str | None = None
-    # A Source rank checksums and registers its parameters beside vLLM's post-load processing
-    # and compile; the worker waits for this to clear before it calls the replica Ready.
-    publishing: bool = False
-    hooks: list[HookReport] = Field(default_factory=list)
-    # Wall clock (Unix seconds) at which each step of this rank ended: engine (vLLM started and
-    # initialized up to its weight load), hooks, standby (model built, waiting for the hand-off)
-    # and peers (handed), load (checkpoint in memory), processed (vLLM's load_weights and
-    # post-load processing done).
-    timeline: dict[str, float] = Field(default_factory=dict)
-    load_phases: dict[str, float] = Field(default_factory=dict)
-    finished_at: float = Field(default_factory=time.time)
-
-
-def holds_weights(plan: WorkerPlan) -> bool:
-    """Whether the plan's model dir has the weights: not for an s3:// or hf:// Target, whose
-    worker fetched only the small files (it pulls its weights; `load_rank` downloads them on a
-    peer failure)."""
-    return not (is_remote(plan) and wants_peer_to_peer(plan))
-
-
-def _has_weights(model_dir: str | Path) -> bool:
-    return any(Path(model_dir).glob("*.safetensors"))
 
 
 def _storage_label(plan: WorkerPlan) -> str:
     return f"storage:{ModelUri.parse(plan.model.uri).scheme}"
-
-
-def check_model_dir(model_dir: str | Path, *, weights: bool = True) -> Path:
-    """An HF model directory vLLM can serve: config.json, tokenizer, *.safetensors (unless
-    `weights` is False: they come later)."""
-    d = Path(model_dir)
-    if not d.is_dir():
-        raise ModelDirError(f"model dir {d} does not exist or is not a directory")
-    if not (d / "config.json").is_file():
-        raise ModelDirError(f"model dir {d}: config.json not found (an HF model directory)")
-    if weights and not _has_weights(d):
-        raise ModelDirError(f"model dir {d}: no *.safetensors files")
-    if not any((d / n).is_file() for n in ("tokenizer.json", "tokenizer.model")):
-        raise ModelDirError(f"model dir {d}: no tokenizer.json or tokenizer.model")
-    check_tokenizer_fits(d)
-    return d
-
-
-def check_tokenizer_fits(d: Path) -> None:
-    """A tokenizer from another model hands out token ids the embedding does not have (vLLM
-    would fail at the first request, or read past the table): its largest id must be below
-    config.json's vocab_size. Only tokenizer.json is read (sentencepiece files are skipped)."""
-    try:
-        config = json.loads((d / "config.json").read_text())
-    except ValueError as exc:
-        raise ModelDirError(f"model dir {d}: config.json is not JSON: {exc}") from None
-    vocab_size = (config.get("text_config") or config).get("vocab_size")
-    tok_file = d / "tokenizer.json"
-    if not isinstance(vocab_size, int) or not tok_file.is_file():
-        return
-    try:
-        tok = json.loads(tok_file.read_text())
-    except ValueError as exc:
-        raise ModelDirError(f"model dir {d}: tokenizer.json is not JSON: {exc}") from None
-    vocab = (tok.get("model") or {}).get("vocab") or {}
-    ids = list(vocab.values()) if isinstance(vocab, dict) else list(range(len(vocab)))
-    ids += [t.get("id", 0) for t in tok.get("added_tokens") or [] if isinstance(t, dict)]
-    top = max((i for i in ids if isinstance(i, int)), default=-1)
-    if top >= vocab_size:
-        raise ModelDirError(
-            f"model dir {d}: tokenizer.json does not match the model: it has token id {top}, "
-            f"config.json's vocab_size is {vocab_size} (a tokenizer from another model?)"
-        )
 
 
 def run_rank_hooks(plan: WorkerPlan, rank: int) -> InitHookSession | None:
@@ -192,7 +76,7 @@ def load_checkpoint(plan: WorkerPlan, progress: LoadProgress | None = None) -> C
     model whose weights are not in the model dir yet is downloaded first (`fetch_weights`)."""
     progress = progress or LoadProgress()
     loaded_from = _storage_label(plan)
-    if is_remote(plan) and not _has_weights(plan.model_dir):
+    if is_remote(plan) and not has_weights(plan.model_dir):
         fetched = fetch_weights(plan, progress)
         plan = plan.model_copy(update={"model_dir": fetched.model_dir})
         loaded_from = fetched.loaded_from
@@ -212,7 +96,7 @@ def fetch_weights(plan: WorkerPlan, progress: LoadProgress) -> Fetched:
     with lock_path.open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
-            if _has_weights(plan.model_dir):  # another rank fetched them
+            if has_weights(plan.model_dir):  # another rank fetched them
                 return Fetched(plan.model_dir, _storage_label(plan))
             return materialize(plan, progress, weights=True)
         finally:
@@ -268,25 +152,6 @@ def load_rank(
     with torch.no_grad():
         snapshot = pack(params, CPU)
     return RankLoad(snapshot, progress, checkpoint.strategy, failures)
-
-
-def write_report(report_dir: str | Path, report: EngineRankReport) -> Path:
-    """Atomically (rename) write rank-<r>.json; the worker polls for it."""
-    d = Path(report_dir)
-    d.mkdir(parents=True, exist_ok=True)
-    path = d / f"rank-{report.rank}.json"
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(report.wire()))
-    os.replace(tmp, path)
-    return path
-
-
-def read_report(report_dir: str | Path, rank: int) -> EngineRankReport | None:
-    path = Path(report_dir) / f"rank-{rank}.json"
-    try:
-        return EngineRankReport.model_validate_json(path.read_text())
-    except (OSError, ValueError):
-        return None
 
 
 class PublishedRank:
