@@ -36,8 +36,12 @@ What mattered when tuning on one host (2 vCPUs, UCX from the nixl-cu12 wheel):
   free page reporting, page_reporting_order=11), which is what a fresh process gets; on bare
   metal they would help.
 - NIXL agents: `prewarm_nixl()` (target.py; the worker calls it while init hooks run) loads
-  NIXL (~0.5 s for the first agent of a process) and leaves two spare agents (~20 ms of CPU each)
-  that the ranks' pulls take; a pull hands its agent back instead of destroying it.
+  NIXL and leaves two spare agents (~10 ms each) that the ranks' pulls take; a pull hands its
+  agent back instead of destroying it. The first agent of a process cost ~0.45 s here, ~0.4 s of
+  it UCX's memory hooks spinning on sched_yield while patching mmap & co. (a core busy for the
+  whole of it; transport.py): with no hook to feed on a host without RDMA devices, the workers
+  set UCX_MEM_MMAP_HOOK_MODE=none there (`ucx_defaults` in the results) and the first agent
+  takes ~0.07 s in a worker process (NIXL's libraries loading, then ~0.013 s of UCX).
 - READ size: 16-256 MB per request made no measurable difference; 64 MB requests, up to
   max_in_flight (8) in flight. Checksums (xxh3: ~30 GB/s a core here, GIL released) run per
   tensor as soon as its bytes landed, overlapping the remaining READs.
@@ -62,6 +66,7 @@ import torch
 
 from weightlift.api.worker import PeerCandidate
 from weightlift.local.sharded import make_plan, write_sharded_model
+from weightlift.worker.p2p.transport import rdma_devices, ucx_defaults
 
 RANKS = 2
 # The fault run's target moves small, throttled READ batches: the kill lands mid-transfer.
@@ -208,6 +213,8 @@ def run_bench(
         },
         "env": {k: v for k, v in env.items() if k.startswith("UCX_")},
     }
+    # What each worker adds to its own environment before NIXL loads UCX (transport.py).
+    result["ucx_defaults"] = ucx_defaults(env, rdma_devices())
 
     if processes == "worker":
         from weightlift.bench.p2p_worker import run_workers
@@ -478,6 +485,7 @@ def p2p_command(
         "source_load": result.get("source_load"),
         "model": result["model"],
         "env": result["env"],
+        "ucx_defaults": result["ucx_defaults"],
         "processes": result["processes"],
     }
     if json_path is not None:

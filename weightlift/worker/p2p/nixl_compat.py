@@ -14,7 +14,7 @@ import os
 from functools import cache
 from types import ModuleType
 
-from weightlift.worker.p2p.transport import transport_warning
+from weightlift.worker.p2p.transport import apply_ucx_defaults, transport_warning
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +28,10 @@ class NixlUnavailable(RuntimeError):
 @cache
 def _load() -> tuple[ModuleType | None, str]:
     _quiet_logging()
+    # Before the import: UCX reads its settings when NIXL's UCX plugin first loads it.
+    added = apply_ucx_defaults(os.environ)
+    if added:
+        log.debug("no RDMA devices: UCX defaults %s (a UCX_* variable you set wins)", added)
     errors: list[str] = []
     for name in _CANDIDATES:
         try:

@@ -410,9 +410,9 @@ class _Pull:
 
     def start_agent(self, reader: str) -> None:
         """The agent: a spare one made by prewarm_nixl, else a new one (UCX context and worker:
-        ~20 ms, ~0.5 s for the first in a process, holding the GIL), made in a thread while
-        this one lays out the buffer. Started after the manifest fetch so it cannot starve that
-        request."""
+        ~10 ms; the first in a process loads NIXL and UCX too, see prewarm_nixl), made in a
+        thread while this one lays out the buffer. Started after the manifest fetch so it cannot
+        starve that request."""
         setup = ThreadPoolExecutor(max_workers=1, thread_name_prefix="p2p-agent")
         self.agent_future = setup.submit(_take_agent, _agent_name(f"{reader}-r{self.rank}"))
         setup.shutdown(wait=False)
@@ -645,8 +645,9 @@ class _Transfer:
 
 
 # Agents made ahead of time (prewarm_nixl) or handed back clean after a pull. A pull takes one
-# instead of creating its own (~20 ms of CPU each once NIXL is loaded, ~0.5 s for the first in a
-# process), and hands it back instead of destroying it (~4 ms) inside the timed load.
+# instead of creating its own (~10 ms each once NIXL is loaded, more for the first in a
+# process: prewarm_nixl), and hands it back instead of destroying it (~4 ms) inside the timed
+# load.
 _SPARE_AGENTS: list[Any] = []
 _SPARE_LOCK = threading.Lock()
 _MAX_SPARES = 8
@@ -655,10 +656,11 @@ _PREWARM_THREAD: threading.Thread | None = None
 
 def prewarm_nixl(agents: int = 2) -> threading.Thread:
     """Load NIXL and its UCX plugin and make `agents` spare agents in a background thread (the
-    first agent of a process costs ~0.5 s of library loading; later ones ~20 ms). A target
-    worker calls this as early as it knows it will pull (e.g. while its init hooks run); each
-    rank's pull then takes a ready agent. Two by default: one per rank of a 2-rank pod; a pull
-    that finds none makes its own."""
+    first agent of a process loads NIXL's libraries, ~0.07 s with torch loaded, and UCX's: ~0.4 s
+    more where UCX installs its memory hooks, i.e. on hosts with RDMA devices (transport.py);
+    later ones ~10 ms). A target worker calls this as early as it knows it will pull (e.g. while
+    its init hooks run); each rank's pull then takes a ready agent. Two by default: one per rank
+    of a 2-rank pod; a pull that finds none makes its own."""
     global _PREWARM_THREAD
 
     def run() -> None:

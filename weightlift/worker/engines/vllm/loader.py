@@ -101,7 +101,7 @@ class WeightliftModelLoader(BaseModelLoader):
         try:
             self._write_report()
             if wants_peer_to_peer(self.plan) or self.options.handoff:
-                # NIXL's first agent costs ~0.5 s of library loading: pay it while the hooks
+                # NIXL's first agent loads NIXL and UCX (0.07-0.5 s): pay it while the hooks
                 # run and vLLM builds the model, not inside the pull.
                 from weightlift.worker.p2p.target import prewarm_nixl
 
