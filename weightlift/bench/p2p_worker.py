@@ -209,6 +209,8 @@ def run_workers(
                             "phase": st["phase"],
                             "inference_ok": ok,
                             "phases": st.get("loadPhases") or {},
+                            # seconds since the process started: server, hooks, load, serving
+                            "timeline": _since_start(st.get("timeline") or {}),
                         }
                     )
                 finally:
@@ -234,6 +236,13 @@ def run_workers(
         }
         out["fault"] = _fault(model, workdir, env, throttle_s, client)
     return out
+
+
+def _since_start(timeline: dict[str, float]) -> dict[str, float]:
+    start = timeline.get("process")
+    if start is None:
+        return {}
+    return {k: round(t - start, 3) for k, t in timeline.items() if k != "process"}
 
 
 def _log_time(line: str) -> float | None:

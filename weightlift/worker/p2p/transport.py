@@ -36,8 +36,9 @@ _WITH_CMA = {"all", "cma", "sm", "shm"}
 _RDMA = {"rc", "rc_v", "rc_x", "rc_verbs", "rc_mlx5", "dc", "dc_x", "dc_mlx5", "ib"}
 _RDMA |= {"ud", "ud_v", "ud_x", "ud_verbs", "ud_mlx5"}
 _WITH_AM = {"all", "tcp"} | _RDMA
-# RDMA devices (InfiniBand, RoCE, EFA, iWARP) as the kernel lists them.
-RDMA_SYSFS = Path("/sys/class/infiniband")
+# RDMA devices (InfiniBand, RoCE, EFA, iWARP) as the kernel lists them; libibverbs, and so UCX,
+# finds them here too.
+RDMA_SYSFS = (Path("/sys/class/infiniband"), Path("/sys/class/infiniband_verbs"))
 # What a host without RDMA devices does not need from UCX (see the module docstring).
 NO_RDMA_DEFAULTS = {"UCX_MEM_MMAP_HOOK_MODE": "none"}
 
@@ -69,12 +70,15 @@ def transport_warning(env: Mapping[str, str]) -> str | None:
     return None
 
 
-def rdma_devices(sysfs: Path = RDMA_SYSFS) -> list[str]:
+def rdma_devices(sysfs: tuple[Path, ...] = RDMA_SYSFS) -> list[str]:
     """The host's RDMA devices (empty when there are none or the kernel has no RDMA support)."""
-    try:
-        return sorted(p.name for p in sysfs.iterdir())
-    except OSError:
-        return []
+    found: set[str] = set()
+    for path in sysfs:
+        try:
+            found.update(p.name for p in path.iterdir())
+        except OSError:
+            continue
+    return sorted(found)
 
 
 def ucx_defaults(env: Mapping[str, str], rdma: list[str]) -> dict[str, str]:

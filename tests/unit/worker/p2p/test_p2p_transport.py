@@ -60,10 +60,13 @@ def test_slow_or_broken_transports_named(value: str, says: str) -> None:
 
 
 def test_rdma_devices_listed_from_sysfs(tmp_path: Path) -> None:
-    assert rdma_devices(tmp_path / "absent") == []
-    (tmp_path / "mlx5_1").mkdir()
-    (tmp_path / "mlx5_0").mkdir()
-    assert rdma_devices(tmp_path) == ["mlx5_0", "mlx5_1"]
+    ib, verbs = tmp_path / "infiniband", tmp_path / "infiniband_verbs"
+    assert rdma_devices((ib, verbs)) == []
+    (ib / "mlx5_1").mkdir(parents=True)
+    (ib / "mlx5_0").mkdir()
+    assert rdma_devices((ib, verbs)) == ["mlx5_0", "mlx5_1"]
+    (verbs / "uverbs0").mkdir(parents=True)
+    assert rdma_devices((verbs,)) == ["uverbs0"]
 
 
 def test_no_rdma_host_skips_ucx_memory_hooks() -> None:
