@@ -20,6 +20,8 @@ import urllib3
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
+from weightlift.operator.kube import api_error
+
 JSON = dict[str, Any]
 MERGE = "application/merge-patch+json"
 STRATEGIC = "application/strategic-merge-patch+json"
@@ -92,9 +94,4 @@ def describe(exc: BaseException) -> str:
     ApiException's str buries under the HTTP headers); any other error as its str."""
     if not isinstance(exc, ApiException):
         return str(exc)
-    try:
-        body = json.loads(exc.body or "{}")
-    except ValueError:
-        body = {}
-    message = body.get("message") if isinstance(body, dict) else None
-    return f"HTTP {exc.status} {exc.reason}: {message or exc.body or ''}".strip()
+    return f"HTTP {api_error(exc)}"
