@@ -411,14 +411,15 @@ def plot(doc: dict[str, Any], png: Path) -> None:
 @click.option(
     "--uri",
     default=None,
-    help="s3://bucket/prefix: bench a source's cold start from S3 (weightlift vs runai vs boto3) "
-    "instead of local files.",
+    help="s3://bucket/prefix or hf://org/repo[@revision]: bench a source's cold start from S3 "
+    "(weightlift vs runai vs boto3) or the Hub (weightlift vs snapshot_download) instead of "
+    "local files.",
 )
 @click.option(
     "--endpoint",
     default=None,
-    help="S3 endpoint of --uri (credentials from AWS_* env); default: start MinIO on loopback "
-    "and upload a demo model of --size-mb to --uri.",
+    help="S3 or Hub endpoint of --uri (credentials from AWS_* env, HF_TOKEN); default: start "
+    "MinIO or the local Hub API server on loopback holding a demo model of --size-mb as --uri.",
 )
 @click.option("--region", default=None, help="S3 region of --uri.")
 def load_command(
@@ -437,6 +438,9 @@ def load_command(
     """Load GB/s of weightlift-preload/direct vs safetensors, fastsafetensors, runai."""
     from weightlift.local.models import make_demo
 
+    if uri is not None and uri.startswith("hf://"):
+        _hf_command(uri, endpoint, size_mb, parts, repeat, threads, chunk_mib, only, json_path)
+        return
     if uri is not None:
         _s3_command(
             uri, endpoint, region, size_mb, parts, repeat, threads, chunk_mib, only, json_path
@@ -504,6 +508,41 @@ def _s3_command(
         json_path=json_path,
     )
     print_s3_table(doc)
+    click.echo(f"wrote {json_path}")
+    if not all(r["verified"] for r in doc["results"]):
+        raise click.ClickException("some loader's output differs from safetensors.load_file")
+
+
+def _hf_command(
+    uri: str,
+    endpoint: str | None,
+    size_mb: float,
+    parts: int,
+    repeat: int,
+    threads: int,
+    chunk_mib: int,
+    only: tuple[str, ...],
+    json_path: Path,
+) -> None:
+    from weightlift.bench.hfload import HF_LOADERS, print_hf_table, run_hf_bench
+
+    unknown = sorted(set(only) - set(HF_LOADERS))
+    if unknown:
+        raise click.BadParameter(
+            f"unknown hf loader(s) {unknown}; known: {list(HF_LOADERS)}", param_hint="--loader"
+        )
+    doc = run_hf_bench(
+        uri,
+        endpoint,
+        size_mb=size_mb,
+        parts=parts,
+        repeat=repeat,
+        threads=threads,
+        chunk_mib=chunk_mib,
+        loaders=[n for n in HF_LOADERS if not only or n in only],
+        json_path=json_path,
+    )
+    print_hf_table(doc)
     click.echo(f"wrote {json_path}")
     if not all(r["verified"] for r in doc["results"]):
         raise click.ClickException("some loader's output differs from safetensors.load_file")

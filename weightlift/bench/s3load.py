@@ -16,29 +16,31 @@ MinIO then shares the machine's cores with the clients, so the ratios are what t
 from __future__ import annotations
 
 import contextlib
-import gc
-import mmap
 import os
 import statistics
 import tempfile
-import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from weightlift.api.uri import ModelUri
-from weightlift.bench.load import Tensors, memcpy_gbps, touch
+from weightlift.bench.load import Tensors, memcpy_gbps
+from weightlift.bench.remote import (
+    RemoteLoader,
+    ignore,
+    noop,
+    print_remote_table,
+    ranged_get_gbps,
+    time_loaders,
+)
 from weightlift.worker.loaders.preload import PreloadLoader
 from weightlift.worker.storage.s3 import S3Store
 from weightlift.worker.weights.files import index_files
 from weightlift.worker.weights.progress import LoadProgress
-from weightlift.worker.weights.tensors import all_bit_equal
 
-# Tensors and a closer: runai owns its buffers until its streamer closes.
-S3Loader = Callable[[Path], tuple[Tensors, Callable[[], None]]]
+S3Loader = RemoteLoader
 S3_LOADERS = ("weightlift-s3-preload", "runai-model-streamer-s3", "boto3-download-then-load")
 
 NOTES = [
@@ -54,14 +56,6 @@ NOTES = [
 ]
 
 
-def _noop() -> None:
-    return None
-
-
-def _ignore(_nbytes: int) -> None:
-    return None
-
-
 def _safetensors(store: S3Store) -> list[Any]:
     return [o for o in store.list_objects() if o.name.endswith(".safetensors")]
 
@@ -71,11 +65,11 @@ def make_s3_loaders(store: S3Store, threads: int, chunk_mib: int) -> dict[str, S
 
     def weightlift(tmp: Path) -> tuple[Tensors, Callable[[], None]]:
         objs = _safetensors(store)
-        paths = store.fetch(objs, tmp, _ignore)
+        paths = store.fetch(objs, tmp, ignore)
         tensors = PreloadLoader().load_index(
             index_files(paths), cpu, LoadProgress(), threads=threads, chunk_bytes=chunk_mib << 20
         )
-        return tensors, _noop
+        return tensors, noop
 
     def runai(tmp: Path) -> tuple[Tensors, Callable[[], None]]:
         from runai_model_streamer import SafetensorsStreamer
@@ -99,42 +93,13 @@ def make_s3_loaders(store: S3Store, threads: int, chunk_mib: int) -> dict[str, S
             path = tmp / o.name
             store.client.download_file(store.bucket, o.key, str(path), Config=cfg)
             out.update(load_file(str(path)))
-        return out, _noop
+        return out, noop
 
     return {
         "weightlift-s3-preload": weightlift,
         "runai-model-streamer-s3": runai,
         "boto3-download-then-load": boto3_then_load,
     }
-
-
-def ranged_get_gbps(store: S3Store) -> float:
-    """The same ranged GETs, each piece copied into one anonymous region (no files)."""
-    objs = _safetensors(store)
-    total = sum(o.size for o in objs)
-    buf = mmap.mmap(-1, total)
-    view = memoryview(buf)
-    jobs, off = [], 0
-    for o in objs:
-        for start in range(0, o.size, store.chunk_bytes):
-            jobs.append((o, start, min(store.chunk_bytes, o.size - start), off))
-        off += o.size
-
-    def get(job: tuple[Any, int, int, int]) -> None:
-        o, start, n, base = job
-
-        def sink(chunk: memoryview, offset: int) -> None:
-            view[base + offset : base + offset + len(chunk)] = chunk
-
-        store.read_range(o, start, n, sink)
-
-    t0 = time.perf_counter()
-    with ThreadPoolExecutor(store.threads) as pool:
-        list(pool.map(get, jobs))
-    secs = time.perf_counter() - t0
-    view.release()
-    buf.close()
-    return total / secs / 1e9
 
 
 def bench_s3(
@@ -145,45 +110,15 @@ def bench_s3(
     objs = _safetensors(store)
     reference: Tensors = {}
     with tempfile.TemporaryDirectory(dir=scratch) as tmp:
-        for p in store.fetch(objs, Path(tmp), _ignore):
+        for p in store.fetch(objs, Path(tmp), ignore):
             reference.update({k: v.clone() for k, v in load_file(str(p)).items()})
     nbytes = sum(t.numel() * t.element_size() for t in reference.values())
     available = make_s3_loaders(store, threads, chunk_mib)
-    for name in loaders:  # untimed warm-up: imports, clients, thread pools, native library init
-        with tempfile.TemporaryDirectory(dir=scratch) as tmp:
-            tensors, close = available[name](Path(tmp))
-            del tensors
-            close()
-    runs: list[dict[str, Any]] = []
-    for _ in range(repeat):
-        for name in loaders:
-            with tempfile.TemporaryDirectory(dir=scratch) as tmp:
-                gc.collect()
-                t0 = time.perf_counter()
-                tensors, close = available[name](Path(tmp))
-                touch(tensors)
-                secs = time.perf_counter() - t0
-                ok = all_bit_equal(tensors, reference)
-                del tensors
-                close()
-            runs.append(
-                {"loader": name, "seconds": secs, "gbps": nbytes / secs / 1e9, "verified": ok}
-            )
-    ranged = [ranged_get_gbps(store) for _ in range(repeat)]
-    results = []
-    for name in loaders:
-        rs = [r for r in runs if r["loader"] == name]
-        secs = statistics.median(r["seconds"] for r in rs)
-        results.append(
-            {
-                "loader": name,
-                "cache": "s3",
-                "gbps": round(nbytes / secs / 1e9, 3),
-                "seconds": round(secs, 4),
-                "verified": all(r["verified"] for r in rs),
-                "runs": len(rs),
-            }
-        )
+    results, runs = time_loaders(available, loaders, reference, repeat, scratch)
+    for r in results:
+        r["cache"] = "s3"
+    chunk = store.chunk_bytes
+    ranged = [ranged_get_gbps(objs, store.read_range, store.threads, chunk) for _ in range(repeat)]
     return {
         "uri": f"s3://{store.bucket}/{store.prefix}",
         "bytes": nbytes,
@@ -205,33 +140,7 @@ def bench_s3(
 
 
 def print_s3_table(doc: dict[str, Any]) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    lim = doc["limits"]
-    ceiling = lim["s3_ranged_get_gbps"]
-    others = [r["gbps"] for r in doc["results"] if not r["loader"].startswith("weightlift")]
-    best_peer = max(others, default=0.0)
-    t = Table(
-        title=f"weightlift bench load {doc['uri']}: {doc['bytes'] / 1e6:.0f} MB, median of "
-        f"{doc['repeat']}, S3 ranged GET {ceiling} GB/s, memcpy {lim['memcpy_gbps']} GB/s"
-    )
-    for col in ("loader", "GB/s", "seconds", "x S3 GET", "x best peer", "verified"):
-        t.add_column(col, justify="left" if col == "loader" else "right", no_wrap=True)
-    for r in doc["results"]:
-        t.add_row(
-            r["loader"],
-            f"{r['gbps']:.2f}",
-            f"{r['seconds']:.3f}",
-            f"{r['gbps'] / ceiling:.2f}" if ceiling else "-",
-            f"{r['gbps'] / best_peer:.2f}" if best_peer else "-",
-            "yes" if r["verified"] else "NO",
-        )
-    console = Console()
-    console.width = max(console.width, 110)
-    console.print(t)
-    for note in doc.get("notes", []):
-        console.print(f"- {note}", highlight=False)
+    print_remote_table(doc, "s3_ranged_get_gbps", "S3 GET")
 
 
 def store_for(uri: str, endpoint: str | None, region: str | None, threads: int) -> S3Store:

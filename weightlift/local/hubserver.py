@@ -44,12 +44,30 @@ class HubRepo:
         return self.refs.get(revision)
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
+_digests: dict[tuple[str, str, int, int], str] = {}
+_digests_lock = threading.Lock()
+
+
+def _digest(path: Path, algo: str) -> str:
+    """`algo` hex digest of `path`, computed once per (path, size, mtime): the Hub stores its
+    hashes, and hashing a large file on every ranged GET would make this server the bottleneck."""
+    st = path.stat()
+    key = (str(path), algo, st.st_size, st.st_mtime_ns)
+    with _digests_lock:
+        known = _digests.get(key)
+    if known is not None:
+        return known
+    h = hashlib.new(algo)
     with path.open("rb") as f:
         while chunk := f.read(1 << 20):
             h.update(chunk)
+    with _digests_lock:
+        _digests[key] = h.hexdigest()
     return h.hexdigest()
+
+
+def _sha256(path: Path) -> str:
+    return _digest(path, "sha256")
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -144,7 +162,7 @@ class _Handler(BaseHTTPRequestHandler):
                     "type": "file",
                     "path": p.relative_to(root).as_posix(),
                     "size": p.stat().st_size,
-                    "oid": hashlib.sha1(p.read_bytes()).hexdigest(),
+                    "oid": _digest(p, "sha1"),
                     "lfs": {"oid": _sha256(p), "size": p.stat().st_size, "pointerSize": 134},
                 }
                 for p in files
@@ -184,12 +202,9 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header("Content-Range", f"bytes {start}-{end}/{size}")
         self.end_headers()
         if body:
-            with path.open("rb") as f:
-                f.seek(start)
-                left = end - start + 1
-                while left > 0 and (chunk := f.read(min(left, 1 << 20))):
-                    self.wfile.write(chunk)
-                    left -= len(chunk)
+            self.wfile.flush()
+            with path.open("rb") as f:  # sendfile: the kernel copies, the GIL is released
+                self.connection.sendfile(f, start, end - start + 1)
 
 
 class HubServer(ThreadingHTTPServer):

@@ -1,31 +1,40 @@
-"""hf://org/repo[@revision]: the repo's safetensors and small files, through huggingface_hub.
+"""hf://org/repo[@revision]: the repo's safetensors and small files, read from the Hub directly.
 
-The revision (branch, tag or commit) is resolved to its commit once (`model_info`), and every
-file is then downloaded at that commit, so a branch moving mid-download cannot mix two commits.
-`HF_ENDPOINT` (or spec.model.endpoint) selects the Hub; `HF_TOKEN` comes from the credentials
-Secret. Weight formats other than safetensors (*.bin, *.pt, ...) are skipped.
+The revision (branch, tag or commit) is resolved to its commit once (`HfApi.model_info`) and the
+file list read there (`list_repo_tree`), so a branch moving mid-download cannot mix two commits.
+Each file is then located with huggingface_hub's own HEAD (`get_hf_file_metadata` on its
+`resolve` URL at that commit: size, ETag, commit, CDN redirect) and read with parallel ranged
+GETs written straight into the destination files' pages (`ranged.fetch_files`, shared with s3://)
+instead of `snapshot_download`, which reads each file on one connection and leaves its own
+metadata beside the files. The listed sha256 of an LFS file must match the Hub's ETag of it and
+the listed size the served size. `HF_ENDPOINT` (or spec.model.endpoint) selects the Hub;
+`HF_TOKEN` comes from the credentials Secret and is sent only to the Hub's own host (never to a
+CDN it redirects to) and never written to a message. Weight formats other than safetensors
+(*.bin, *.pt, ...) are skipped.
 """
 
 from __future__ import annotations
 
 import os
 import tempfile
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from weightlift.worker.storage import ranged
 from weightlift.worker.storage.errors import StorageError, redact
+from weightlift.worker.storage.hfread import HubReader
 
 # Other weight formats the Hub carries next to safetensors: never needed here.
 IGNORED = ["*.bin", "*.pt", "*.pth", "*.msgpack", "*.h5", "*.onnx", "*.ot", "*.gguf", "*.ckpt"]
-_POLL_SECONDS = 0.2
+RANGE_BYTES = 16 << 20  # as s3://: large enough that a GET's round trip is noise
 
 
 @dataclass(frozen=True)
 class HubFile:
     name: str
     size: int
+    sha256: str | None = None  # an LFS file's sha256 from the listing; the Hub's ETag of it
 
 
 @dataclass(frozen=True)
@@ -88,7 +97,7 @@ def resolve(repo_id: str, revision: str, *, endpoint: str | None, token: str | N
     from fnmatch import fnmatch
 
     files = [
-        HubFile(f.path, int(f.size))
+        HubFile(f.path, int(f.size), getattr(getattr(f, "lfs", None), "sha256", None))
         for f in tree
         if not any(fnmatch(f.path, pat) for pat in IGNORED)
     ]
@@ -107,70 +116,19 @@ def fetch(
     token: str | None,
     names: list[str] | None = None,
     threads: int = 8,
+    chunk_bytes: int = RANGE_BYTES,
 ) -> list[Path]:
     """Download `names` (default: all of `snap.files`) at the pinned commit into `dest`."""
-    from huggingface_hub import snapshot_download
-
-    want = names if names is not None else [f.name for f in snap.files]
-    dest.mkdir(parents=True, exist_ok=True)
-    stop = threading.Event()
-    watcher = threading.Thread(
-        target=_watch_bytes, args=(dest, on_bytes, stop), name="wl-hf-progress", daemon=True
+    listed = {f.name: f for f in snap.files}
+    want = names if names is not None else list(listed)
+    reader = HubReader(snap.repo_id, snap.commit, endpoint=endpoint, token=token, threads=threads)
+    located = reader.locate([listed[n] for n in want])
+    return ranged.fetch_files(
+        located,
+        dest,
+        reader.read_range,
+        on_bytes,
+        threads=threads,
+        chunk_bytes=chunk_bytes,
+        thread_name="wl-hf",
     )
-    watcher.start()
-    try:
-        snapshot_download(
-            snap.repo_id,
-            revision=snap.commit,
-            local_dir=dest,
-            allow_patterns=want,
-            endpoint=endpoint,
-            token=token or False,
-            max_workers=threads,
-        )
-    except _hub_errors() as exc:
-        first = redact(str(exc).splitlines()[0])
-        raise StorageError(f"hf://{snap.repo_id}@{snap.commit}: download failed: {first}") from None
-    finally:
-        stop.set()
-        watcher.join()
-    missing = [n for n in want if not (dest / n).is_file()]
-    if missing:
-        raise StorageError(
-            f"hf://{snap.repo_id}@{snap.commit}: files missing after download: {missing}"
-        )
-    sizes = {f.name: f.size for f in snap.files}
-    for n in want:
-        got = (dest / n).stat().st_size
-        if got != sizes[n]:
-            raise StorageError(
-                f"hf://{snap.repo_id}@{snap.commit}/{n}: {got} bytes, the Hub lists {sizes[n]}"
-            )
-    return [dest / n for n in want]
-
-
-def _tree_bytes(dest: Path) -> int:
-    total = 0
-    for p in dest.rglob("*"):
-        # the files themselves, and huggingface_hub's .cache/**/*.incomplete while they grow
-        counted = p.suffix == ".incomplete" or ".cache" not in p.relative_to(dest).parts
-        try:
-            if counted and p.is_file():
-                total += p.stat().st_size
-        except OSError:  # renamed from .incomplete to its final name meanwhile
-            continue
-    return total
-
-
-def _watch_bytes(dest: Path, on_bytes: Callable[[int], None], stop: threading.Event) -> None:
-    """Report bytes as the download grows files under `dest` (its .incomplete files included):
-    huggingface_hub has no per-byte callback, but the files it writes are the truth."""
-    seen = _tree_bytes(dest)
-    while True:
-        done = stop.wait(_POLL_SECONDS)
-        now = _tree_bytes(dest)
-        if now > seen:
-            on_bytes(now - seen)
-            seen = now
-        if done:
-            return

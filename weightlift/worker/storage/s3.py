@@ -1,17 +1,8 @@
 """s3://bucket/prefix: ranged GETs in parallel, each written straight into its file's pages.
 
-Each object's destination file is sized up front; every worker thread GETs one byte range
-(`Range`, pinned to the listing's ETag with `If-Match`, so an object replaced mid-download fails
-instead of mixing two versions), `readinto`s the socket data through a small per-thread buffer
-and `pwrite`s it at its offset. The bytes land in the page cache of the destination file, which
-is what the preload loader then maps (no read back, no second copy of the model in memory); the
-disk write-back happens behind it. When the destination is a memory-backed emptyDir nothing
-touches a disk at all.
-
-Why pwrite and not a MAP_SHARED mapping written by recv (tried first): page faults on a shared
-file mapping fill the page cache with 4 KiB pages, buffered writes build large folios, and the
-preload's populate of the freshly written files was 2.3x slower on the 4 KiB pages (1.4 s vs
-0.6 s for 268 MB here); the download itself was no faster.
+The download itself is `ranged.fetch_files` (shared with hf://): each GET here is pinned to the
+listing's ETag with `If-Match`, so an object replaced mid-download fails instead of mixing two
+versions.
 
 Credentials are boto3's own chain (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / AWS_SESSION_TOKEN
 from the Secret the pod's env references, or a web identity / instance role); with none at all
@@ -21,11 +12,7 @@ the requests go unsigned (public buckets). No message built here contains a cred
 
 from __future__ import annotations
 
-import os
-import threading
-from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
-from contextlib import ExitStack
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,6 +22,7 @@ from botocore import UNSIGNED
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError, ConnectionError, HTTPClientError
 
+from weightlift.worker.storage import ranged
 from weightlift.worker.storage.errors import StorageError, redact
 
 _ERRORS = {
@@ -132,41 +120,20 @@ class S3Store:
         self, objects: list[S3Object], dest: Path, on_bytes: Callable[[int], None]
     ) -> list[Path]:
         """Download `objects` into `dest/<name>`; ranges in parallel; returns the paths."""
-        dest.mkdir(parents=True, exist_ok=True)
-        with ExitStack() as stack:
-            fds: dict[str, int] = {}
-            for o in objects:
-                path = dest / o.name
-                path.parent.mkdir(parents=True, exist_ok=True)
-                fds[o.key] = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-                stack.callback(os.close, fds[o.key])
-                os.ftruncate(fds[o.key], o.size)
-            jobs = [
-                (o, start, min(self.chunk_bytes, o.size - start))
-                for o in objects
-                for start in range(0, o.size, self.chunk_bytes)
-            ]
-
-            def get(job: tuple[S3Object, int, int]) -> None:
-                o, start, n = job
-                fd = fds[o.key]
-
-                def write(chunk: memoryview, offset: int) -> None:
-                    os.pwrite(fd, chunk, offset)
-                    on_bytes(len(chunk))
-
-                self.read_range(o, start, n, write)
-
-            with ThreadPoolExecutor(self.threads, thread_name_prefix="wl-s3") as pool:
-                for _ in pool.map(get, _headers_first(jobs)):
-                    pass
-        return [dest / o.name for o in objects]
+        return ranged.fetch_files(
+            objects,
+            dest,
+            self.read_range,
+            on_bytes,
+            threads=self.threads,
+            chunk_bytes=self.chunk_bytes,
+            thread_name="wl-s3",
+        )
 
     def read_range(
         self, o: S3Object, start: int, n: int, sink: Callable[[memoryview, int], None]
     ) -> None:
         """GET bytes [start, start + n) of `o`; `sink(chunk, offset)` takes each piece."""
-        buf = _buffer()
         got = 0
         try:
             resp = self.client.get_object(
@@ -176,12 +143,7 @@ class S3Store:
                 IfMatch=o.etag,
             )
             body = resp["Body"]
-            while got < n:
-                r = body.readinto(buf[: min(len(buf), n - got)])
-                if not r:
-                    break
-                sink(buf[:r], start + got)
-                got += r
+            got = ranged.drain(body.readinto, start, n, sink)
             body.close()
         except (ClientError, BotoCoreError) as exc:
             raise StorageError(
@@ -192,20 +154,3 @@ class S3Store:
                 f"{self.uri(o.key)}: truncated transfer: got {got} of {n} bytes at offset {start}",
                 permanent=False,
             )
-
-
-_local = threading.local()
-_BUFFER_BYTES = 1 << 20  # stays in L2/L3: the copy out of it into the page cache is cheap
-
-
-def _buffer() -> memoryview:
-    buf: memoryview | None = getattr(_local, "buf", None)
-    if buf is None:
-        buf = _local.buf = memoryview(bytearray(_BUFFER_BYTES))
-    return buf
-
-
-def _headers_first(jobs: list[tuple[S3Object, int, int]]) -> Iterator[tuple[S3Object, int, int]]:
-    """Interleave files so every file's first range (its header) arrives early."""
-    by_offset = sorted(jobs, key=lambda j: (j[1], j[0].key))
-    yield from by_offset
