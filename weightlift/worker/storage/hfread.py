@@ -170,10 +170,12 @@ class HubReader:
             finally:
                 resp.release_conn()
         except urllib3.exceptions.HTTPError as exc:
-            if got == 0:
-                raise StorageError(
-                    f"{where}: GET failed: {redact(type(exc).__name__)}", permanent=False
-                ) from None
+            # A body that ends early (IncompleteRead) lands here as well as a dropped connection.
+            raise StorageError(
+                f"{where}: truncated transfer: got {got} of {n} bytes at offset {start} "
+                f"({redact(type(exc).__name__)})",
+                permanent=False,
+            ) from None
         if got != n:
             raise StorageError(
                 f"{where}: truncated transfer: got {got} of {n} bytes at offset {start}",
