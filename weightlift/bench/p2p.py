@@ -6,6 +6,13 @@ ranks (PeerToPeerLoader, ranks in parallel, every checksum verified). memcpy and
 (the worker's storage loader) are measured in the same run. Then a fresh source is SIGKILLed
 after the target's first completed READ batch, and the target must fall back to storage.
 
+With workers (the default) two more rows: targets started in standby (no peers yet, a hand-off
+file: they reserve and fault in their pull buffers, then are handed the source, as a pod created
+before its source is Ready), whose READs alone are held against a copy into new memory; and
+Source workers loading from storage with a cold page cache, so that P2P and storage are also
+compared like with like: both a worker's own loadSeconds, its program opening beside the load
+(on 2 cores that opening's imports slow the manifest fetch and agent steps of a pull).
+
 Two process modes: `--processes worker` (default) runs real `weightlift worker` processes and
 reads their /weightlift/v1/status (see p2p_worker.py); `--processes peer` runs
 `python -m weightlift.bench.peer serve|pull`, the loading half of a worker (the same
@@ -65,6 +72,7 @@ import click
 import torch
 
 from weightlift.api.worker import PeerCandidate
+from weightlift.bench.load import drop_cache
 from weightlift.local.sharded import make_plan, write_sharded_model
 from weightlift.worker.p2p.transport import rdma_devices, ucx_defaults
 
@@ -101,21 +109,6 @@ def measure_fresh_memcpy_gbps(nbytes: int, repeat: int = 3) -> float:
     return n / statistics.median(times) / 1e9
 
 
-def _drop_cache(paths: list[Path]) -> bool:
-    ok = True
-    for p in paths:
-        try:
-            fd = os.open(p, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            finally:
-                os.close(fd)
-        except OSError:
-            ok = False
-    return ok
-
-
 def measure_storage(plan_path: Path, files: list[Path], cold: bool, repeat: int) -> dict[str, Any]:
     """Both ranks from storage with the worker's storage loader, ranks in parallel threads."""
     from weightlift.api.worker import WorkerPlan
@@ -127,7 +120,7 @@ def measure_storage(plan_path: Path, files: list[Path], cold: bool, repeat: int)
     nbytes = 0
     for _ in range(repeat):
         if cold:
-            _drop_cache(files)
+            drop_cache(files)
         t = time.perf_counter()
         with ThreadPoolExecutor(RANKS) as pool:
             out = list(pool.map(lambda r: storage_load(plan, r, device), range(RANKS)))
@@ -219,21 +212,38 @@ def run_bench(
     if processes == "worker":
         from weightlift.bench.p2p_worker import run_workers
 
-        result.update(run_workers(model, workdir, env, repeat, throttle_s))
+        result.update(run_workers(model, files, workdir, env, repeat, throttle_s))
     else:
         result.update(run_peers(model, workdir, env, repeat, throttle_s, src_plan))
-    result["p2p"]["ratio_to_memcpy"] = result["p2p"]["gbps"] / result["limits"]["memcpy_gbps"]
-    # A target must land its bytes in memory it never touched: this is its honest ceiling.
-    result["p2p"]["ratio_to_memcpy_fresh"] = (
-        result["p2p"]["gbps"] / result["limits"]["memcpy_fresh_gbps"]
-    )
 
     # --- storage reload in the same run (cold page cache, and warm)
     result["storage"] = measure_storage(src_plan, files, cold=True, repeat=repeat)
     result["storage_warm"] = measure_storage(src_plan, files, cold=False, repeat=repeat)
-    result["p2p"]["ratio_to_storage_cold"] = result["p2p"]["gbps"] / result["storage"]["gbps"]
+    for key in ("p2p", "p2p_standby"):
+        if key in result:
+            _ratios(result[key], result)
 
     return result
+
+
+def _ratios(pulls: dict[str, Any], result: dict[str, Any]) -> None:
+    """A pull against the limits and the storage reload of the same run."""
+    limits = result["limits"]
+    pulls["ratio_to_memcpy"] = pulls["gbps"] / limits["memcpy_gbps"]
+    # A target lands its bytes in memory it never touched: this is its honest ceiling...
+    pulls["ratio_to_memcpy_fresh"] = pulls["gbps"] / limits["memcpy_fresh_gbps"]
+    pulls["ratio_to_storage_cold"] = pulls["gbps"] / result["storage"]["gbps"]
+    if "storage_worker" in result:  # like with like: both a worker's own loadSeconds
+        pulls["ratio_to_storage_worker_cold"] = pulls["gbps"] / result["storage_worker"]["gbps"]
+    # ...unless it waited in standby with its buffers faulted in: then the READs alone are
+    # what to hold against a copy into new memory.
+    transfer = pulls.get("phases", {}).get("transfer")
+    if transfer and not pulls.get("transfer_gbps"):
+        pulls["transfer_gbps"] = pulls["bytes"] / transfer / 1e9
+    if pulls.get("transfer_gbps"):
+        pulls["transfer_ratio_to_memcpy_fresh"] = (
+            pulls["transfer_gbps"] / limits["memcpy_fresh_gbps"]
+        )
 
 
 def run_peers(
@@ -390,7 +400,22 @@ def print_table(result: dict[str, Any]) -> None:
         str(p2p["verified"]),
         note,
     )
-    for label, s in (("storage (cold cache)", st), ("storage (warm cache)", stw)):
+    standby = result.get("p2p_standby")
+    if standby:
+        table.add_row(
+            "p2p into standby (buffers faulted in before the hand-off)",
+            f"{standby['gbps']:.2f}",
+            f"{standby['ratio_to_memcpy']:.2f}",
+            f"{standby['gbps'] / fresh:.2f}",
+            f"{standby['seconds']:.3f}",
+            str(standby["verified"]),
+            f"READs alone {standby.get('transfer_gbps') or 0:.2f} GB/s = "
+            f"{standby.get('transfer_ratio_to_memcpy_fresh') or 0:.2f}x memcpy into new memory",
+        )
+    storage_rows = [("storage (cold cache)", st), ("storage (warm cache)", stw)]
+    if result.get("storage_worker"):
+        storage_rows.insert(1, ("storage (cold cache), in a worker", result["storage_worker"]))
+    for label, s in storage_rows:
         table.add_row(
             label,
             f"{s['gbps']:.2f}",
@@ -400,25 +425,24 @@ def print_table(result: dict[str, Any]) -> None:
             "",
             s["loader"],
         )
-    table.add_row(
-        "p2p ÷ storage (cold)",
-        f"{p2p['ratio_to_storage_cold']:.2f}x",
-        "",
-        "",
-        "",
-        "",
-        ">= 1: a target pulls faster than it could reload from disk",
-    )
-    if p2p.get("phases"):
-        from weightlift.worker.p2p.target import OVERLAPPED_PHASES, PULL_PHASES
-
-        phases = p2p["phases"]
-        steps = ", ".join(f"{k} {phases[k]:.3f}" for k in PULL_PHASES if k in phases)
-        beside = ", ".join(f"{k} {phases[k]:.3f}" for k in OVERLAPPED_PHASES if k in phases)
-        if beside:
-            steps += f" (beside them: {beside})"
-        total = sum(phases[k] for k in PULL_PHASES if k in phases)
-        table.add_row("p2p breakdown (s)", "", "", "", f"{total:.3f}", "", steps)
+    for label, pulls in (("p2p", p2p), ("p2p into standby", standby)):
+        if not pulls:
+            continue
+        ratio = f"{pulls['ratio_to_storage_cold']:.2f}x"
+        if "ratio_to_storage_worker_cold" in pulls:
+            ratio += f" ({pulls['ratio_to_storage_worker_cold']:.2f}x in a worker)"
+        table.add_row(
+            f"{label} ÷ storage (cold)",
+            ratio,
+            "",
+            "",
+            "",
+            "",
+            ">= 1: a target pulls faster than it could reload from disk",
+        )
+        if pulls.get("phases"):
+            total, steps = _breakdown(pulls["phases"])
+            table.add_row(f"{label} breakdown (s)", "", "", "", f"{total:.3f}", "", steps)
     fb = fault["seconds_to_fallback"]
     table.add_row(
         "fault: source killed",
@@ -430,6 +454,17 @@ def print_table(result: dict[str, Any]) -> None:
         f"fell back: {fault['fell_back']} → {', '.join(fault['loaded_from'])}",
     )
     Console().print(table)
+
+
+def _breakdown(phases: dict[str, float]) -> tuple[float, str]:
+    """The pull's steps (and what ran beside them) as one line, with the steps' total."""
+    from weightlift.worker.p2p.target import OVERLAPPED_PHASES, PULL_PHASES
+
+    steps = ", ".join(f"{k} {phases[k]:.3f}" for k in PULL_PHASES if k in phases)
+    beside = ", ".join(f"{k} {phases[k]:.3f}" for k in OVERLAPPED_PHASES if k in phases)
+    if beside:
+        steps += f" (beside them: {beside})"
+    return sum(phases[k] for k in PULL_PHASES if k in phases), steps
 
 
 @click.command("p2p")
@@ -479,7 +514,9 @@ def p2p_command(
     summary = {
         "limits": result["limits"],
         "p2p": result["p2p"],
+        "p2p_standby": result.get("p2p_standby"),
         "storage": result["storage"],
+        "storage_worker": result.get("storage_worker"),
         "fault": result["fault"],
         "storage_warm": result["storage_warm"],
         "source_load": result.get("source_load"),

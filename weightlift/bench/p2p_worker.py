@@ -40,7 +40,14 @@ from weightlift.api.model import (
     Role,
     RuntimeSpec,
 )
-from weightlift.api.worker import PeerCandidate, WorkerPlan
+from weightlift.api.worker import (
+    PEERS_FILE_ENV,
+    PeerCandidate,
+    PeerHandoff,
+    WorkerPhase,
+    WorkerPlan,
+)
+from weightlift.bench.load import drop_cache
 from weightlift.local.net import free_port
 from weightlift.worker.loaders.p2p import options_for
 from weightlift.worker.main import LOG_FORMAT, run_worker
@@ -117,18 +124,26 @@ class WorkerProc:
         except (httpx.HTTPError, ValueError):
             return None
 
-    def wait_phase(self, client: httpx.Client, timeout: float = 600) -> dict[str, Any]:
+    def wait_phase(
+        self,
+        client: httpx.Client,
+        timeout: float = 600,
+        phases: tuple[str, ...] = (),
+    ) -> dict[str, Any]:
+        """The status once the worker is in one of `phases`, Serving or Failed."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             st = self.status(client)
-            if st and st.get("phase") in ("Serving", "Failed"):
+            if st and st.get("phase") in (*phases, "Serving", "Failed"):
                 return st
             if self.p.poll() is not None:
                 raise click.ClickException(
                     f"worker {self.plan.pod_name} exited: " + "\n".join(self.lines[-30:])
                 )
             time.sleep(0.05)
-        raise click.ClickException(f"worker {self.plan.pod_name} not Serving after {timeout}s")
+        raise click.ClickException(
+            f"worker {self.plan.pod_name} not {'/'.join((*phases, 'Serving'))} after {timeout}s"
+        )
 
     def wait_published(self, client: httpx.Client, timeout: float = 120) -> None:
         deadline = time.monotonic() + timeout
@@ -171,10 +186,16 @@ def _infer_ok(client: httpx.Client, url: str, model: Path) -> bool:
 
 
 def run_workers(
-    model: Path, workdir: Path, env: dict[str, str], repeat: int, throttle_s: float
+    model: Path,
+    files: list[Path],
+    workdir: Path,
+    env: dict[str, str],
+    repeat: int,
+    throttle_s: float,
 ) -> dict[str, Any]:
     out: dict[str, Any] = {"processes": "weightlift worker (source) + weightlift worker (target)"}
     with httpx.Client() as client:
+        out["storage_worker"] = _storage_loads(model, files, workdir, env, client, repeat)
         src = WorkerProc(
             worker_plan(model, "bench-src-0", free_port(), Role.SOURCE, []), workdir, env
         )
@@ -190,52 +211,118 @@ def run_workers(
                 "loaded_from": st.get("loadedFrom"),
             }
             cand = PeerCandidate(pod="bench-src-0", address=f"127.0.0.1:{src.plan.runtime.port}")
-            runs = []
-            for i in range(repeat):
-                tgt = WorkerProc(
-                    worker_plan(model, f"bench-tgt-{i}", free_port(), Role.TARGET, [cand]),
-                    workdir,
-                    env,
-                )
-                try:
-                    st = tgt.wait_phase(client)
-                    ok = st["phase"] == "Serving" and _infer_ok(client, tgt.url, model)
-                    runs.append(
-                        {
-                            "seconds": st.get("loadSeconds"),
-                            "bytes": st.get("bytesLoaded"),
-                            "loaded_from": st.get("loadedFrom"),
-                            "strategy": st.get("strategy"),
-                            "phase": st["phase"],
-                            "inference_ok": ok,
-                            "phases": st.get("loadPhases") or {},
-                            # seconds since the process started: server, hooks, load, serving
-                            "timeline": _since_start(st.get("timeline") or {}),
-                        }
-                    )
-                finally:
-                    tgt.kill()
+            runs = [
+                _pull(model, workdir, env, client, cand, f"bench-tgt-{i}") for i in range(repeat)
+            ]
+            standby = [
+                _pull(model, workdir, env, client, cand, f"bench-sby-{i}", standby=True)
+                for i in range(repeat)
+            ]
         finally:
             src.kill()
-        good = [r for r in runs if r["phase"] == "Serving" and r["seconds"]]
-        seconds = statistics.median(r["seconds"] for r in good) if good else float("nan")
-        nbytes = good[0]["bytes"] if good else 0
-        out["p2p"] = {
-            "gbps": nbytes / seconds / 1e9 if good else 0.0,
-            "seconds": seconds,
-            "verified": bool(good)
-            and len(good) == len(runs)
-            and all(r["inference_ok"] and str(r["loaded_from"]).startswith("peer:") for r in runs),
-            "ranks": RANKS,
-            "bytes": nbytes,
-            "runs": runs,
-            "phases": {
-                k: statistics.median(r["phases"].get(k, 0.0) for r in good)
-                for k in dict.fromkeys(k for r in good for k in r["phases"])
-            },
-        }
+        out["p2p"] = _summary(runs)
+        out["p2p_standby"] = _summary(standby)
         out["fault"] = _fault(model, workdir, env, throttle_s, client)
     return out
+
+
+def _storage_loads(
+    model: Path,
+    files: list[Path],
+    workdir: Path,
+    env: dict[str, str],
+    client: httpx.Client,
+    repeat: int,
+) -> dict[str, Any]:
+    """Source workers loading from storage with a cold page cache: the storage side measured
+    as the P2P side is, a worker's own loadSeconds (its program opening beside the load)."""
+    runs = []
+    for i in range(repeat):
+        drop_cache(files)
+        worker = WorkerProc(
+            worker_plan(model, f"bench-sto-{i}", free_port(), Role.SOURCE, []), workdir, env
+        )
+        try:
+            st = worker.wait_phase(client)
+            if st["phase"] != "Serving":
+                raise click.ClickException(f"storage load failed: {st.get('message')}")
+            runs.append({"seconds": st["loadSeconds"], "bytes": st["bytesLoaded"]})
+        finally:
+            worker.kill()
+    seconds = statistics.median(r["seconds"] for r in runs)
+    return {
+        "gbps": runs[0]["bytes"] / seconds / 1e9,
+        "seconds": seconds,
+        "cache": "cold",
+        "runs": [r["seconds"] for r in runs],
+        "loader": "weightlift worker (Source)",
+    }
+
+
+def _pull(
+    model: Path,
+    workdir: Path,
+    env: dict[str, str],
+    client: httpx.Client,
+    cand: PeerCandidate,
+    pod: str,
+    standby: bool = False,
+) -> dict[str, Any]:
+    """One target worker pulling from `cand`. With `standby`, it starts with no peers and a
+    hand-off file (as a pod created before its source is Ready), reserves and faults in its
+    pull buffers, waits in Standby, and is handed `cand` then: the pull lands in memory
+    already faulted in."""
+    peers = [] if standby else [cand]
+    handoff = workdir / f"{pod}.peers"
+    worker_env = env
+    if standby:
+        handoff.write_text("")
+        worker_env = {**env, PEERS_FILE_ENV: str(handoff)}
+    tgt = WorkerProc(worker_plan(model, pod, free_port(), Role.TARGET, peers), workdir, worker_env)
+    try:
+        if standby:
+            tgt.wait_phase(client, phases=(WorkerPhase.STANDBY.value,))
+            # Replaced whole, as the kubelet swaps a projected file: never read half written.
+            staged = handoff.with_suffix(".staged")
+            staged.write_text(PeerHandoff(peers=[cand]).to_text())
+            staged.replace(handoff)
+        st = tgt.wait_phase(client)
+        ok = st["phase"] == "Serving" and _infer_ok(client, tgt.url, model)
+        return {
+            "seconds": st.get("loadSeconds"),
+            "bytes": st.get("bytesLoaded"),
+            "loaded_from": st.get("loadedFrom"),
+            "strategy": st.get("strategy"),
+            "phase": st["phase"],
+            "inference_ok": ok,
+            "phases": st.get("loadPhases") or {},
+            # seconds since the process started: server, hooks, (standby,) load, serving
+            "timeline": _since_start(st.get("timeline") or {}),
+        }
+    finally:
+        tgt.kill()
+
+
+def _summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Median load and its phases over the runs that served; verified when every run served
+    the right answers from the peer."""
+    good = [r for r in runs if r["phase"] == "Serving" and r["seconds"]]
+    seconds = statistics.median(r["seconds"] for r in good) if good else float("nan")
+    nbytes = good[0]["bytes"] if good else 0
+    return {
+        "gbps": nbytes / seconds / 1e9 if good else 0.0,
+        "seconds": seconds,
+        "verified": bool(good)
+        and len(good) == len(runs)
+        and all(r["inference_ok"] and str(r["loaded_from"]).startswith("peer:") for r in runs),
+        "ranks": RANKS,
+        "bytes": nbytes,
+        "runs": runs,
+        "phases": {
+            k: statistics.median(r["phases"].get(k, 0.0) for r in good)
+            for k in dict.fromkeys(k for r in good for k in r["phases"])
+        },
+    }
 
 
 def _since_start(timeline: dict[str, float]) -> dict[str, float]:

@@ -110,3 +110,13 @@ def test_storage_releases_the_reserved_pull_buffers(demo_tp1: DemoModel) -> None
     reserved = reserve.reserve(torch.device("cpu"), 8192)
     assert reserve.take(torch.device("cpu"), 8192) is reserved
     assert reserve.take(torch.device("cpu"), 8192) is None, "one pull per buffer"
+
+
+def test_ranks_of_one_size_on_one_device_each_take_their_own_buffer() -> None:
+    import torch
+
+    cpu = torch.device("cpu")
+    first, second = reserve.reserve(cpu, 4096), reserve.reserve(cpu, 4096)
+    taken = [reserve.take(cpu, 4096), reserve.take(cpu, 4096)]
+    assert {id(t) for t in taken} == {id(first), id(second)}
+    assert reserve.take(cpu, 4096) is None
