@@ -96,7 +96,13 @@ def _download(plan: WorkerPlan, dest: Path, progress: LoadProgress, weights: boo
     wanted = [f.name for f in snap.files if weights or not _is_weights(f.name)]
     progress.set_total(sum(f.size for f in snap.files if f.name in wanted))
     paths = hf.fetch(
-        snap, dest, progress.add, endpoint=endpoint, token=token, names=wanted, threads=threads
+        snap,
+        dest,
+        progress.add,
+        endpoint=endpoint,
+        token=token,
+        names=wanted,
+        threads=max(threads, 8),
     )
     _check_safetensors(paths, dest, lambda rel: f"hf://{repo_id}@{snap.commit}/{rel}")
     return paths

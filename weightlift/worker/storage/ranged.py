@@ -85,12 +85,42 @@ def fetch_files(
     chunk_bytes: int,
     thread_name: str = "wl-get",
 ) -> list[Path]:
-    """Download `files` into `dest/<name>` with `threads` ranged GETs in flight; the paths."""
+    """Download `files` into `dest/<name>` with `threads` ranged GETs in flight; the paths.
+
+    Each file is written under a hidden part name and renamed into place once every file is
+    complete: a reader never sees a half-written file under its real name, and a file already
+    there (a target's small files, fetched before its fallback) is replaced, not rewritten in
+    place under whoever has it open or mapped."""
     dest.mkdir(parents=True, exist_ok=True)
+    parts = {f.name: _part(dest / f.name) for f in files}
+    try:
+        _download(files, parts, read_range, on_bytes, threads, chunk_bytes, thread_name)
+    except BaseException:
+        for part in parts.values():
+            part.unlink(missing_ok=True)
+        raise
+    for f in files:
+        os.replace(parts[f.name], dest / f.name)
+    return [dest / f.name for f in files]
+
+
+def _part(path: Path) -> Path:
+    return path.with_name(f".{path.name}.wl-part")
+
+
+def _download(
+    files: list[F],
+    parts: dict[str, Path],
+    read_range: ReadRange[F],
+    on_bytes: Callable[[int], None],
+    threads: int,
+    chunk_bytes: int,
+    thread_name: str,
+) -> None:
     with ExitStack() as stack:
         fds: dict[str, int] = {}
         for f in files:
-            path = dest / f.name
+            path = parts[f.name]
             path.parent.mkdir(parents=True, exist_ok=True)
             fds[f.name] = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
             stack.callback(os.close, fds[f.name])
@@ -109,4 +139,3 @@ def fetch_files(
         with ThreadPoolExecutor(threads, thread_name_prefix=thread_name) as pool:
             for _ in pool.map(get, ranges(files, chunk_bytes)):
                 pass
-    return [dest / f.name for f in files]
