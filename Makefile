@@ -17,7 +17,7 @@ TRITON_ENV := $(WL_CACHE)/triton-$(TRITON_VERSION)
 # cluster.py (tests, demo) finds the control plane and kubectl/helm here.
 export WL_CACHE
 
-.PHONY: venv tools controlplane minio vllm-env triton-env test unit lint crd demo clean
+.PHONY: venv tools controlplane minio vllm-env triton-env images test test-images unit lint crd demo clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -45,6 +45,12 @@ vllm-env:
 triton-env: vllm-env
 	ENGINE_PYTHON=$(VLLM_ENV)/bin/python hack/install-triton.sh $(TRITON_ENV)
 
+# The Dockerfile's operator and worker images, built with buildah (no daemon). BASE empty: a local
+# Debian base made by debootstrap (no registry needed); BASE=python:3.11-slim pulls the usual one.
+# See README "Images" (pushing) and hack/build-images.sh.
+images:
+	hack/build-images.sh
+
 crd: venv
 	$(VENV)/bin/weightlift crd > crds/modeldeployment.yaml
 	cp crds/modeldeployment.yaml helm/weightlift/crds/modeldeployment.yaml
@@ -62,6 +68,11 @@ test: controlplane minio vllm-env triton-env
 	WEIGHTLIFT_REQUIRE_CLUSTER=1 WEIGHTLIFT_REQUIRE_VLLM=1 WEIGHTLIFT_REQUIRE_TRITON=1 \
 	WEIGHTLIFT_TRITON_HOME=$(TRITON_ENV) \
 	WEIGHTLIFT_VLLM_PYTHON=$(VLLM_ENV)/bin/python $(PY) -m pytest -q
+
+# Builds both images (a layer cache makes an unchanged rebuild quick) and checks what they hold
+# and run; kept out of `make test` (the worker image's torch: minutes and GBs, see README).
+test-images: venv
+	WEIGHTLIFT_IMAGES=1 $(PY) -m pytest tests/images -q
 
 # The operator as the chart's pod (`helm install`) where the process node may give it its
 # ServiceAccount's mounts (root); as a local process elsewhere. Same time to Ready either way.

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# `make images`: the Dockerfile's targets built with buildah (no daemon, `--isolation chroot`:
+# no container runtime either). Tags default to the names the chart and the CRD use.
+#
+# BASE: the Dockerfile's base image. Empty (the default) builds a local one from Debian
+# packages (hack/build-image-base.sh) since no registry may be reachable; BASE=python:3.11-slim
+# pulls the usual one. PIP_CA: a CA bundle pip trusts during the build (a TLS-intercepting
+# egress proxy); bind-mounted for the RUN steps only, never stored in an image. Default: the
+# host's system bundle when there is one; PIP_CA=none turns it off.
+# Usage: hack/build-images.sh [operator|worker]...   (default both); prints one line per image:
+#   <target> <image> <seconds>
+set -euo pipefail
+cd "$(dirname "$0")/.."
+WL_CACHE=${WL_CACHE:-$HOME/.cache/weightlift}
+VERSION=$(sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+OPERATOR_IMAGE=${OPERATOR_IMAGE:-ghcr.io/weightlift/weightlift:$VERSION}
+WORKER_IMAGE=${WORKER_IMAGE:-ghcr.io/weightlift/worker:$VERSION}
+BASE=${BASE:-}
+PIP_CA=${PIP_CA:-}
+targets=("$@")
+[[ ${#targets[@]} -eq 0 ]] && targets=(operator worker)
+
+if [[ -z $BASE ]]; then
+  BASE=$(WL_CACHE=$WL_CACHE hack/build-image-base.sh)
+fi
+if [[ -z $PIP_CA ]]; then
+  for bundle in /etc/ssl/certs/ca-certificates.crt /etc/pki/tls/certs/ca-bundle.crt; do
+    [[ -f $bundle ]] && { PIP_CA=$bundle; break; }
+  done
+fi
+ca_args=()
+if [[ -n $PIP_CA && $PIP_CA != none ]]; then
+  ca_args=(--volume "$PIP_CA:/run/pip-ca.crt:ro" --build-arg PIP_CERT=/run/pip-ca.crt)
+fi
+
+for target in "${targets[@]}"; do
+  case $target in
+    operator) image=$OPERATOR_IMAGE ;;
+    worker) image=$WORKER_IMAGE ;;
+    *) echo "build-images: unknown target '$target' (operator or worker)" >&2; exit 2 ;;
+  esac
+  start=$SECONDS
+  log=$(mktemp)
+  if ! buildah build --isolation chroot --layers --force-rm --build-arg "BASE=$BASE" "${ca_args[@]}" \
+    --target "$target" --tag "$image" --file Dockerfile . >"$log" 2>&1; then
+    tail -30 "$log" >&2
+    echo "build-images: building $target failed (full log: $log)" >&2
+    exit 1
+  fi
+  rm -f "$log"
+  echo "$target $image $((SECONDS - start))"
+done

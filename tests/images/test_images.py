@@ -1,0 +1,167 @@
+"""The two images `make images` builds with buildah (no daemon): the operator image holds no torch
+and none of the worker, local-stack or benchmark code and its console script runs; the worker image
+runs as uid 1000 and imports torch, safetensors and NIXL.
+
+Building them takes minutes and several GB (the worker's torch), so these tests run only with
+WEIGHTLIFT_IMAGES=1 (`make test-images`); the fixture builds through hack/build-images.sh, whose
+layer cache makes a rebuild of an unchanged checkout take seconds. Needs root (buildah's storage,
+`buildah mount`) and buildah + debootstrap, which hack/build-image-base.sh installs on Debian.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+BUILD_TIMEOUT_S = 3600
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(BUILD_TIMEOUT_S)]
+
+
+def _buildah(*args: str, timeout: float = 300) -> str:
+    done = subprocess.run(
+        ["buildah", *args], capture_output=True, text=True, timeout=timeout, check=False
+    )
+    if done.returncode != 0:
+        raise AssertionError(f"buildah {' '.join(args)} exited {done.returncode}: {done.stderr}")
+    return done.stdout
+
+
+@pytest.fixture(scope="module")
+def images() -> dict[str, str]:
+    """target -> image name, built (or found up to date) by hack/build-images.sh."""
+    if not os.environ.get("WEIGHTLIFT_IMAGES"):
+        pytest.skip(
+            "image tests build the images with buildah (minutes, GBs); "
+            "run `make test-images` or set WEIGHTLIFT_IMAGES=1"
+        )
+    done = subprocess.run(
+        [str(REPO / "hack" / "build-images.sh"), "operator", "worker"],
+        capture_output=True,
+        text=True,
+        timeout=BUILD_TIMEOUT_S,
+        check=False,
+    )
+    assert done.returncode == 0, f"hack/build-images.sh failed:\n{done.stderr[-4000:]}"
+    built = {}
+    for line in done.stdout.splitlines():
+        target, image, _seconds = line.split()
+        built[target] = image
+    assert set(built) == {"operator", "worker"}, done.stdout
+    return built
+
+
+def _config(image: str) -> dict[str, object]:
+    config = json.loads(_buildah("inspect", "--type", "image", image))["OCIv1"]["config"]
+    assert isinstance(config, dict)
+    return config
+
+
+@contextmanager
+def _container(image: str) -> Iterator[str]:
+    name = _buildah("from", "--pull-never", image).strip()
+    try:
+        yield name
+    finally:
+        _buildah("rm", name)
+
+
+def _try(image: str, *command: str, user: str | None = None) -> subprocess.CompletedProcess[str]:
+    """Runs `command` in a fresh container of `image` (chroot isolation) as `user`, or as the
+    image's configured user."""
+    with _container(image) as ctr:
+        as_user = ["--user", user] if user else []
+        argv = ["buildah", "run", "--isolation", "chroot", *as_user, ctr, "--", *command]
+        return subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False)
+
+
+def _run(image: str, *command: str, user: str | None = None) -> str:
+    done = _try(image, *command, user=user)
+    assert done.returncode == 0, f"{command} in {image} exited {done.returncode}: {done.stderr}"
+    return done.stdout
+
+
+def _files(image: str) -> list[str]:
+    """Every path in the image's root filesystem, relative to /."""
+    with _container(image) as ctr:
+        root = Path(_buildah("mount", ctr).strip())
+        try:
+            return [str(p.relative_to(root)) for p in root.rglob("*")]
+        finally:
+            _buildah("umount", ctr)
+
+
+def _dev_only_code(paths: list[str]) -> list[str]:
+    return [p for p in paths if "/weightlift/local" in f"/{p}" or "/weightlift/bench" in f"/{p}"]
+
+
+def test_operator_image_has_no_torch_and_no_dev_or_worker_code(images: dict[str, str]) -> None:
+    paths = _files(images["operator"])
+    assert any(p.endswith("weightlift/operator/run.py") for p in paths), "operator code missing"
+    assert not [p for p in paths if p.endswith(("/torch", "/torch/__init__.py"))]
+    assert not _dev_only_code(paths)
+    assert not [p for p in paths if "/weightlift/worker" in f"/{p}"]
+    probe = (
+        "import importlib.util as u; "
+        "print([m for m in ('torch', 'safetensors', 'weightlift.local', 'weightlift.bench',"
+        " 'weightlift.worker') if u.find_spec(m)])"
+    )
+    assert _run(images["operator"], "python3", "-c", probe).strip() == "[]"
+
+
+def test_operator_image_runs_weightlift(images: dict[str, str]) -> None:
+    config = _config(images["operator"])
+    assert config.get("Entrypoint") == ["weightlift", "operator"]
+    assert config.get("User") == "1000"
+    out = _run(images["operator"], "weightlift", "--help")
+    assert "Usage: weightlift" in out and "operator" in out
+    out = _run(images["operator"], "weightlift", "operator", "--help")
+    assert "Usage: weightlift operator" in out
+    # The dev-only commands stay listed (entry points) but say clearly that they are absent.
+    demo = _try(images["operator"], "weightlift", "demo")
+    assert demo.returncode != 0
+    assert "needs the module 'weightlift.local'" in demo.stderr, demo.stderr
+
+
+def test_worker_image_runs_as_uid_1000(images: dict[str, str]) -> None:
+    config = _config(images["worker"])
+    assert config.get("User") == "1000"
+    assert config.get("Cmd") == ["weightlift", "worker"]
+    assert _run(images["worker"], "id", "-u", user=str(config["User"])).strip() == "1000"
+
+
+WORKER_PROBE = """
+import os, tempfile
+import torch, safetensors.torch as st
+from weightlift.worker.p2p.nixl_compat import nixl
+t = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+path = os.path.join(tempfile.mkdtemp(), "w.safetensors")
+st.save_file({"w": t}, path)
+assert torch.equal(st.load_file(path)["w"], t)
+mod = nixl()
+config = mod.nixl_agent_config(enable_prog_thread=False, backends=["UCX"])
+agent = mod.nixl_agent("image-test", config)
+reg = agent.register_memory([(t.data_ptr(), t.nbytes, 0, "")], "DRAM")
+agent.deregister_memory(reg)
+print(os.getuid(), torch.__version__, mod.__name__, "ok")
+"""
+
+
+def test_worker_image_imports_torch_safetensors_and_nixl(images: dict[str, str]) -> None:
+    out = _run(images["worker"], "python3", "-c", WORKER_PROBE).split()
+    assert out[0] == "1000" and out[-1] == "ok", out
+    assert "nixl" in out[2]
+    assert "Usage: weightlift worker" in _run(images["worker"], "weightlift", "worker", "--help")
+
+
+def test_worker_image_ships_no_dev_only_code(images: dict[str, str]) -> None:
+    paths = _files(images["worker"])
+    assert any(p.endswith("weightlift/worker/main.py") for p in paths), "worker code missing"
+    assert not _dev_only_code(paths)
