@@ -26,6 +26,7 @@ def test_hf_bench_runs_every_contender_on_the_same_files(tmp_path: Path) -> None
     )
     assert [r["loader"] for r in doc["results"]] == list(HF_LOADERS)
     assert all(r["verified"] and r["gbps"] > 0 for r in doc["results"]), doc["results"]
+    assert all(r["cpu_seconds"] > 0 for r in doc["results"]), doc["results"]
     assert len(doc["objects"]) == 2 and doc["limits"]["hf_ranged_get_gbps"] > 0
     assert len(doc["commit"]) == 40
     assert json.loads(out.read_text())["command"].startswith("weightlift bench load --uri hf://")

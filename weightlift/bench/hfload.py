@@ -51,6 +51,8 @@ NOTES = [
     "*.safetensors, max_workers = threads, a fresh cache_dir) then safetensors load_file.",
     "hf_ranged_get_gbps: the same ranged GETs into anonymous memory: what the Hub server and the "
     "HTTP stack deliver here, the ceiling for every contender.",
+    "CPU s: this process's CPU time over all its threads, the local Hub server's included "
+    "(it runs in the bench's process): steadier than wall time on a busy machine.",
 ]
 
 

@@ -48,15 +48,21 @@ def time_loaders(
         for name in loaders:
             with tempfile.TemporaryDirectory(dir=scratch) as tmp:
                 gc.collect()
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
                 tensors, close = available[name](Path(tmp))
                 touch(tensors)
-                secs = time.perf_counter() - t0
+                secs, cpu = time.perf_counter() - t0, time.process_time() - c0
                 ok = all_bit_equal(tensors, reference)
                 del tensors
                 close()
             runs.append(
-                {"loader": name, "seconds": secs, "gbps": nbytes / secs / 1e9, "verified": ok}
+                {
+                    "loader": name,
+                    "seconds": secs,
+                    "cpu_seconds": cpu,
+                    "gbps": nbytes / secs / 1e9,
+                    "verified": ok,
+                }
             )
     results = []
     for name in loaders:
@@ -67,6 +73,9 @@ def time_loaders(
                 "loader": name,
                 "gbps": round(nbytes / secs / 1e9, 3),
                 "seconds": round(secs, 4),
+                # this process's CPU (every thread; an in-process server's too): steadier than
+                # wall time on a busy machine
+                "cpu_seconds": round(statistics.median(r["cpu_seconds"] for r in rs), 4),
                 "verified": all(r["verified"] for r in rs),
                 "runs": len(rs),
             }
@@ -114,13 +123,15 @@ def print_remote_table(doc: dict[str, Any], ceiling_key: str, ceiling_label: str
         title=f"weightlift bench load {doc['uri']}: {doc['bytes'] / 1e6:.0f} MB, median of "
         f"{doc['repeat']}, {ceiling_label} {ceiling} GB/s, memcpy {lim['memcpy_gbps']} GB/s"
     )
-    for col in ("loader", "GB/s", "seconds", f"x {ceiling_label}", "x best peer", "verified"):
+    cols = ("loader", "GB/s", "seconds", "CPU s", f"x {ceiling_label}", "x best peer", "verified")
+    for col in cols:
         t.add_column(col, justify="left" if col == "loader" else "right", no_wrap=True)
     for r in doc["results"]:
         t.add_row(
             r["loader"],
             f"{r['gbps']:.2f}",
             f"{r['seconds']:.3f}",
+            f"{r['cpu_seconds']:.2f}",
             f"{r['gbps'] / ceiling:.2f}" if ceiling else "-",
             f"{r['gbps'] / best_peer:.2f}" if best_peer else "-",
             "yes" if r["verified"] else "NO",

@@ -53,6 +53,7 @@ NOTES = [
     "max_concurrency = threads) into files, then safetensors load_file.",
     "s3_ranged_get_gbps: the same ranged GETs into anonymous memory: what the store and the "
     "HTTP stack deliver here, the ceiling for every contender.",
+    "CPU s: this process's CPU time over all its threads (MinIO's own not included).",
 ]
 
 

@@ -119,6 +119,7 @@ def fetch(
     chunk_bytes: int = RANGE_BYTES,
 ) -> list[Path]:
     """Download `names` (default: all of `snap.files`) at the pinned commit into `dest`."""
+    _configure()
     listed = {f.name: f for f in snap.files}
     want = names if names is not None else list(listed)
     reader = HubReader(snap.repo_id, snap.commit, endpoint=endpoint, token=token, threads=threads)
