@@ -6,25 +6,31 @@
 # BASE: any Debian-like image with python3.11, pip and useradd; where no registry is reachable,
 # hack/build-image-base.sh makes one from Debian packages.
 ARG BASE=python:3.11-slim
-FROM ${BASE} AS base
+FROM ${BASE} AS runtime
 RUN useradd --uid 1000 --create-home weightlift
+
+FROM runtime AS operator
+# PIP_CERT (build time only, never in the image): a CA bundle for a TLS-intercepting egress proxy.
+ARG PIP_CERT
 WORKDIR /opt/weightlift
 COPY pyproject.toml README.md ./
 COPY weightlift weightlift
-# The images ship none of the dev-only rooms.
-RUN rm -rf weightlift/local weightlift/bench
-
-FROM base AS operator
-# PIP_CERT (build time only, never in the image): a CA bundle for a TLS-intercepting egress proxy.
-ARG PIP_CERT
-RUN rm -rf weightlift/worker && pip install --no-cache-dir . && rm -rf /opt/weightlift
+# The images ship none of the dev-only rooms; the operator none of the worker either.
+RUN rm -rf weightlift/local weightlift/bench weightlift/worker \
+    && pip install --no-cache-dir . && rm -rf /opt/weightlift
 USER 1000
 ENTRYPOINT ["weightlift", "operator"]
 
-FROM base AS worker
+FROM runtime AS worker
 ARG PIP_CERT
-RUN pip install --no-cache-dir "torch>=2.5" && pip install --no-cache-dir ".[worker,p2p]" \
-    && rm -rf /opt/weightlift
+# torch (~5 GB with its CUDA wheels) in a layer of its own, before the code: a code change
+# rebuilds only the layers below it.
+RUN pip install --no-cache-dir "torch>=2.5"
+WORKDIR /opt/weightlift
+COPY pyproject.toml README.md ./
+COPY weightlift weightlift
+RUN rm -rf weightlift/local weightlift/bench \
+    && pip install --no-cache-dir ".[worker,p2p]" && rm -rf /opt/weightlift
 USER 1000
 ENTRYPOINT []
 CMD ["weightlift", "worker"]

@@ -16,8 +16,10 @@ import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 BUILD_TIMEOUT_S = 3600
@@ -165,3 +167,65 @@ def test_worker_image_ships_no_dev_only_code(images: dict[str, str]) -> None:
     paths = _files(images["worker"])
     assert any(p.endswith("weightlift/worker/main.py") for p in paths), "worker code missing"
     assert not _dev_only_code(paths)
+
+
+# -- stretch: the chart's operator pod runs from the operator image's root filesystem
+MD_NAME = "tiny"
+
+
+@pytest.fixture(scope="module")
+def image_stack(images: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    from tests.e2e.conftest import _require_binaries
+    from weightlift.local.images import image_rootfs, release_rootfs
+    from weightlift.local.stack import LocalStack
+
+    _require_binaries()
+    root = tmp_path_factory.mktemp("image-stack")
+    (root / "models").mkdir()
+    operator = images["operator"]
+    rootfs = image_rootfs(operator)
+    stack = LocalStack(
+        root / "stack",
+        node_name="image-node",
+        install="helm",
+        model_path_prefixes=(str(root / "models"),),
+        worker_env={"CUDA_VISIBLE_DEVICES": ""},
+        image_roots={operator: rootfs},
+        operator_image=operator,
+    )
+    try:
+        with stack:
+            yield stack, rootfs, root / "models"
+    finally:
+        release_rootfs(operator)
+
+
+def test_operator_pod_runs_from_the_image_and_a_deployment_gets_ready(image_stack: Any) -> None:
+    from tests.support.e2e import READY_TIMEOUT
+    from weightlift.local.observe import Observer
+    from weightlift.local.podidentity import SERVICE_ACCOUNT_DIR, inside
+    from weightlift.local.stack import make_demo_model
+
+    stack, rootfs, models = image_stack
+    pod = stack.release.operator_pod()
+    runner = stack.node.pods()[f"{stack.release.namespace}/{pod['metadata']['name']}"]
+    (pid,) = runner.pids()
+    # The process's root is the image's filesystem: the image's Python, no torch, the token.
+    assert os.readlink(f"/proc/{pid}/root") == str(rootfs)
+    assert os.readlink(f"/proc/{pid}/exe").startswith(str(rootfs) + "/usr/bin/python3")
+    seen = Path(f"/proc/{pid}/root")
+    assert not list(seen.glob("usr/local/lib/python3*/dist-packages/torch"))
+    token = inside(seen, SERVICE_ACCOUNT_DIR) / "token"  # /var/run -> /run, in its root
+    assert token.read_text().count(".") == 2
+
+    manifest = yaml.safe_load((REPO / "examples" / "minimal.yaml").read_text())
+    assert manifest["metadata"]["name"] == MD_NAME
+    make_demo_model(models / MD_NAME, 4.0, hook=False)
+    manifest["spec"]["model"]["uri"] = f"hostpath://{models / MD_NAME}"
+    stack.apply(manifest)
+    replicas = int(manifest["spec"].get("replicas", 1))
+
+    def ready(o: Observer) -> bool:
+        return o.phase() == "Ready" and int(o.status().get("readyReplicas", 0)) == replicas
+
+    Observer(stack, MD_NAME).wait(ready, READY_TIMEOUT, f"{MD_NAME}: {replicas} replicas Ready")

@@ -107,6 +107,61 @@ def with_mounts(
     return run
 
 
+def inside(root: Path, path: str) -> Path:
+    """Absolute `path` as seen from a chroot at `root`, on the host's side: symlinks (say
+    /var/run -> /run) resolve within `root`, never into the host's tree."""
+    parts = list(Path(path).parts[1:])
+    resolved, hops = root, 0
+    while parts:
+        part = parts.pop(0)
+        if part == "..":
+            resolved = resolved.parent if resolved != root else root
+            continue
+        step = resolved / part
+        if not step.is_symlink():
+            resolved = step
+            continue
+        hops += 1
+        if hops > 40:  # the kernel's limit
+            raise MountError(f"{path}: too many symlinks below {root}")
+        link = Path(os.readlink(step))
+        if link.is_absolute():
+            resolved, parts = root, [*link.parts[1:], *parts]
+        else:
+            parts = [*link.parts, *parts]
+    return resolved
+
+
+def in_root(
+    preexec: Callable[[], None] | None,
+    root: str,
+    binds: list[tuple[str, str]],
+    workdir: str,
+) -> Callable[[], None]:
+    """A `preexec_fn` that runs the process in an image's root filesystem: `preexec`, a private
+    mount namespace, the host's /proc, /dev and /sys and each (source, host-side target, see
+    `inside`) bind-mounted into `root` (the binds read-only), then chroot and chdir."""
+    libc = _LIBC
+    assert libc is not None
+    unshare, mount, chroot, chdir = libc.unshare, libc.mount, libc.chroot, libc.chdir
+    system = [(d.encode(), f"{root}{d}".encode()) for d in ("/proc", "/dev", "/sys")]
+    new_root, new_cwd = root.encode(), workdir.encode()
+
+    def run() -> None:
+        if preexec is not None:
+            preexec()
+        _check(unshare(_CLONE_NEWNS), "unshare")
+        _check(mount(None, b"/", None, _MS_REC | _MS_PRIVATE, None), "make / private")
+        for host_dir, in_image in system:
+            _check(mount(host_dir, in_image, None, _MS_BIND | _MS_REC, None), "bind")
+        for source, target in binds:
+            _bind(libc, source, target)
+        _check(chroot(new_root), "chroot")
+        _check(chdir(new_cwd), "chdir")
+
+    return run
+
+
 def prepare_mountpoints(binds: list[tuple[str, str]]) -> None:
     """Make sure mount namespaces work here and each target directory exists (an empty
     directory on the host, as on any node image); MountError says why not."""

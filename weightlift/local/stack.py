@@ -122,6 +122,11 @@ class LocalStack(UpDown):
     install: str = "process"
     # Extra kube-apiserver flags (e.g. an audit log).
     apiserver_args: tuple[str, ...] = ()
+    # Container image -> a root filesystem of it (local/images.py): the process node runs
+    # containers of these images chrooted there. `operator_image` names the chart's operator
+    # image (default: the chart's own, which `make images` builds under the same name).
+    image_roots: dict[str, Path] = field(default_factory=dict)
+    operator_image: str = ""
 
     kube: Kube = field(init=False)
     node: ProcessNode = field(init=False)
@@ -170,6 +175,7 @@ class LocalStack(UpDown):
             "modelPathPrefixes": [str(Path(p).resolve()) for p in self.model_path_prefixes],
             "logLevel": "debug" if self.operator_verbose else "info",
             "extraEnv": [{"name": k, "value": v} for k, v in self.operator_env.items()],
+            **_image_values(self.operator_image),
         }
 
     def _install_release(self) -> None:
@@ -242,6 +248,7 @@ class LocalStack(UpDown):
             self.state_dir / "node",
             gpus=self.gpus,
             extra_env=dict(self.worker_env),
+            image_roots=dict(self.image_roots),
         )
         self.node.start()
         self._node_started = True
@@ -467,3 +474,13 @@ def add_hook_library(model_dir: Path) -> Path:
         lib.parent.mkdir(parents=True, exist_ok=True)
         build_hook_library(lib)
     return lib
+
+
+def _image_values(image: str) -> JSON:
+    """The chart's `image` values for `repository:tag` (none for an empty name)."""
+    if not image:
+        return {}
+    repository, _, tag = image.rpartition(":")
+    if not repository or "/" in tag:
+        raise ValueError(f"operator image {image!r}: expected repository:tag")
+    return {"image": {"repository": repository, "tag": tag}}

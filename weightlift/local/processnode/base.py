@@ -64,6 +64,9 @@ class NodeConfig:
     # Host environment variables passed through (a container would not see the host env).
     # PYTHONPATH: a checkout run without installing (a git worktree) reaches its worker pods.
     passthrough_env: tuple[str, ...] = ("HOME", "LANG", "LC_ALL", "TMPDIR", "USER", "PYTHONPATH")
+    # Container image -> a root filesystem of it (weightlift/local/images.py): containers of
+    # these images run chrooted there, from the image's files instead of this installation.
+    image_roots: dict[str, Path] = field(default_factory=dict)
     delete_node_on_stop: bool = True
     # Third octet range for pod IPs 127.0.x.y; the start is derived from the node name and this
     # process, so two stacks on one machine (parallel test runs) rarely hand out the same IP: the

@@ -25,6 +25,8 @@ from weightlift.api.times import now_rfc3339
 from weightlift.local.kube import JSON, KUBE_ERRORS, STRATEGIC, call, delete, describe, get_or_none
 from weightlift.local.podidentity import (
     MountError,
+    in_root,
+    inside,
     kubernetes_service_env,
     prepare_mountpoints,
     real_mounts,
@@ -44,6 +46,9 @@ from weightlift.local.processnode.base import (
     write_atomic,
 )
 from weightlift.local.procs import signal_group, stop_group
+
+# PATH of a container of a mapped image (the OCI default; both Dockerfile targets use it).
+IMAGE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 if TYPE_CHECKING:
     from weightlift.local.processnode.node import ProcessNode
@@ -227,9 +232,29 @@ class PodRunner(threading.Thread):
         ServiceAccount token) are bind-mounted there in a mount namespace of its own."""
         options = pod_process(out, cwd, env)
         binds = real_mounts(c.spec, self._translate)
+        if self._image_root(c.spec) is not None:
+            return self._in_image(c.spec, options, binds)
         if binds:
             prepare_mountpoints(binds)
             options["preexec_fn"] = with_mounts(options["preexec_fn"], binds)
+        return options
+
+    def _image_root(self, spec: JSON) -> Path | None:
+        return self.node.config.image_roots.get(spec.get("image", ""))
+
+    def _in_image(
+        self, spec: JSON, options: dict[str, Any], binds: list[tuple[str, str]]
+    ) -> dict[str, Any]:
+        """Popen options that run the process chrooted in its image's root filesystem (a
+        mapped image; `options` unchanged otherwise), `binds` mounted inside it."""
+        root = self._image_root(spec)
+        if root is None:
+            return options
+        binds = [(source, str(inside(root, target))) for source, target in binds]
+        prepare_mountpoints(binds)
+        workdir = options["cwd"]  # the container's path (_command_in_image)
+        options["preexec_fn"] = in_root(options["preexec_fn"], str(root), binds, workdir)
+        options["cwd"] = str(root)  # Popen changes directory before the chroot
         return options
 
     def _on_exit(self, pod: JSON, c: ContainerRun) -> None:
@@ -309,7 +334,8 @@ class PodRunner(threading.Thread):
         for spec in pod["spec"].get("initContainers", []):
             argv, env, cwd = self._command(pod, spec)
             with (self.dir / f"init-{spec['name']}.log").open("ab") as out:
-                proc = subprocess.run(argv, timeout=600, check=False, **pod_process(out, cwd, env))
+                options = self._in_image(spec, pod_process(out, cwd, env), [])
+                proc = subprocess.run(argv, timeout=600, check=False, **options)
             if proc.returncode != 0:
                 raise ConfigError(f"init container {spec['name']} exited {proc.returncode}")
 
@@ -334,12 +360,36 @@ class PodRunner(threading.Thread):
                 f"container {spec['name']} has no command: the process node cannot run an "
                 "image's entrypoint"
             )
+        root = self._image_root(spec)
+        if root is not None:
+            return self._command_in_image(root, spec, argv, env)
         argv = [self._resolve_exe(argv[0]), *argv[1:]]
         wd = spec.get("workingDir")
         cwd = self._translate(wd) if wd else str(self.dir)
         if not Path(cwd).is_dir():
             raise ConfigError(f"workingDir {wd} does not exist locally ({cwd})")
         return argv, env, cwd
+
+    @staticmethod
+    def _command_in_image(
+        root: Path, spec: JSON, argv: list[str], env: dict[str, str]
+    ) -> tuple[list[str], dict[str, str], str]:
+        """argv, env and working directory as the image sees them: its PATH, none of this
+        installation's paths (PYTHONPATH, TMPDIR)."""
+        env["PATH"] = IMAGE_PATH
+        for name in ("PYTHONPATH", "TMPDIR"):
+            env.pop(name, None)
+        exe = argv[0]
+        if "/" not in exe:
+            found = [f"{d}/{exe}" for d in IMAGE_PATH.split(":")]
+            runnable = [p for p in found if os.access(inside(root, p), os.X_OK)]
+            if not runnable:
+                raise ConfigError(f"executable {exe!r} not found in image {spec['image']} ({root})")
+            exe = runnable[0]
+        wd = spec.get("workingDir") or "/"
+        if not inside(root, wd).is_dir():
+            raise ConfigError(f"workingDir {wd} does not exist in image {spec['image']}")
+        return [exe, *argv[1:]], env, wd
 
     def _env(self, pod: JSON, spec: JSON) -> dict[str, str]:
         cfg = self.node.config
