@@ -40,6 +40,7 @@ for target in "${targets[@]}"; do
     *) echo "build-images: unknown target '$target' (operator or worker)" >&2; exit 2 ;;
   esac
   start=$SECONDS
+  before=$(buildah inspect --type image --format '{{.FromImageID}}' "$image" 2>/dev/null || true)
   log=$(mktemp)
   if ! buildah build --isolation chroot --layers --force-rm --build-arg "BASE=$BASE" "${ca_args[@]}" \
     --target "$target" --tag "$image" --file Dockerfile . >"$log" 2>&1; then
@@ -48,5 +49,10 @@ for target in "${targets[@]}"; do
     exit 1
   fi
   rm -f "$log"
+  # The image this build replaced keeps no name: drop it (it fails harmlessly while in use).
+  after=$(buildah inspect --type image --format '{{.FromImageID}}' "$image")
+  if [[ -n $before && $before != "$after" ]]; then
+    buildah rmi "$before" >/dev/null 2>&1 || true
+  fi
   echo "$target $image $((SECONDS - start))"
 done
