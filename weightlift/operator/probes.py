@@ -1,15 +1,17 @@
-"""Talk to workers: read their status report and run real inference probes (httpx): KServe v2
-/infer, or a greedy text generation (OpenAI /v1/completions, Triton /v2/models/{m}/generate)."""
+"""Talk to workers: read their status report and run real inference probes (aiohttp): KServe
+v2 /infer, or a greedy text generation (OpenAI /v1/completions, Triton /v2/models/{m}/generate)."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import time
-from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from types import TracebackType
 from typing import Any
 
-import httpx
+import aiohttp
 
 from weightlift.api.model import (
     CompletionProbe,
@@ -21,73 +23,92 @@ from weightlift.api.times import now_rfc3339
 from weightlift.api.worker import WorkerReport
 
 STATUS_TIMEOUT = 2.0
-# Requests to workers in flight at once. httpcore's pool matches every queued request against
-# every connection on each change (quadratic): 400 pods probed at once kept the operator busy in
-# the pool and starved everything else; a bounded queue in front of it keeps that cheap.
+# Requests to workers in flight at once; the others wait their turn in a FIFO.
 MAX_WORKER_REQUESTS = 64
+# What a request to a worker can raise besides a bad answer (refused, reset, timed out).
+REQUEST_ERRORS = (aiohttp.ClientError, TimeoutError)
 
 
-class _Slot(httpx.AsyncByteStream):
-    """A response body that gives its request slot back once closed (read or failed)."""
+@dataclass(frozen=True)
+class Answer:
+    """A worker's whole answer: status code and body."""
 
-    def __init__(self, stream: httpx.AsyncByteStream, release: Callable[[], None]) -> None:
-        self._stream = stream
-        self._release: Callable[[], None] | None = release
+    status: int
+    body: bytes
 
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        async for chunk in self._stream:
-            yield chunk
+    def json(self) -> Any:
+        """The body as JSON; ValueError when it is not."""
+        return json.loads(self.body)
 
-    async def aclose(self) -> None:
-        try:
-            await self._stream.aclose()
-        finally:
-            release, self._release = self._release, None
-            if release is not None:
-                release()
+    @property
+    def text(self) -> str:
+        return self.body.decode(errors="replace")
 
 
-class BoundedTransport(httpx.AsyncBaseTransport):
-    """httpx's transport with at most `limit` requests in flight; the others wait in a FIFO
-    outside the pool (the wait does not count against a request's timeout)."""
+class WorkerClient:
+    """The operator's one HTTP client for every worker (status reports and inference probes).
+
+    aiohttp (kopf's own client, so no extra import) costs a third of httpx's CPU per request
+    (0.31 against 0.94 ms, 4000 pod addresses on loopback): at 1000 x 4 replicas probed every
+    10 s that is 400 requests a second. No connection is kept: a pass talks to each pod once a
+    probe period, and 4000 idle connections cost ~30 MB. At most `limit` requests are in
+    flight; the others wait in a FIFO, and that wait does not count against their timeout.
+    """
 
     def __init__(self, limit: int = MAX_WORKER_REQUESTS) -> None:
-        # No idle connections kept: a pass talks to each pod once a probe period, so a kept
-        # connection is rarely reused among thousands of pods, and every request scans the
-        # pool's connections (at 300 x 4 the scan was a fifth of the operator's CPU).
-        pool = httpx.Limits(max_connections=limit, max_keepalive_connections=0)
-        self._inner = httpx.AsyncHTTPTransport(limits=pool)
         self._slots = asyncio.Semaphore(limit)
+        self._session: aiohttp.ClientSession | None = None
 
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        await self._slots.acquire()
-        try:
-            response = await self._inner.handle_async_request(request)
-        except BaseException:
-            self._slots.release()
-            raise
-        assert isinstance(response.stream, httpx.AsyncByteStream)
-        response.stream = _Slot(response.stream, self._slots.release)
-        return response
+    def _open(self) -> aiohttp.ClientSession:
+        # Made on first use: an aiohttp session belongs to the running event loop.
+        if self._session is None or self._session.closed:
+            connector = aiohttp.TCPConnector(limit=0, force_close=True)
+            self._session = aiohttp.ClientSession(connector=connector, trust_env=False)
+        return self._session
+
+    async def request(
+        self, method: str, url: str, timeout: float, body: Any | None = None
+    ) -> Answer:
+        """One request; `timeout` bounds it from its turn to its last byte."""
+        async with self._slots:
+            session = self._open()
+            limit = aiohttp.ClientTimeout(total=timeout)
+            try:
+                async with session.request(method, url, json=body, timeout=limit) as response:
+                    return Answer(response.status, await response.read())
+            except TimeoutError as exc:  # aiohttp's own says nothing (an empty message)
+                raise TimeoutError(f"no answer from {url} within {timeout:g}s") from exc
 
     async def aclose(self) -> None:
-        await self._inner.aclose()
+        if self._session is not None:
+            await self._session.close()
+
+    async def __aenter__(self) -> WorkerClient:
+        return self
+
+    async def __aexit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        trace: TracebackType | None,
+    ) -> None:
+        await self.aclose()
 
 
-def worker_client() -> httpx.AsyncClient:
+def worker_client() -> WorkerClient:
     """The operator's one client for every worker (status reports and inference probes)."""
-    return httpx.AsyncClient(transport=BoundedTransport(), trust_env=False)
+    return WorkerClient()
 
 
-async def fetch_report(client: httpx.AsyncClient, address: str) -> WorkerReport | None:
+async def fetch_report(client: WorkerClient, address: str) -> WorkerReport | None:
     """The worker's /weightlift/v1/status, or None when it does not answer (yet)."""
     try:
-        response = await client.get(
-            f"http://{address}/weightlift/v1/status", timeout=STATUS_TIMEOUT
-        )
-        response.raise_for_status()
-        return WorkerReport.model_validate(response.json())
-    except (httpx.HTTPError, ValueError):
+        url = f"http://{address}/weightlift/v1/status"
+        answer = await client.request("GET", url, STATUS_TIMEOUT)
+        if answer.status != 200:
+            return None
+        return WorkerReport.model_validate_json(answer.body)
+    except (*REQUEST_ERRORS, ValueError):
         return None
 
 
@@ -167,7 +188,7 @@ def check_text(text: str, probe: CompletionProbe) -> str | None:
 
 
 async def generate_text(
-    client: httpx.AsyncClient, address: str, model: str, probe: CompletionProbe, timeout: float
+    client: WorkerClient, address: str, model: str, probe: CompletionProbe, timeout: float
 ) -> str:
     """The greedy completion of `probe.prompt`; raises ValueError on an unexpected answer."""
     if probe.protocol == CompletionProtocol.TRITON_GENERATE:
@@ -184,9 +205,9 @@ async def generate_text(
             "temperature": 0,
         }
         url = f"http://{address}/v1/completions"
-    response = await client.post(url, json=body, timeout=timeout)
-    if response.status_code != 200:
-        raise ValueError(f"{url} returned HTTP {response.status_code}: {response.text[:200]}")
+    response = await client.request("POST", url, timeout, body)
+    if response.status != 200:
+        raise ValueError(f"{url} returned HTTP {response.status}: {response.text[:200]}")
     doc = response.json()
     text = (
         doc.get("text_output")
@@ -198,7 +219,7 @@ async def generate_text(
     return text
 
 
-def _outputs(response: httpx.Response) -> list[dict[str, Any]]:
+def _outputs(response: Answer) -> list[dict[str, Any]]:
     payload = response.json()
     outputs = payload.get("outputs") if isinstance(payload, dict) else None
     if not isinstance(outputs, list) or not all(isinstance(o, dict) for o in outputs):
@@ -207,7 +228,7 @@ def _outputs(response: httpx.Response) -> list[dict[str, Any]]:
 
 
 async def probe_inference(
-    client: httpx.AsyncClient,
+    client: WorkerClient,
     address: str,
     model: str,
     probe: InferenceProbe | None,
@@ -226,7 +247,7 @@ async def probe_inference(
             problem = await _probe_infer(client, address, model, probe, timeout)
     # A worker's answer is untrusted input: whatever shape it has, the probe fails, never raises
     # (an exception here would abort the reconcile of the whole ModelDeployment).
-    except (httpx.HTTPError, ValueError, KeyError, TypeError, AttributeError, IndexError) as exc:
+    except (*REQUEST_ERRORS, ValueError, KeyError, TypeError, AttributeError, IndexError) as exc:
         problem = f"infer request failed: {type(exc).__name__}: {exc}"
     latency = (time.perf_counter() - started) * 1000
     if problem is None:
@@ -249,7 +270,7 @@ async def probe_inference(
 
 
 async def _probe_infer(
-    client: httpx.AsyncClient,
+    client: WorkerClient,
     address: str,
     model: str,
     probe: InferenceProbe | None,
@@ -258,8 +279,9 @@ async def _probe_infer(
     """KServe v2: POST the probe's request (or zeros shaped from metadata) and judge outputs."""
     metadata = None
     if probe is None or probe.request is None or not probe.expected_outputs:
-        meta = await client.get(f"http://{address}/v2/models/{model}", timeout=timeout)
-        meta.raise_for_status()
+        meta = await client.request("GET", f"http://{address}/v2/models/{model}", timeout)
+        if meta.status != 200:
+            raise ValueError(f"model metadata returned HTTP {meta.status}: {meta.text[:200]}")
         metadata = meta.json()
         if not isinstance(metadata, dict):
             raise ValueError(f"model metadata is not a JSON object: {meta.text[:200]}")
@@ -268,9 +290,8 @@ async def _probe_infer(
         if probe is not None and probe.request is not None
         else request_from_metadata(metadata or {})
     )
-    response = await client.post(
-        f"http://{address}/v2/models/{model}/infer", json=body, timeout=timeout
-    )
-    if response.status_code != 200:
-        return f"infer returned HTTP {response.status_code}: {response.text[:200]}"
+    url = f"http://{address}/v2/models/{model}/infer"
+    response = await client.request("POST", url, timeout, body)
+    if response.status != 200:
+        return f"infer returned HTTP {response.status}: {response.text[:200]}"
     return check_outputs(_outputs(response), probe, metadata)

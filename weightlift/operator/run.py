@@ -95,9 +95,6 @@ def operator_command(
         os.environ[COMPILE_CACHE_MAX_BYTES_ENV] = str(compile_cache_max_bytes)
     level = logging.DEBUG if verbose else getattr(logging, log_level.upper())
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if level > logging.DEBUG:
-        # httpx logs every request at INFO: one line per probe and status read of every pod.
-        logging.getLogger("httpx").setLevel(logging.WARNING)
     import weightlift.operator.handlers  # noqa: F401  (registers the handlers)
 
     settings = kopf.OperatorSettings()

@@ -11,13 +11,12 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-import httpx
 from kubernetes import client
 
 from weightlift.api.worker import WorkerReport
 from weightlift.operator import kube
 from weightlift.operator.pods import GPU_RESOURCE
-from weightlift.operator.probes import ProbeResult, worker_client
+from weightlift.operator.probes import ProbeResult, WorkerClient, worker_client
 from weightlift.operator.settings import Settings
 
 NODE_CACHE_SECONDS = 60.0
@@ -65,7 +64,7 @@ class OperatorState:
 
     core: client.CoreV1Api
     custom: client.CustomObjectsApi
-    http: httpx.AsyncClient
+    http: WorkerClient
     settings: Settings = field(default_factory=Settings)
     deployments: dict[str, DeploymentRecord] = field(default_factory=dict)
     pods: dict[str, PodRecord] = field(default_factory=dict)

@@ -64,10 +64,10 @@ async def test_the_probe_checks_the_computed_answer(sim_port: int) -> None:
 async def test_addresses_outside_the_pod_cidr_get_nothing(sim_port: int) -> None:
     async with worker_client() as client:
         assert await fetch_report(client, f"127.0.0.1:{sim_port}") is None
-        stats = (await client.get(f"http://127.0.0.1:{sim_port}/sim/stats")).json()
+        stats = (await client.request("GET", f"http://127.0.0.1:{sim_port}/sim/stats", 5)).json()
         assert stats["requests"] == {}
-        response = await client.get(f"http://127.244.0.7:{sim_port}/sim/stats")
-        assert response.status_code == 404
+        response = await client.request("GET", f"http://127.244.0.7:{sim_port}/sim/stats", 5)
+        assert response.status == 404
 
 
 async def test_many_pods_at_once_through_the_bounded_client(sim_port: int) -> None:
@@ -76,6 +76,6 @@ async def test_many_pods_at_once_through_the_bounded_client(sim_port: int) -> No
         addresses = [f"127.244.{i // 250}.{i % 250 + 1}:{sim_port}" for i in range(100)]
         reports = await asyncio.gather(*(fetch_report(client, a) for a in addresses))
         assert all(r is not None and r.phase == WorkerPhase.SERVING for r in reports)
-        stats = (await client.get(f"http://127.0.0.1:{sim_port}/sim/stats")).json()
+        stats = (await client.request("GET", f"http://127.0.0.1:{sim_port}/sim/stats", 5)).json()
     assert stats["requests"]["status"] == 100
     assert stats["pod_addresses"] == 100

@@ -7,14 +7,13 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
 import pytest
 from aiohttp import web
 
 from weightlift.api.model import InferenceProbe, ProbeResult
 from weightlift.local.net import free_port
 from weightlift.operator.probes import (
-    BoundedTransport,
+    WorkerClient,
     fetch_report,
     probe_inference,
     request_from_metadata,
@@ -116,8 +115,8 @@ async def worker() -> AsyncIterator[Worker]:
 
 
 @pytest.fixture
-async def http() -> AsyncIterator[httpx.AsyncClient]:
-    """The client the operator uses (bounded transport in front of httpx's pool)."""
+async def http() -> AsyncIterator[WorkerClient]:
+    """The client the operator uses (aiohttp, at most MAX_WORKER_REQUESTS in flight)."""
     async with worker_client() as client:
         yield client
 
@@ -135,7 +134,7 @@ def make_probe(**overrides: Any) -> InferenceProbe:
 
 
 async def probe(
-    http: httpx.AsyncClient,
+    http: WorkerClient,
     worker: Worker,
     spec: InferenceProbe | None,
     previous: ProbeResult | None = None,
@@ -146,7 +145,7 @@ async def probe(
 # ----------------------------------------------------------------------- expected outputs
 
 
-async def test_outputs_within_tolerance_pass(http: httpx.AsyncClient, worker: Worker) -> None:
+async def test_outputs_within_tolerance_pass(http: WorkerClient, worker: Worker) -> None:
     worker.outputs = [output([2.005, 3.995, 6.0, 8.009])]
     result = await probe(http, worker, make_probe())
     assert result.passed, result.message
@@ -158,7 +157,7 @@ async def test_outputs_within_tolerance_pass(http: httpx.AsyncClient, worker: Wo
 
 
 async def test_an_output_off_by_more_than_tolerance_fails_naming_output_and_index(
-    http: httpx.AsyncClient, worker: Worker
+    http: WorkerClient, worker: Worker
 ) -> None:
     worker.outputs = [output([2, 4, 6.02, 8])]
     result = await probe(http, worker, make_probe())
@@ -169,7 +168,7 @@ async def test_an_output_off_by_more_than_tolerance_fails_naming_output_and_inde
 
 
 async def test_a_missing_output_fails_and_lists_what_came_back(
-    http: httpx.AsyncClient, worker: Worker
+    http: WorkerClient, worker: Worker
 ) -> None:
     worker.outputs = [output([2, 4, 6, 8], name="LOGITS")]
     result = await probe(http, worker, make_probe())
@@ -178,7 +177,7 @@ async def test_a_missing_output_fails_and_lists_what_came_back(
     assert "LOGITS" in result.message
 
 
-async def test_a_wrong_shape_or_count_fails(http: httpx.AsyncClient, worker: Worker) -> None:
+async def test_a_wrong_shape_or_count_fails(http: WorkerClient, worker: Worker) -> None:
     worker.outputs = [output([2, 4, 6, 8], shape=[4, 1])]
     shape = await probe(http, worker, make_probe())
     assert not shape.passed and "shape" in shape.message
@@ -190,7 +189,7 @@ async def test_a_wrong_shape_or_count_fails(http: httpx.AsyncClient, worker: Wor
     assert not count.passed and "3 values, expected 4" in count.message
 
 
-async def test_non_finite_outputs_fail(http: httpx.AsyncClient, worker: Worker) -> None:
+async def test_non_finite_outputs_fail(http: WorkerClient, worker: Worker) -> None:
     # JSON has no NaN literal, but Python's json (and many servers) emit one.
     worker.outputs = [output([2, float("nan"), 6, 8])]
     result = await probe(http, worker, make_probe(tolerance=1000))
@@ -198,9 +197,7 @@ async def test_non_finite_outputs_fail(http: httpx.AsyncClient, worker: Worker) 
     assert "non-finite" in result.message
 
 
-async def test_http_500_fails_with_the_status_and_body(
-    http: httpx.AsyncClient, worker: Worker
-) -> None:
+async def test_http_500_fails_with_the_status_and_body(http: WorkerClient, worker: Worker) -> None:
     worker.infer_status = 500
     result = await probe(http, worker, make_probe())
     assert not result.passed
@@ -208,7 +205,7 @@ async def test_http_500_fails_with_the_status_and_body(
     assert "CUDA error" in result.message
 
 
-async def test_a_slow_worker_times_out(http: httpx.AsyncClient, worker: Worker) -> None:
+async def test_a_slow_worker_times_out(http: WorkerClient, worker: Worker) -> None:
     worker.delay = 3.0
     started = asyncio.get_running_loop().time()
     result = await probe(http, worker, make_probe(timeoutSeconds=1))
@@ -218,7 +215,7 @@ async def test_a_slow_worker_times_out(http: httpx.AsyncClient, worker: Worker) 
     assert elapsed < 2.5
 
 
-async def test_a_refused_connection_fails(http: httpx.AsyncClient) -> None:
+async def test_a_refused_connection_fails(http: WorkerClient) -> None:
     dead = Worker(address=f"127.0.0.1:{free_port()}")
     result = await probe(http, dead, make_probe())
     assert not result.passed
@@ -231,7 +228,7 @@ async def test_a_refused_connection_fails(http: httpx.AsyncClient) -> None:
     ids=["list", "string", "outputs-string", "outputs-not-objects", "output-without-data"],
 )
 async def test_malformed_responses_fail_instead_of_raising(
-    http: httpx.AsyncClient, worker: Worker, body: Any
+    http: WorkerClient, worker: Worker, body: Any
 ) -> None:
     worker.infer_body = body
     result = await probe(http, worker, make_probe())
@@ -243,7 +240,7 @@ async def test_malformed_responses_fail_instead_of_raising(
 
 
 async def test_without_a_probe_the_request_comes_from_metadata(
-    http: httpx.AsyncClient, worker: Worker
+    http: WorkerClient, worker: Worker
 ) -> None:
     worker.outputs = [output([0, 0, 0, 0])]
     result = await probe(http, worker, None)
@@ -263,7 +260,7 @@ async def test_without_a_probe_the_request_comes_from_metadata(
     ],
 )
 async def test_without_expected_outputs_names_datatypes_and_shapes_are_checked(
-    http: httpx.AsyncClient, worker: Worker, outputs: list[dict[str, Any]], complaint: str
+    http: WorkerClient, worker: Worker, outputs: list[dict[str, Any]], complaint: str
 ) -> None:
     worker.outputs = outputs
     for spec in (None, make_probe(expectedOutputs=[])):
@@ -273,7 +270,7 @@ async def test_without_expected_outputs_names_datatypes_and_shapes_are_checked(
 
 
 async def test_a_probe_without_expected_outputs_sends_its_own_request(
-    http: httpx.AsyncClient, worker: Worker
+    http: WorkerClient, worker: Worker
 ) -> None:
     worker.outputs = [output([9, 9, 9, 9], shape=[3, 4])]  # -1 matches any batch size
     result = await probe(http, worker, make_probe(expectedOutputs=[]))
@@ -281,7 +278,7 @@ async def test_a_probe_without_expected_outputs_sends_its_own_request(
     assert worker.infer_requests == [REQUEST]
 
 
-async def test_metadata_errors_fail_the_probe(http: httpx.AsyncClient, worker: Worker) -> None:
+async def test_metadata_errors_fail_the_probe(http: WorkerClient, worker: Worker) -> None:
     worker.metadata_status = 503
     result = await probe(http, worker, None)
     assert not result.passed
@@ -316,7 +313,7 @@ def test_request_from_metadata_fills_zeros_and_resolves_dynamic_dims() -> None:
 
 
 async def test_a_passing_replica_stays_passed_until_the_failure_threshold(
-    http: httpx.AsyncClient, worker: Worker
+    http: WorkerClient, worker: Worker
 ) -> None:
     spec = make_probe(failureThreshold=3)
     result = await probe(http, worker, spec)
@@ -336,9 +333,7 @@ async def test_a_passing_replica_stays_passed_until_the_failure_threshold(
     assert recovered.consecutive_failures == 0
 
 
-async def test_one_success_resets_the_failure_count(
-    http: httpx.AsyncClient, worker: Worker
-) -> None:
+async def test_one_success_resets_the_failure_count(http: WorkerClient, worker: Worker) -> None:
     spec = make_probe(failureThreshold=2)
     result = await probe(http, worker, spec)
     worker.infer_status = 500
@@ -352,7 +347,7 @@ async def test_one_success_resets_the_failure_count(
 
 
 async def test_a_replica_that_never_passed_fails_at_once(
-    http: httpx.AsyncClient, worker: Worker
+    http: WorkerClient, worker: Worker
 ) -> None:
     worker.infer_status = 500
     spec = make_probe(failureThreshold=5)
@@ -362,9 +357,7 @@ async def test_a_replica_that_never_passed_fails_at_once(
     assert (second.passed, second.consecutive_failures) == (False, 2)
 
 
-async def test_threshold_one_flips_on_the_first_failure(
-    http: httpx.AsyncClient, worker: Worker
-) -> None:
+async def test_threshold_one_flips_on_the_first_failure(http: WorkerClient, worker: Worker) -> None:
     spec = make_probe(failureThreshold=1)
     passed = await probe(http, worker, spec)
     worker.infer_status = 500
@@ -375,9 +368,7 @@ async def test_threshold_one_flips_on_the_first_failure(
 # ----------------------------------------------------------------------------- fetch_report
 
 
-async def test_fetch_report_parses_the_worker_status(
-    http: httpx.AsyncClient, worker: Worker
-) -> None:
+async def test_fetch_report_parses_the_worker_status(http: WorkerClient, worker: Worker) -> None:
     worker.status_body = {
         "phase": "Loading",
         "role": "Target",
@@ -408,13 +399,13 @@ async def test_fetch_report_parses_the_worker_status(
     ids=["404", "not-json", "wrong-type", "list", "500"],
 )
 async def test_fetch_report_returns_none_for_anything_but_a_report(
-    http: httpx.AsyncClient, worker: Worker, body: Any, code: int
+    http: WorkerClient, worker: Worker, body: Any, code: int
 ) -> None:
     worker.status_body, worker.status_code = body, code
     assert await fetch_report(http, worker.address) is None
 
 
-async def test_fetch_report_returns_none_when_refused(http: httpx.AsyncClient) -> None:
+async def test_fetch_report_returns_none_when_refused(http: WorkerClient) -> None:
     assert await fetch_report(http, f"127.0.0.1:{free_port()}") is None
 
 
@@ -461,8 +452,7 @@ async def test_requests_beyond_the_bound_wait_and_all_complete(worker: Worker) -
     """At most `limit` requests reach the pool; the rest wait their turn (not failing with a
     timeout: the wait is outside the request's timeout) and each slot comes back."""
     worker.delay = 0.05
-    transport = BoundedTransport(limit=3)
-    async with httpx.AsyncClient(transport=transport, trust_env=False) as client:
+    async with WorkerClient(limit=3) as client:
         spec = make_probe(timeoutSeconds=1)
         results = await asyncio.gather(*(probe(client, worker, spec) for _ in range(40)))
         assert all(r.passed for r in results), [r.message for r in results if not r.passed]

@@ -13,9 +13,9 @@ import threading
 import time
 from typing import Any, cast
 
-import httpx
 import kopf
 import pytest
+from aiohttp import web
 
 from tests.support.planning import no_sources
 from weightlift.api.labels import REPLICA_LABEL, ROLE_LABEL, SOURCES_OF_LABEL
@@ -24,6 +24,7 @@ from weightlift.operator import kube, reconcile
 from weightlift.operator import state as operator_state
 from weightlift.operator.diffbase import DigestDiffBaseStorage
 from weightlift.operator.planning import SpecError
+from weightlift.operator.probes import worker_client
 from weightlift.operator.state import OperatorState
 
 UID = "3c1f7c3e-0000-4000-8000-000000000001"
@@ -181,15 +182,21 @@ async def test_a_serving_workers_report_is_reread_only_when_stale_or_in_doubt(
 ) -> None:
     reads: list[str] = []
 
-    def worker(request: httpx.Request) -> httpx.Response:
-        reads.append(request.url.path)
-        return httpx.Response(200, json=SERVING)
+    async def status(request: web.Request) -> web.Response:
+        reads.append(request.path)
+        return web.json_response(SERVING)
 
+    app = web.Application()
+    app.router.add_get("/weightlift/v1/status", status)
+    runner = web.AppRunner(app, shutdown_timeout=0.1)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    host, port = runner.addresses[0][:2]
+    address = f"{host}:{port}"
     state = _state()
-    state.http = httpx.AsyncClient(transport=httpx.MockTransport(worker))
+    state.http = worker_client()
     spec = reconcile.parse_spec(_body()["spec"])
     assert not isinstance(spec, SpecError)
-    address = "127.244.0.7:8000"
     # Loading (pod not Ready): read on every pass.
     for _ in range(2):
         report = await reconcile._report(state, "uid-0", address, spec, pod_ready=False)
@@ -216,7 +223,9 @@ async def test_a_serving_workers_report_is_reread_only_when_stale_or_in_doubt(
     state.pod("uid-0").probe = (time.monotonic(), ProbeResult(passed=True, message="ok"))
     await reconcile._report(state, "uid-0", address, spec, pod_ready=False)
     assert len(reads) == 6 and state.pod("uid-0").report is None
+    assert set(reads) == {"/weightlift/v1/status"}
     await state.http.aclose()
+    await runner.cleanup()
 
 
 def test_the_diff_base_ignores_the_operators_own_labels() -> None:
