@@ -17,7 +17,7 @@ TRITON_ENV := $(WL_CACHE)/triton-$(TRITON_VERSION)
 # cluster.py (tests, demo) finds the control plane and kubectl/helm here.
 export WL_CACHE
 
-.PHONY: venv tools controlplane minio vllm-env triton-env images test test-images unit lint crd demo clean
+.PHONY: venv tools controlplane minio vllm-env triton-env images registry test test-images unit lint crd demo clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -51,6 +51,10 @@ triton-env: vllm-env
 images:
 	hack/build-images.sh
 
+# A registry on loopback (CNCF Distribution, from Go modules) that `make test-images` pushes to.
+registry:
+	hack/build-registry.sh $(WL_CACHE)
+
 crd: venv
 	$(VENV)/bin/weightlift crd > crds/modeldeployment.yaml
 	cp crds/modeldeployment.yaml helm/weightlift/crds/modeldeployment.yaml
@@ -71,7 +75,7 @@ test: controlplane minio vllm-env triton-env
 
 # Builds both images (a layer cache makes an unchanged rebuild quick) and checks what they hold
 # and run; kept out of `make test` (the worker image's torch: minutes and GBs, see README).
-test-images: venv
+test-images: venv registry
 	WEIGHTLIFT_IMAGES=1 $(PY) -m pytest tests/images -q
 
 # The operator as the chart's pod (`helm install`) where the process node may give it its

@@ -10,14 +10,17 @@ layer cache makes a rebuild of an unchanged checkout take seconds. Needs root (b
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import yaml
 
@@ -229,3 +232,60 @@ def test_operator_pod_runs_from_the_image_and_a_deployment_gets_ready(image_stac
         return o.phase() == "Ready" and int(o.status().get("readyReplicas", 0)) == replicas
 
     Observer(stack, MD_NAME).wait(ready, READY_TIMEOUT, f"{MD_NAME}: {replicas} replicas Ready")
+
+
+# -- pushing, as the README says: to a real registry (CNCF Distribution) on loopback and back
+@pytest.fixture(scope="module")
+def registry(images: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """host:port of a registry built by hack/build-registry.sh (`make registry`)."""
+    from weightlift.local.net import free_port
+
+    script = (REPO / "hack" / "build-registry.sh").read_text()
+    version = script.split('REGISTRY_VERSION="', 1)[1].split('"', 1)[0]
+    cache = Path(os.environ.get("WL_CACHE", Path.home() / ".cache" / "weightlift"))
+    binary = cache / f"registry-{version}" / "bin" / "registry"
+    assert binary.is_file(), f"{binary} missing: run `make registry`"
+    root = tmp_path_factory.mktemp("registry")
+    address = f"127.0.0.1:{free_port()}"
+    config = {
+        "version": 0.1,
+        "storage": {"filesystem": {"rootdirectory": str(root / "data")}},
+        "http": {"addr": address},
+        "log": {"level": "warn"},
+    }
+    (root / "config.yml").write_text(yaml.safe_dump(config))
+    log = (root / "registry.log").open("wb")
+    proc = subprocess.Popen(
+        [str(binary), "serve", str(root / "config.yml")], stdout=log, stderr=log
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and proc.poll() is None:
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"http://{address}/v2/", timeout=2).status_code == 200:
+                    break
+            time.sleep(0.2)
+        assert proc.poll() is None, (root / "registry.log").read_text()
+        yield address
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        log.close()
+
+
+def test_operator_image_pushes_to_a_registry_and_pulls_back_the_same(
+    images: dict[str, str], registry: str
+) -> None:
+    image = images["operator"]
+    remote = f"{registry}/weightlift/weightlift:pushed"
+    _buildah("push", "--tls-verify=false", image, f"docker://{remote}", timeout=600)
+    tags = httpx.get(f"http://{registry}/v2/weightlift/weightlift/tags/list", timeout=10).json()
+    assert tags["tags"] == ["pushed"]
+    _buildah("pull", "--tls-verify=false", remote, timeout=600)
+    try:
+        pulled = json.loads(_buildah("inspect", "--type", "image", remote))
+        built = json.loads(_buildah("inspect", "--type", "image", image))
+        assert pulled["FromImageID"] == built["FromImageID"]
+        assert pulled["OCIv1"]["config"]["Entrypoint"] == ["weightlift", "operator"]
+    finally:
+        _buildah("rmi", remote)
