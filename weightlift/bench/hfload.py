@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import statistics
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -25,14 +24,14 @@ from typing import Any
 import torch
 
 from weightlift.api.uri import ModelUri, hf_repo
-from weightlift.bench.load import Tensors, memcpy_gbps
+from weightlift.bench.load import Tensors
 from weightlift.bench.remote import (
     RemoteLoader,
+    bench_remote,
     ignore,
     noop,
     print_remote_table,
     ranged_get_gbps,
-    time_loaders,
 )
 from weightlift.worker.loaders.preload import PreloadLoader
 from weightlift.worker.storage import hf
@@ -133,31 +132,24 @@ def bench_hf(
         paths = hub.fetch(Path(tmp))
         for p in paths:
             reference.update({k: v.clone() for k, v in load_file(str(p)).items()})
-    nbytes = sum(t.numel() * t.element_size() for t in reference.values())
-    available = make_hf_loaders(hub, hub.threads, chunk_mib)
-    results, runs = time_loaders(available, loaders, reference, repeat, scratch)
-    for r in results:
-        r["cache"] = "hf"
-    ceiling = [hub_ceiling_gbps(hub) for _ in range(repeat)]
-    return {
-        "uri": f"hf://{hub.repo_id}@{hub.revision}",
-        "commit": hub.snapshot().commit,
-        "bytes": nbytes,
-        "objects": [p.name for p in paths],
-        "repeat": repeat,
-        "threads": hub.threads,
-        "chunk_mib": chunk_mib,
-        "hf_range_bytes": hf.RANGE_BYTES,
-        "cpus": os.cpu_count(),
-        "torch": torch.__version__,
-        "limits": {
-            "memcpy_gbps": round(memcpy_gbps(min(nbytes, 1 << 30), max(2, os.cpu_count() or 1)), 3),
-            "hf_ranged_get_gbps": round(statistics.median(ceiling), 3),
+    return bench_remote(
+        make_hf_loaders(hub, hub.threads, chunk_mib),
+        loaders,
+        reference,
+        scratch=scratch,
+        repeat=repeat,
+        threads=hub.threads,
+        chunk_mib=chunk_mib,
+        cache="hf",
+        ceiling=("hf_ranged_get_gbps", lambda: hub_ceiling_gbps(hub)),
+        doc={
+            "uri": f"hf://{hub.repo_id}@{hub.revision}",
+            "commit": hub.snapshot().commit,
+            "objects": [p.name for p in paths],
+            "hf_range_bytes": hf.RANGE_BYTES,
         },
-        "results": results,
-        "runs": runs,
-        "notes": NOTES,
-    }
+        notes=NOTES,
+    )
 
 
 def print_hf_table(doc: dict[str, Any]) -> None:

@@ -438,11 +438,8 @@ def load_command(
     """Load GB/s of weightlift-preload/direct vs safetensors, fastsafetensors, runai."""
     from weightlift.local.models import make_demo
 
-    if uri is not None and uri.startswith("hf://"):
-        _hf_command(uri, endpoint, size_mb, parts, repeat, threads, chunk_mib, only, json_path)
-        return
     if uri is not None:
-        _s3_command(
+        _remote_command(
             uri, endpoint, region, size_mb, parts, repeat, threads, chunk_mib, only, json_path
         )
         return
@@ -476,7 +473,7 @@ def load_command(
         raise click.ClickException("some loader's output differs from safetensors.load_file")
 
 
-def _s3_command(
+def _remote_command(
     uri: str,
     endpoint: str | None,
     region: str | None,
@@ -488,61 +485,35 @@ def _s3_command(
     only: tuple[str, ...],
     json_path: Path,
 ) -> None:
-    from weightlift.bench.s3load import S3_LOADERS, print_s3_table, run_s3_bench
+    """`--uri s3://...` or `--uri hf://...`: the store's contenders, same files, same run."""
+    if uri.startswith("hf://"):
+        from weightlift.bench.hfload import HF_LOADERS, print_hf_table, run_hf_bench
 
-    unknown = sorted(set(only) - set(S3_LOADERS))
+        known, kind, print_doc = list(HF_LOADERS), "hf", print_hf_table
+    else:
+        from weightlift.bench.s3load import S3_LOADERS, print_s3_table, run_s3_bench
+
+        known, kind, print_doc = list(S3_LOADERS), "S3", print_s3_table
+    unknown = sorted(set(only) - set(known))
     if unknown:
         raise click.BadParameter(
-            f"unknown S3 loader(s) {unknown}; known: {list(S3_LOADERS)}", param_hint="--loader"
+            f"unknown {kind} loader(s) {unknown}; known: {known}", param_hint="--loader"
         )
-    doc = run_s3_bench(
-        uri,
-        endpoint,
-        region,
+    loaders = [n for n in known if not only or n in only]
+    common: dict[str, Any] = dict(
         size_mb=size_mb,
         parts=parts,
         repeat=repeat,
         threads=threads,
         chunk_mib=chunk_mib,
-        loaders=[n for n in S3_LOADERS if not only or n in only],
+        loaders=loaders,
         json_path=json_path,
     )
-    print_s3_table(doc)
-    click.echo(f"wrote {json_path}")
-    if not all(r["verified"] for r in doc["results"]):
-        raise click.ClickException("some loader's output differs from safetensors.load_file")
-
-
-def _hf_command(
-    uri: str,
-    endpoint: str | None,
-    size_mb: float,
-    parts: int,
-    repeat: int,
-    threads: int,
-    chunk_mib: int,
-    only: tuple[str, ...],
-    json_path: Path,
-) -> None:
-    from weightlift.bench.hfload import HF_LOADERS, print_hf_table, run_hf_bench
-
-    unknown = sorted(set(only) - set(HF_LOADERS))
-    if unknown:
-        raise click.BadParameter(
-            f"unknown hf loader(s) {unknown}; known: {list(HF_LOADERS)}", param_hint="--loader"
-        )
-    doc = run_hf_bench(
-        uri,
-        endpoint,
-        size_mb=size_mb,
-        parts=parts,
-        repeat=repeat,
-        threads=threads,
-        chunk_mib=chunk_mib,
-        loaders=[n for n in HF_LOADERS if not only or n in only],
-        json_path=json_path,
-    )
-    print_hf_table(doc)
+    if kind == "hf":
+        doc = run_hf_bench(uri, endpoint, **common)
+    else:
+        doc = run_s3_bench(uri, endpoint, region, **common)
+    print_doc(doc)
     click.echo(f"wrote {json_path}")
     if not all(r["verified"] for r in doc["results"]):
         raise click.ClickException("some loader's output differs from safetensors.load_file")

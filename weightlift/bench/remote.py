@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gc
 import mmap
+import os
 import statistics
 import tempfile
 import time
@@ -13,7 +14,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from weightlift.bench.load import Tensors, touch
+import torch
+
+from weightlift.bench.load import Tensors, memcpy_gbps, touch
 from weightlift.worker.storage.ranged import F, ReadRange, ranges
 from weightlift.worker.weights.tensors import all_bit_equal
 
@@ -109,6 +112,46 @@ def ranged_get_gbps(files: list[F], read_range: ReadRange[F], threads: int, chun
     view.release()
     buf.close()
     return total / secs / 1e9
+
+
+def bench_remote(
+    available: dict[str, RemoteLoader],
+    loaders: list[str],
+    reference: Tensors,
+    *,
+    scratch: Path,
+    repeat: int,
+    threads: int,
+    chunk_mib: int,
+    cache: str,
+    ceiling: tuple[str, Callable[[], float]],
+    doc: dict[str, Any],
+    notes: list[str],
+) -> dict[str, Any]:
+    """The contenders timed against `reference` and the store's raw ceiling (`ceiling`: its key
+    in `limits` and one measurement), as one result document that starts with `doc`."""
+    nbytes = sum(t.numel() * t.element_size() for t in reference.values())
+    results, runs = time_loaders(available, loaders, reference, repeat, scratch)
+    for r in results:
+        r["cache"] = cache
+    ceiling_key, measure_ceiling = ceiling
+    ceiling_runs = [measure_ceiling() for _ in range(repeat)]
+    return {
+        **doc,
+        "bytes": nbytes,
+        "repeat": repeat,
+        "threads": threads,
+        "chunk_mib": chunk_mib,
+        "cpus": os.cpu_count(),
+        "torch": torch.__version__,
+        "limits": {
+            "memcpy_gbps": round(memcpy_gbps(min(nbytes, 1 << 30), max(2, os.cpu_count() or 1)), 3),
+            ceiling_key: round(statistics.median(ceiling_runs), 3),
+        },
+        "results": results,
+        "runs": runs,
+        "notes": notes,
+    }
 
 
 def print_remote_table(doc: dict[str, Any], ceiling_key: str, ceiling_label: str) -> None:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import statistics
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -26,14 +25,14 @@ from typing import Any
 import torch
 
 from weightlift.api.uri import ModelUri
-from weightlift.bench.load import Tensors, memcpy_gbps
+from weightlift.bench.load import Tensors
 from weightlift.bench.remote import (
     RemoteLoader,
+    bench_remote,
     ignore,
     noop,
     print_remote_table,
     ranged_get_gbps,
-    time_loaders,
 )
 from weightlift.worker.loaders.preload import PreloadLoader
 from weightlift.worker.storage.s3 import S3Store
@@ -113,31 +112,26 @@ def bench_s3(
     with tempfile.TemporaryDirectory(dir=scratch) as tmp:
         for p in store.fetch(objs, Path(tmp), ignore):
             reference.update({k: v.clone() for k, v in load_file(str(p)).items()})
-    nbytes = sum(t.numel() * t.element_size() for t in reference.values())
-    available = make_s3_loaders(store, threads, chunk_mib)
-    results, runs = time_loaders(available, loaders, reference, repeat, scratch)
-    for r in results:
-        r["cache"] = "s3"
-    chunk = store.chunk_bytes
-    ranged = [ranged_get_gbps(objs, store.read_range, store.threads, chunk) for _ in range(repeat)]
-    return {
-        "uri": f"s3://{store.bucket}/{store.prefix}",
-        "bytes": nbytes,
-        "objects": [o.key for o in objs],
-        "repeat": repeat,
-        "threads": threads,
-        "chunk_mib": chunk_mib,
-        "s3_range_bytes": store.chunk_bytes,
-        "cpus": os.cpu_count(),
-        "torch": torch.__version__,
-        "limits": {
-            "memcpy_gbps": round(memcpy_gbps(min(nbytes, 1 << 30), max(2, os.cpu_count() or 1)), 3),
-            "s3_ranged_get_gbps": round(statistics.median(ranged), 3),
+    return bench_remote(
+        make_s3_loaders(store, threads, chunk_mib),
+        loaders,
+        reference,
+        scratch=scratch,
+        repeat=repeat,
+        threads=threads,
+        chunk_mib=chunk_mib,
+        cache="s3",
+        ceiling=(
+            "s3_ranged_get_gbps",
+            lambda: ranged_get_gbps(objs, store.read_range, store.threads, store.chunk_bytes),
+        ),
+        doc={
+            "uri": f"s3://{store.bucket}/{store.prefix}",
+            "objects": [o.key for o in objs],
+            "s3_range_bytes": store.chunk_bytes,
         },
-        "results": results,
-        "runs": runs,
-        "notes": NOTES,
-    }
+        notes=NOTES,
+    )
 
 
 def print_s3_table(doc: dict[str, Any]) -> None:
