@@ -32,6 +32,7 @@ from weightlift.bench.remote import (
     noop,
     print_remote_table,
     ranged_get_gbps,
+    write_doc,
 )
 from weightlift.worker.loaders.preload import PreloadLoader
 from weightlift.worker.storage import hf
@@ -170,7 +171,6 @@ def run_hf_bench(
 ) -> dict[str, Any]:
     """Bench `uri` on `endpoint` (token: HF_TOKEN); without one, the local Hub API server
     holding a fresh demo model as that repo."""
-    import json
 
     from weightlift.local.hubserver import HubRepo, HubServer
     from weightlift.local.models import make_demo
@@ -195,14 +195,14 @@ def run_hf_bench(
             endpoint = server.endpoint
         hub = HubTarget(repo_id, revision, endpoint, token, threads)
         doc = bench_hf(hub, repeat, chunk_mib, loaders, scratch)
-    doc["endpoint"] = "local Hub API server (started by the bench)" if local else endpoint
-    doc["command"] = (
-        f"weightlift bench load --uri {uri}"
-        + ("" if local else f" --endpoint {endpoint}")
-        + f" --size-mb {size_mb:g} --parts {parts} --repeat {repeat} --threads {threads} "
-        f"--chunk-mib {chunk_mib} --json {json_path}"
-        + "".join(f" --loader {n}" for n in loaders if len(loaders) < len(HF_LOADERS))
+    return write_doc(
+        doc,
+        json_path=json_path,
+        uri=uri,
+        endpoint=None if local else endpoint,
+        local_server="local Hub API server",
+        args=f"--size-mb {size_mb:g} --parts {parts} --repeat {repeat} --threads {threads} "
+        f"--chunk-mib {chunk_mib}",
+        loaders=loaders,
+        known=list(HF_LOADERS),
     )
-    json_path.parent.mkdir(parents=True, exist_ok=True)
-    json_path.write_text(json.dumps(doc, indent=2) + "\n")
-    return doc

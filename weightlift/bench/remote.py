@@ -4,6 +4,7 @@ remote files into a fresh directory, the store's raw ranged-GET ceiling, and the
 from __future__ import annotations
 
 import gc
+import json
 import mmap
 import os
 import statistics
@@ -152,6 +153,31 @@ def bench_remote(
         "runs": runs,
         "notes": notes,
     }
+
+
+def write_doc(
+    doc: dict[str, Any],
+    *,
+    json_path: Path,
+    uri: str,
+    endpoint: str | None,
+    local_server: str,
+    args: str,
+    loaders: list[str],
+    known: list[str],
+) -> dict[str, Any]:
+    """Where the store was (`endpoint`; None: `local_server`, started by the bench) and the
+    command that measures the same again, added to `doc`, written to `json_path`."""
+    doc["endpoint"] = f"{local_server} (started by the bench)" if endpoint is None else endpoint
+    doc["command"] = (
+        f"weightlift bench load --uri {uri}"
+        + ("" if endpoint is None else f" --endpoint {endpoint}")
+        + f" {args} --json {json_path}"
+        + "".join(f" --loader {n}" for n in loaders if len(loaders) < len(known))
+    )
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    json_path.write_text(json.dumps(doc, indent=2) + "\n")
+    return doc
 
 
 def print_remote_table(doc: dict[str, Any], ceiling_key: str, ceiling_label: str) -> None:

@@ -33,6 +33,7 @@ from weightlift.bench.remote import (
     noop,
     print_remote_table,
     ranged_get_gbps,
+    write_doc,
 )
 from weightlift.worker.loaders.preload import PreloadLoader
 from weightlift.worker.storage.s3 import S3Store
@@ -158,7 +159,6 @@ def run_s3_bench(
     json_path: Path,
 ) -> dict[str, Any]:
     """Bench `uri` on `endpoint`; without one, MinIO on loopback holding a fresh demo model."""
-    import json
 
     from weightlift.local.models import make_demo
     from weightlift.local.s3server import MinioServer
@@ -187,14 +187,14 @@ def run_s3_bench(
         os.environ["RUNAI_STREAMER_CONCURRENCY"] = str(threads)
         store = store_for(uri, endpoint, region, threads)
         doc = bench_s3(store, repeat, threads, chunk_mib, loaders, scratch)
-    doc["endpoint"] = "MinIO on loopback (started by the bench)" if local else endpoint
-    doc["command"] = (
-        f"weightlift bench load --uri {uri}"
-        + ("" if local else f" --endpoint {endpoint}")
-        + f" --size-mb {size_mb:g} --parts {parts} --repeat {repeat} --threads {threads} "
-        f"--chunk-mib {chunk_mib} --json {json_path}"
-        + "".join(f" --loader {n}" for n in loaders if len(loaders) < len(S3_LOADERS))
+    return write_doc(
+        doc,
+        json_path=json_path,
+        uri=uri,
+        endpoint=None if local else endpoint,
+        local_server="MinIO on loopback",
+        args=f"--size-mb {size_mb:g} --parts {parts} --repeat {repeat} --threads {threads} "
+        f"--chunk-mib {chunk_mib}",
+        loaders=loaders,
+        known=list(S3_LOADERS),
     )
-    json_path.parent.mkdir(parents=True, exist_ok=True)
-    json_path.write_text(json.dumps(doc, indent=2) + "\n")
-    return doc
