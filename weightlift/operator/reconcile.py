@@ -157,10 +157,10 @@ async def _report(
     if last is not None and pod_ready and _probe_passing(state, uid):
         period = spec.probe.period_seconds if spec.probe else 10
         if time.monotonic() - last[0] < max(REPORT_REFRESH_SECONDS, period):
-            return last[1]
+            return WorkerReport.model_validate_json(last[1])
     report = await fetch_report(state.http, address)
     if report is not None and report.phase == WorkerPhase.SERVING and pod_ready:
-        state.pod(uid).report = (time.monotonic(), report)
+        state.pod(uid).report = (time.monotonic(), report.model_dump_json().encode())
     else:
         state.pod(uid).report = None
     return report

@@ -13,7 +13,6 @@ from typing import Any
 
 from kubernetes import client
 
-from weightlift.api.worker import WorkerReport
 from weightlift.operator import kube
 from weightlift.operator.pods import GPU_RESOURCE
 from weightlift.operator.probes import ProbeResult, WorkerClient, worker_client
@@ -54,7 +53,10 @@ class PodRecord:
     """One worker pod (by uid): its probe and report memory."""
 
     probe: tuple[float, ProbeResult] | None = None  # (monotonic time, result)
-    report: tuple[float, WorkerReport] | None = None  # (monotonic time read), while Serving
+    # (monotonic time read, the report's JSON), while Serving. Kept as JSON and parsed when
+    # reused: a parsed report is ~3.2 KB of Python objects (its fields-set alone 2 KB), the
+    # JSON 0.4 KB, 11 MB less at 4000 pods; parsing it again costs ~3 us.
+    report: tuple[float, bytes] | None = None
     failure_seen: datetime | None = None  # first seen failed
 
 
