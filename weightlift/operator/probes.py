@@ -95,11 +95,6 @@ class WorkerClient:
         await self.aclose()
 
 
-def worker_client() -> WorkerClient:
-    """The operator's one client for every worker (status reports and inference probes)."""
-    return WorkerClient()
-
-
 async def fetch_report(client: WorkerClient, address: str) -> WorkerReport | None:
     """The worker's /weightlift/v1/status, or None when it does not answer (yet)."""
     try:

@@ -15,7 +15,7 @@ from kubernetes import client
 
 from weightlift.operator import kube
 from weightlift.operator.pods import GPU_RESOURCE
-from weightlift.operator.probes import ProbeResult, WorkerClient, worker_client
+from weightlift.operator.probes import ProbeResult, WorkerClient
 from weightlift.operator.settings import Settings
 
 NODE_CACHE_SECONDS = 60.0
@@ -79,7 +79,7 @@ class OperatorState:
         return cls(
             core=client.CoreV1Api(api),
             custom=client.CustomObjectsApi(api),
-            http=worker_client(),
+            http=WorkerClient(),
             settings=Settings.from_environment(),
         )
 

@@ -13,7 +13,7 @@ from tests.support.worker import free_port
 from weightlift.api.model import InferenceProbe
 from weightlift.api.worker import WorkerPhase
 from weightlift.bench import simworkers
-from weightlift.operator.probes import fetch_report, probe_inference, worker_client
+from weightlift.operator.probes import WorkerClient, fetch_report, probe_inference
 
 CIDR = "127.244.0.0/16"
 
@@ -41,7 +41,7 @@ def _probe(**changes: object) -> InferenceProbe:
 
 
 async def test_pod_addresses_serve_report_and_pass_the_probe(sim_port: int) -> None:
-    async with worker_client() as client:
+    async with WorkerClient() as client:
         for ip in ("127.244.0.7", "127.244.3.200"):
             address = f"{ip}:{sim_port}"
             report = await fetch_report(client, address)
@@ -53,7 +53,7 @@ async def test_pod_addresses_serve_report_and_pass_the_probe(sim_port: int) -> N
 
 async def test_the_probe_checks_the_computed_answer(sim_port: int) -> None:
     wrong = [{"name": "y", "shape": [1, 4], "data": [2.0, 4.0, 6.0, 9.0]}]
-    async with worker_client() as client:
+    async with WorkerClient() as client:
         result = await probe_inference(
             client, f"127.244.0.7:{sim_port}", "sim", _probe(expectedOutputs=wrong), None
         )
@@ -62,7 +62,7 @@ async def test_the_probe_checks_the_computed_answer(sim_port: int) -> None:
 
 
 async def test_addresses_outside_the_pod_cidr_get_nothing(sim_port: int) -> None:
-    async with worker_client() as client:
+    async with WorkerClient() as client:
         assert await fetch_report(client, f"127.0.0.1:{sim_port}") is None
         stats = (await client.request("GET", f"http://127.0.0.1:{sim_port}/sim/stats", 5)).json()
         assert stats["requests"] == {}
@@ -72,7 +72,7 @@ async def test_addresses_outside_the_pod_cidr_get_nothing(sim_port: int) -> None
 
 async def test_many_pods_at_once_through_the_bounded_client(sim_port: int) -> None:
     """More requests than the client lets into its pool: all complete, slots come back."""
-    async with worker_client() as client:
+    async with WorkerClient() as client:
         addresses = [f"127.244.{i // 250}.{i % 250 + 1}:{sim_port}" for i in range(100)]
         reports = await asyncio.gather(*(fetch_report(client, a) for a in addresses))
         assert all(r is not None and r.phase == WorkerPhase.SERVING for r in reports)

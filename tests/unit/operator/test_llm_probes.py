@@ -17,7 +17,7 @@ from weightlift.api.model import (
     ModelDeploymentSpec,
     RuntimeSpec,
 )
-from weightlift.operator.probes import check_text, probe_inference, worker_client
+from weightlift.operator.probes import WorkerClient, check_text, probe_inference
 
 TEXT = "la\ufffdry~la memory"
 
@@ -69,7 +69,7 @@ def probe(**completion: Any) -> InferenceProbe:
 
 async def test_openai_completion_greedy_exact_text_passes(server: tuple[str, Fake]) -> None:
     address, fake = server
-    async with worker_client() as client:
+    async with WorkerClient() as client:
         result = await probe_inference(client, address, "llm", probe(expectedText=TEXT), None)
     assert result.passed, result.message
     assert fake.bodies == [
@@ -80,7 +80,7 @@ async def test_openai_completion_greedy_exact_text_passes(server: tuple[str, Fak
 async def test_wrong_text_fails_naming_both_texts(server: tuple[str, Fake]) -> None:
     address, fake = server
     fake.text = "something else"
-    async with worker_client() as client:
+    async with WorkerClient() as client:
         result = await probe_inference(client, address, "llm", probe(expectedText=TEXT), None)
     assert not result.passed
     assert "something else" in result.message and repr(TEXT) in result.message
@@ -89,7 +89,7 @@ async def test_wrong_text_fails_naming_both_texts(server: tuple[str, Fake]) -> N
 async def test_triton_generate_with_prefix(server: tuple[str, Fake]) -> None:
     address, fake = server
     p = probe(protocol="TritonGenerate", expectedPrefix="la")
-    async with worker_client() as client:
+    async with WorkerClient() as client:
         result = await probe_inference(client, address, "llm", p, None)
         assert result.passed, result.message
         fake.text = "xla"
@@ -105,7 +105,7 @@ async def test_http_error_and_malformed_answers_fail_without_raising(
     server: tuple[str, Fake],
 ) -> None:
     address, fake = server
-    async with worker_client() as client:
+    async with WorkerClient() as client:
         fake.status = 503
         result = await probe_inference(client, address, "llm", probe(expectedText=TEXT), None)
         assert not result.passed and "HTTP 503" in result.message
@@ -163,7 +163,7 @@ async def test_a_completion_that_never_matches_keeps_the_replica_out_of_ready(
 
     address, fake = server
     fake.text = "something else"
-    async with worker_client() as client:
+    async with WorkerClient() as client:
         result = await probe_inference(client, address, "llm", probe(expectedText=TEXT), None)
     spec = make_spec(
         1,

@@ -17,7 +17,6 @@ from weightlift.operator.probes import (
     fetch_report,
     probe_inference,
     request_from_metadata,
-    worker_client,
 )
 from weightlift.operator.settings import MODEL_PATH_PREFIXES_ENV, PROBE_NETWORKS_ENV, Settings
 
@@ -117,7 +116,7 @@ async def worker() -> AsyncIterator[Worker]:
 @pytest.fixture
 async def http() -> AsyncIterator[WorkerClient]:
     """The client the operator uses (aiohttp, at most MAX_WORKER_REQUESTS in flight)."""
-    async with worker_client() as client:
+    async with WorkerClient() as client:
         yield client
 
 

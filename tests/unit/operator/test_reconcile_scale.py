@@ -24,7 +24,7 @@ from weightlift.operator import kube, reconcile
 from weightlift.operator import state as operator_state
 from weightlift.operator.diffbase import DigestDiffBaseStorage
 from weightlift.operator.planning import SpecError
-from weightlift.operator.probes import worker_client
+from weightlift.operator.probes import WorkerClient
 from weightlift.operator.state import OperatorState
 
 UID = "3c1f7c3e-0000-4000-8000-000000000001"
@@ -194,7 +194,7 @@ async def test_a_serving_workers_report_is_reread_only_when_stale_or_in_doubt(
     host, port = runner.addresses[0][:2]
     address = f"{host}:{port}"
     state = _state()
-    state.http = worker_client()
+    state.http = WorkerClient()
     spec = reconcile.parse_spec(_body()["spec"])
     assert not isinstance(spec, SpecError)
     # Loading (pod not Ready): read on every pass.

@@ -65,7 +65,9 @@ def _check_safetensors(paths: list[Path], dest: Path, where: Callable[[str], str
 
 def _download(plan: WorkerPlan, dest: Path, progress: LoadProgress, weights: bool) -> list[Path]:
     uri = ModelUri.parse(plan.model.uri)
-    threads = plan.loading.preload.threads
+    # GETs in flight: at least 8 whatever the preload's thread count (a GET waits on the
+    # network, not on a core).
+    gets = max(plan.loading.preload.threads, 8)
     if uri.scheme == "s3":
         from weightlift.worker.storage.s3 import S3Store
 
@@ -74,7 +76,7 @@ def _download(plan: WorkerPlan, dest: Path, progress: LoadProgress, weights: boo
             uri.path,
             endpoint=plan.model.endpoint,
             region=plan.model.region,
-            threads=max(threads, 8),
+            threads=gets,
         )
         objects = store.list_objects()
         if not any(_is_weights(o.name) and "/" not in o.name for o in objects):
@@ -102,7 +104,7 @@ def _download(plan: WorkerPlan, dest: Path, progress: LoadProgress, weights: boo
         endpoint=endpoint,
         token=token,
         names=wanted,
-        threads=max(threads, 8),
+        threads=gets,
     )
     _check_safetensors(paths, dest, lambda rel: f"hf://{repo_id}@{snap.commit}/{rel}")
     return paths

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from weightlift.worker.storage import ranged
 from weightlift.worker.storage.errors import StorageError, redact
-from weightlift.worker.storage.hfread import HubReader
+from weightlift.worker.storage.hfread import GATED, REPO_NOT_FOUND, HubReader
 
 # Other weight formats the Hub carries next to safetensors: never needed here.
 IGNORED = ["*.bin", "*.pt", "*.pth", "*.msgpack", "*.h5", "*.onnx", "*.ot", "*.gguf", "*.ckpt"]
@@ -82,12 +82,9 @@ def resolve(repo_id: str, revision: str, *, endpoint: str | None, token: str | N
     except RevisionNotFoundError:
         raise StorageError(f"{where}: revision {revision!r} does not exist in {repo_id}") from None
     except GatedRepoError:
-        raise StorageError(f"{where}: repository is gated; the token has no access") from None
+        raise StorageError(f"{where}: {GATED}") from None
     except RepositoryNotFoundError:
-        raise StorageError(
-            f"{where}: repository not found, or private and the token (credentials Secret "
-            "HF_TOKEN) is missing or not allowed"
-        ) from None
+        raise StorageError(f"{where}: {REPO_NOT_FOUND}") from None
     except (httpx2.ConnectError, httpx2.TimeoutException) as exc:
         raise StorageError(
             f"{where}: Hub unreachable: {redact(str(exc))}", permanent=False

@@ -45,9 +45,11 @@ class HubObject:
 
 
 _DENIED = "the token (credentials Secret HF_TOKEN) is missing or not allowed"
+REPO_NOT_FOUND = f"repository not found, or private and {_DENIED}"
+GATED = "repository is gated; the token has no access"
 _BY_CODE = {
-    "RepoNotFound": f"repository not found, or private and {_DENIED}",
-    "GatedRepo": "repository is gated; the token has no access",
+    "RepoNotFound": REPO_NOT_FOUND,
+    "GatedRepo": GATED,
     "RevisionNotFound": "revision not found",
     "EntryNotFound": "file not found at this commit",
 }
