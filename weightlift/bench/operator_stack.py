@@ -206,7 +206,8 @@ class BenchStack(UpDown):
 
     def _spawn(self, argv: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
         with log.open("wb") as out:  # one run per log
-            return subprocess.Popen(argv, **child_options(out, env=env))
+            # SIGTERM when the bench dies (a `timeout`, a Ctrl-C): no operator left polling.
+            return subprocess.Popen(argv, **child_options(out, env=env, die_with=signal.SIGTERM))
 
     def start_operator(self, timeout: float = 120.0) -> None:
         """`weightlift operator -n NAMESPACE`; returns once its watches are open."""

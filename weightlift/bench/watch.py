@@ -67,19 +67,34 @@ class AsyncKube:
         async def worker() -> None:
             while not queue.empty():
                 body = queue.get_nowait()
-                for attempt in range(50):
-                    response = await self._client.post(path, json=body)
-                    if response.status_code != 404:
-                        break
-                    await asyncio.sleep(0.1 * (attempt + 1))
-                if response.status_code not in (200, 201):
-                    raise RuntimeError(
-                        f"creating {body['metadata']['name']}: HTTP {response.status_code} "
-                        f"{response.text[:300]}"
-                    )
+                await self.create(path, body)
                 created[body["metadata"]["name"]] = time.time()
 
         await asyncio.gather(*(worker() for _ in range(concurrency)))
+
+    async def create(self, path: str, body: JSON) -> JSON:
+        """POST one body; the created object (a 404 right after a CRD became Established is
+        retried, as in create_all)."""
+        for attempt in range(50):
+            response = await self._client.post(path, json=body)
+            if response.status_code != 404:
+                break
+            await asyncio.sleep(0.1 * (attempt + 1))
+        if response.status_code not in (200, 201):
+            name = body["metadata"]["name"]
+            status, text = response.status_code, response.text[:300]
+            raise RuntimeError(f"creating {name}: HTTP {status} {text}")
+        created: JSON = response.json()
+        return created
+
+    async def patch_status(self, path: str, status: JSON) -> None:
+        """A JSON merge patch of one object's status subresource (`path` names the object)."""
+        response = await self._client.patch(
+            f"{path}/status",
+            json={"status": status},
+            headers={"Content-Type": "application/merge-patch+json"},
+        )
+        response.raise_for_status()
 
     async def follow(
         self,

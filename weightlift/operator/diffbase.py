@@ -1,49 +1,36 @@
-"""kopf's diff base as a digest: the last-handled configuration kopf keeps in an annotation.
+"""No diff base: the operator has no handler that needs one.
 
-kopf stores the whole spec there by default. Annotations share a 256 KiB limit, so a large (but
-admissible) spec made every patch of the object fail with 422 and the operator retried forever.
-Our update handler only wakes the reconcile loop (it never reads the diff), so a digest of the
-spec detects a change just as well, `on.update(field="spec")` still filters by it, and the
-annotation stays a few hundred bytes whatever the spec's size. (A handler filtering on a deeper
-field, e.g. spec.replicas, would need that field's own digest.)
+kopf keeps the last-handled configuration of an object in an annotation for its change handlers
+(on.create, on.update, ...) and writes it back on each handled change: one more patch per
+ModelDeployment at creation, each coming back through the watch, and a deep copy of the body on
+every event to compare with it. The operator's handlers are a daemon, watching handlers and the
+deletion handler (its cause comes from deletionTimestamp, not from a diff); a spec change is
+seen by its generation (handlers.generation_changed). With an empty essence stored nowhere, kopf
+finds no change on any event and patches nothing.
 
-Only the spec (and any field a handler names outside it): kopf's essence also holds labels and
-annotations, so the operator's own `sources-of` label made kopf patch its diff base once more
-per deployment (and deep-copy the whole body, status included, on every event to find out).
+(Before 2026-11-25 a digest of the spec was kept there for an on.update(field="spec") handler; a
+spec of any size needs no annotation now either.)
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Iterable
 from typing import Any, cast
 
 import kopf
-from kopf._cogs.structs import dicts  # kopf's own field paths (not re-exported)
 
 
-class DigestDiffBaseStorage(kopf.AnnotationsDiffBaseStorage):
+class NoDiffBaseStorage(kopf.DiffBaseStorage):
     def build(
         self,
         *,
         body: kopf.Body,
         extra_fields: Iterable[Any] | None = None,
     ) -> kopf.BodyEssence:
-        essence: dict[str, Any] = {}
-        if body.get("spec") is not None:
-            essence["spec"] = _digest(body["spec"])
-        for field in extra_fields or ():
-            path = dicts.parse_field(field)
-            value = dicts.resolve(body, path, None)
-            if path and path[0] != "spec" and value is not None:
-                parent = essence
-                for key in path[:-1]:
-                    parent = parent.setdefault(key, {})
-                parent[path[-1]] = _digest(value)
-        return cast(kopf.BodyEssence, essence)
+        return cast(kopf.BodyEssence, {})
 
+    def fetch(self, *, body: kopf.Body) -> kopf.BodyEssence | None:
+        return cast(kopf.BodyEssence, {})  # not None: None would read as a creation
 
-def _digest(value: Any) -> dict[str, str]:
-    text = json.dumps(value, sort_keys=True, separators=(",", ":"))
-    return {"sha256": hashlib.sha256(text.encode()).hexdigest()}
+    def store(self, *, body: kopf.Body, patch: kopf.Patch, essence: kopf.BodyEssence) -> None:
+        return None

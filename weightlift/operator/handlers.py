@@ -1,6 +1,6 @@
 """kopf handlers: thin wiring around observe -> plan -> apply.
 
-One daemon per ModelDeployment runs the reconcile loop; pod events and spec updates wake it
+One daemon per ModelDeployment runs the reconcile loop; pod events and spec changes wake it
 early, a timer (the plan's requeue_after) wakes it otherwise. All decisions live in planning.py.
 """
 
@@ -17,7 +17,7 @@ import kopf
 from weightlift.api.labels import DEPLOYMENT_LABEL, MANAGED_BY
 from weightlift.api.model import GROUP, KIND, PLURAL, VERSION
 from weightlift.operator import kube
-from weightlift.operator.diffbase import DigestDiffBaseStorage
+from weightlift.operator.diffbase import NoDiffBaseStorage
 from weightlift.operator.reconcile import pod_essentials, reconcile
 from weightlift.operator.state import OperatorState
 
@@ -39,10 +39,8 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     settings.persistence.finalizer = f"{GROUP}/finalizer"
     # Keep kopf's bookkeeping in annotations: status belongs to the ModelDeployment's users.
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
-    # A digest, not the spec: a large spec must not overflow the annotations (diffbase.py).
-    settings.persistence.diffbase_storage = DigestDiffBaseStorage(
-        prefix=GROUP, key="last-handled-configuration"
-    )
+    # No change handler needs a diff base: kopf writes none (diffbase.py).
+    settings.persistence.diffbase_storage = NoDiffBaseStorage()
     # One event path: reconcile posts each transition's Event itself (kube.post_event). kopf's
     # own posting would add its handler chatter, and with posting.loggers on (the default of
     # older kopf) every log line of a handler as a second Event.
@@ -153,9 +151,14 @@ async def _sleep(wake: asyncio.Event, stopped: kopf.DaemonStopped, delay: float)
             waiter.cancel()
 
 
-@kopf.on.update(GROUP, VERSION, PLURAL, field="spec")
-async def spec_changed(uid: str, memo: kopf.Memo, **_: Any) -> None:
-    _state(memo).wake(uid)
+@kopf.on.event(GROUP, VERSION, PLURAL)
+async def generation_changed(
+    body: kopf.Body, event: kopf.RawEvent, uid: str, memo: kopf.Memo, **_: Any
+) -> None:
+    """A spec change moves metadata.generation (status and label writes do not): it wakes the
+    loop early. A watching handler, not on.update: kopf keeps no diff base for it."""
+    if event.get("type") != "DELETED":
+        _state(memo).wake_on_generation(uid, body.metadata.get("generation"))
 
 
 @kopf.on.event("", "v1", "pods", labels=MANAGED_BY)

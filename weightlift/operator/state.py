@@ -46,6 +46,7 @@ class DeploymentRecord:
     # current plan are left. The plan label last seen tells a new plan.
     stale_plans: bool = False
     plan_label: str | None = None
+    generation: int | None = None  # metadata.generation the last pass planned for
 
 
 @dataclass
@@ -104,6 +105,12 @@ class OperatorState:
     def wake(self, uid: str) -> None:
         record = self.deployments.get(uid)
         if record is not None:
+            record.wake.set()
+
+    def wake_on_generation(self, uid: str, generation: int | None) -> None:
+        """Wake the loop when an event shows a generation its last pass did not plan for."""
+        record = self.deployments.get(uid)
+        if record is not None and record.generation not in (None, generation):
             record.wake.set()
 
     # -- what a pass needs

@@ -13,16 +13,14 @@ import threading
 import time
 from typing import Any, cast
 
-import kopf
 import pytest
 from aiohttp import web
 
 from tests.support.planning import no_sources
-from weightlift.api.labels import REPLICA_LABEL, ROLE_LABEL, SOURCES_OF_LABEL
+from weightlift.api.labels import REPLICA_LABEL, ROLE_LABEL
 from weightlift.api.model import ProbeResult
 from weightlift.operator import kube, reconcile
 from weightlift.operator import state as operator_state
-from weightlift.operator.diffbase import DigestDiffBaseStorage
 from weightlift.operator.planning import SpecError
 from weightlift.operator.probes import WorkerClient
 from weightlift.operator.state import OperatorState
@@ -226,18 +224,6 @@ async def test_a_serving_workers_report_is_reread_only_when_stale_or_in_doubt(
     assert set(reads) == {"/weightlift/v1/status"}
     await state.http.aclose()
     await runner.cleanup()
-
-
-def test_the_diff_base_ignores_the_operators_own_labels() -> None:
-    storage = DigestDiffBaseStorage(prefix="weightlift.dev", key="last-handled-configuration")
-    body = _body()
-    before = storage.build(body=kopf.Body(body))
-    body["metadata"]["labels"] = {SOURCES_OF_LABEL: "abc"}
-    body["status"] = {"phase": "Ready"}
-    assert storage.build(body=kopf.Body(body)) == before
-    body["spec"]["replicas"] = 3
-    assert storage.build(body=kopf.Body(body))["spec"] != before["spec"]
-    assert set(before) == {"spec"}
 
 
 class _Response:
