@@ -67,13 +67,6 @@ PROBE_TIME_REFRESH_SECONDS = 120.0
 # or a pod that is not Ready reads it at once. At 1000 x 4 with 10 s probes the re-read with
 # every probe was half of the operator's steady-state requests and CPU.
 REPORT_REFRESH_SECONDS = 60.0
-# A status change in detail only (a replica scheduled, its bytes loaded, a probe's latency) is
-# written at most this often per deployment; a change of phase, replicas, ready replicas,
-# sources, generation or of a condition's state is written at once. A rollout's pods each move through
-# created, scheduled, Ready and loaded within a second or two: at 1000 x 4 each step was a
-# status write (six a deployment), and each write came back through kopf's watch.
-STATUS_SETTLE_SECONDS = 1.0
-PROMPT_STATUS_FIELDS = ("phase", "replicas", "readyReplicas", "sources", "observedGeneration")
 
 
 def _pod_ready(pod: dict[str, Any]) -> bool:
@@ -351,8 +344,8 @@ async def reconcile(
         result = await _replan_with_published_sources(state, spec, observed, result)
     if isinstance(spec, SpecError):
         logger.warning("invalid spec: %s", spec.message)
-    settle = await apply(state, body, spec, result, logger, pods)
-    return min(result.requeue_after, settle) if settle else result.requeue_after
+    await apply(state, body, spec, result, logger, pods)
+    return result.requeue_after
 
 
 def _only_probe_times_moved(
@@ -364,23 +357,6 @@ def _only_probe_times_moved(
     if last is None or time.monotonic() - last >= PROBE_TIME_REFRESH_SECONDS:
         return False
     return _without_probe_times(written) == _without_probe_times(previous)
-
-
-def _settle_left(
-    state: OperatorState, uid: str, written: Mapping[str, Any], previous: Mapping[str, Any]
-) -> float:
-    """Seconds before a status that changed in detail only may be written; 0: write it now
-    (see STATUS_SETTLE_SECONDS)."""
-    last = state.deployment(uid).written_at
-    if last is None or any(written.get(k) != previous.get(k) for k in PROMPT_STATUS_FIELDS):
-        return 0.0
-    if _condition_states(written) != _condition_states(previous):
-        return 0.0
-    return max(0.0, last + STATUS_SETTLE_SECONDS - time.monotonic())
-
-
-def _condition_states(status: Mapping[str, Any]) -> dict[str, Any]:
-    return {c.get("type"): c.get("status") for c in status.get("conditions") or []}
 
 
 def _without_probe_times(status: Mapping[str, Any]) -> dict[str, Any]:
@@ -551,9 +527,7 @@ async def apply(
     result: Plan,
     logger: logging.Logger | logging.LoggerAdapter[Any],
     pods: list[dict[str, Any]] | None = None,
-) -> float:
-    """Apply the plan; returns seconds until a status change held back to settle is due (0:
-    nothing held back)."""
+) -> None:
     meta = body["metadata"]
     namespace, name, uid = meta["namespace"], meta["name"], meta["uid"]
     for pod, reason in result.delete.items():
@@ -604,17 +578,13 @@ async def apply(
         )
     patch = _status_patch(result.status)
     written = {k: v for k, v in patch.items() if v is not None}
-    settle = 0.0
     if written != previous and not _only_probe_times_moved(state, uid, written, previous):
-        settle = _settle_left(state, uid, written, previous)
-        if not settle:
-            await asyncio.to_thread(kube.patch_status, state.custom, namespace, name, patch)
-            record = state.deployment(uid)
-            record.status, record.written_at = written, time.monotonic()
+        await asyncio.to_thread(kube.patch_status, state.custom, namespace, name, patch)
+        record = state.deployment(uid)
+        record.status, record.written_at = written, time.monotonic()
     if labelled and not publishing:
         await asyncio.to_thread(
             kube.patch_deployment_labels, state.custom, namespace, name, {SOURCES_OF_LABEL: None}
         )
     for event in result.events:
         await state.post_event(body, event.type, event.reason, event.message)
-    return settle
