@@ -580,8 +580,7 @@ async def apply(
     written = {k: v for k, v in patch.items() if v is not None}
     if written != previous and not _only_probe_times_moved(state, uid, written, previous):
         await asyncio.to_thread(kube.patch_status, state.custom, namespace, name, patch)
-        record = state.deployment(uid)
-        record.status, record.written_at = written, time.monotonic()
+        state.wrote_status(uid, written)
     if labelled and not publishing:
         await asyncio.to_thread(
             kube.patch_deployment_labels, state.custom, namespace, name, {SOURCES_OF_LABEL: None}

@@ -4,6 +4,7 @@ ModelDeployment and one per pod. A deleted object's record goes with one `pop`."
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections.abc import Mapping
@@ -30,10 +31,11 @@ class DeploymentRecord:
     """One ModelDeployment (by uid)."""
 
     wake: asyncio.Event = field(default_factory=asyncio.Event)
-    # The status this operator last wrote and when. The status is ours, and the live body lags
-    # behind our own writes until the watch brings them back: planning against the lagging copy
-    # would post the same phase Event twice.
-    status: dict[str, Any] | None = None
+    # The status this operator last wrote (its JSON) and when. The status is ours, and the live
+    # body lags behind our own writes until the watch brings them back: planning against the
+    # lagging copy would post the same phase Event twice. Kept as JSON, parsed when read (~30 us,
+    # twice a pass): a Ready 4-replica status is ~20 KB of Python objects, its JSON 3.5 KB.
+    status: bytes | None = None
     written_at: float | None = None
     error: str | None = None  # the last failed pass's error (one Event per new error)
     # Pods created by this operator that kopf's index has not shown yet: name -> give-up time.
@@ -130,8 +132,14 @@ class OperatorState:
     def status_of(self, uid: str, body: Mapping[str, Any]) -> dict[str, Any] | None:
         """The ModelDeployment's status as last written: ours if we wrote one, else the body's."""
         record = self.deployments.get(uid)
-        written = record.status if record is not None else None
-        return written if written is not None else body.get("status")
+        if record is not None and record.status is not None:
+            written: dict[str, Any] = json.loads(record.status)
+            return written
+        return body.get("status")
+
+    def wrote_status(self, uid: str, status: Mapping[str, Any]) -> None:
+        record = self.deployment(uid)
+        record.status, record.written_at = json.dumps(status).encode(), time.monotonic()
 
     async def post_event(
         self, involved: Mapping[str, Any], kind: str, reason: str, message: str
