@@ -157,11 +157,13 @@ class OperatorState:
         if time.monotonic() - fetched <= NODE_CACHE_SECONDS:
             return value
         if self._node_fetch is None or self._node_fetch.done():
-            self._node_fetch = asyncio.ensure_future(
-                asyncio.to_thread(kube.max_node_gpus, self.core, GPU_RESOURCE)
-            )
-        fetch = self._node_fetch
-        value = await asyncio.shield(fetch)
-        if self._node_fetch is fetch:
-            self.node_gpus = (time.monotonic(), value)
+            self._node_fetch = asyncio.ensure_future(self._fetch_node_gpus())
+        return await asyncio.shield(self._node_fetch)
+
+    async def _fetch_node_gpus(self) -> int | None:
+        # The fetch caches its own answer. Cached by its waiters instead, a pass that came
+        # between the LIST's end and their wake-up saw a stale cache, started a new LIST and
+        # left the waiters' answer uncached: 36 LISTs back to back in `bench operator`.
+        value = await asyncio.to_thread(kube.max_node_gpus, self.core, GPU_RESOURCE)
+        self.node_gpus = (time.monotonic(), value)
         return value

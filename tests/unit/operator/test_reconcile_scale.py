@@ -105,6 +105,29 @@ async def test_one_node_list_serves_every_waiting_pass(monkeypatch: pytest.Monke
     assert await state.max_node_gpus() == 8 and len(calls) == 1  # cached now
 
 
+async def test_a_finished_node_list_is_cached_before_its_waiters_wake(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A pass that asks between the LIST's end and its waiters' wake-up gets the cached answer
+    (here the only waiter is gone): no second LIST."""
+    calls: list[str] = []
+
+    def list_nodes(core: Any, resource: str) -> int:
+        calls.append(resource)
+        return 8
+
+    monkeypatch.setattr(kube, "max_node_gpus", list_nodes)
+    state = _state()
+    waiter = asyncio.ensure_future(state.max_node_gpus())
+    await asyncio.sleep(0)  # the fetch starts
+    waiter.cancel()
+    fetch = state._node_fetch
+    assert fetch is not None
+    assert await fetch == 8
+    assert await state.max_node_gpus() == 8
+    assert calls == ["nvidia.com/gpu"]
+
+
 def _full_pod() -> dict[str, Any]:
     """A pod as the API server sends it after kwok ran it (the parts that weigh)."""
     stamp = "2026-01-01T00:00:00Z"
