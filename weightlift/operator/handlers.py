@@ -122,10 +122,11 @@ async def reconcile_loop(
         return [raw for batch in published_sources.get(key, []) for raw in batch]
 
     while not stopped:
-        wake.clear()
-        pods = list(pods_index.get(uid, []))
         try:
-            delay = await reconcile(state, body, pods, sources_of, logger)
+            async with state.passes:  # a turn first: what the pass reads is read in its turn
+                wake.clear()
+                pods = list(pods_index.get(uid, []))
+                delay = await reconcile(state, body, pods, sources_of, logger)
             state.deployment(uid).error = None
         except Exception as exc:  # never let one object take the operator down
             logger.exception("reconcile of %s/%s failed", namespace, body.metadata.name)

@@ -24,6 +24,12 @@ NODE_CACHE_SECONDS = 60.0
 # the loop as soon as they do); after that the index is trusted again: kopf's watch can lag by
 # more than 10 s under load, and planning without the pods would create them again (409s).
 CREATED_POD_WAIT_SECONDS = 60.0
+# Reconcile passes running at once; the other loops wait their turn (FIFO) before they read
+# anything. A pass spends most of its time waiting for API threads (kube.API_THREADS) and probe
+# slots (probes.MAX_WORKER_REQUESTS), which bound the throughput anyway; unbounded, the whole
+# ramp of `bench operator -n 1000` had ~900 passes in flight at once, each holding its parsed
+# spec, observed pods and plan (pydantic models: most of the operator's 38k live sets).
+MAX_PASSES = 64
 
 
 @dataclass
@@ -73,6 +79,7 @@ class OperatorState:
     settings: Settings = field(default_factory=Settings)
     deployments: dict[str, DeploymentRecord] = field(default_factory=dict)
     pods: dict[str, PodRecord] = field(default_factory=dict)
+    passes: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(MAX_PASSES))
     node_gpus: tuple[float, int | None] = (0.0, None)
     _node_fetch: asyncio.Future[int | None] | None = None
 
