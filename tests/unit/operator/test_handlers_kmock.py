@@ -9,6 +9,7 @@ tests check that the operator reads and writes the right objects, not how pods c
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import time
@@ -49,6 +50,7 @@ from weightlift.api.worker import (
     plan_digest,
 )
 from weightlift.operator import handlers, kube
+from weightlift.operator import state as operator_state
 from weightlift.operator.identity import model_identity
 from weightlift.operator.planning import SpecError
 from weightlift.operator.reconcile import parse_spec
@@ -269,6 +271,12 @@ class Operator:
 
 @pytest.fixture
 async def operator(cluster: Cluster) -> AsyncIterator[Operator]:
+    async with _operator(cluster) as running:
+        yield running
+
+
+@contextlib.asynccontextmanager
+async def _operator(cluster: Cluster) -> AsyncIterator[Operator]:
     """kopf in its own thread and event loop, as `weightlift operator` runs it.
 
     Not kopf.operator() in the test's loop: on exit kopf cancels every task of its loop that
@@ -602,6 +610,37 @@ async def test_steady_state_passes_make_no_api_reads(
     selector = urllib.parse.quote(f"{SOURCES_OF_LABEL}={identity}")
     published = f"LIST {MD_PATH}?labelSelector={selector}&resourceVersion=0"
     assert sorted(reads) == ["LIST /api/v1/nodes?", published]
+
+
+async def test_reconcile_passes_take_turns(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At most MAX_PASSES passes run at once; the others wait their turn, and every
+    deployment still gets its passes."""
+    monkeypatch.setattr(operator_state, "MAX_PASSES", 2)
+    running: list[str] = []
+    most = 0
+    done: dict[str, int] = {}
+
+    async def slow(state: Any, body: Any, *args: Any, **kwargs: Any) -> float:
+        nonlocal most
+        name = body["metadata"]["name"]
+        running.append(name)
+        most = max(most, len(running))
+        try:
+            await asyncio.sleep(0.2)  # a pass waiting on API threads and probes
+            return await real_reconcile(state, body, *args, **kwargs)
+        finally:
+            running.remove(name)
+            done[name] = done.get(name, 0) + 1
+
+    monkeypatch.setattr(handlers, "reconcile", slow)
+    names = [f"md-{i}" for i in range(5)]
+    async with _operator(cluster):
+        for name in names:
+            await cluster.create_md(name, SPEC)
+        await eventually(lambda: all(done.get(n, 0) >= 2 for n in names), what="2 passes each")
+    assert most == 2
 
 
 # ------------------------------------------------------ the kube wrappers against the emulator
