@@ -320,6 +320,7 @@ async def reconcile(
     state.deployment(uid).generation = meta.get("generation")
     observed_pods: list[ObservedPod] = []
     max_gpus = None
+    previous = state.status_of(uid, body) or {}  # parsed once a pass: apply compares with it
     siblings: list[SourceEndpoint] = []
     if not isinstance(spec, SpecError):
         siblings = _sibling_sources(sources_of(model_identity(spec)), name)
@@ -335,7 +336,7 @@ async def reconcile(
         now=datetime.now(UTC),
         pods=list(observed_pods),
         sibling_sources=siblings,
-        previous=_previous_status(state.status_of(uid, body)),
+        previous=_previous_status(previous),
         max_node_gpus=max_gpus,
         model_path_prefixes=state.settings.model_path_prefixes,
     )
@@ -344,7 +345,7 @@ async def reconcile(
         result = await _replan_with_published_sources(state, spec, observed, result)
     if isinstance(spec, SpecError):
         logger.warning("invalid spec: %s", spec.message)
-    await apply(state, body, spec, result, logger, pods)
+    await apply(state, body, spec, result, logger, previous, pods)
     return result.requeue_after
 
 
@@ -430,7 +431,7 @@ async def _patch_pods(
     await asyncio.gather(*(patch(pod, metadata) for pod, metadata in patches.items()))
 
 
-def _surface_rejection(result: Plan, message: str, previous: dict[str, Any]) -> None:
+def _surface_rejection(result: Plan, message: str, previous: Mapping[str, Any]) -> None:
     """The API server refused a pod (quota, admission, missing ServiceAccount): say so in the
     status and once as an Event, instead of failing the whole reconcile."""
     status = result.status
@@ -526,8 +527,10 @@ async def apply(
     spec: ModelDeploymentSpec | SpecError,
     result: Plan,
     logger: logging.Logger | logging.LoggerAdapter[Any],
+    previous: Mapping[str, Any],
     pods: list[dict[str, Any]] | None = None,
 ) -> None:
+    """Apply the plan; `previous` is the status last written (state.status_of)."""
     meta = body["metadata"]
     namespace, name, uid = meta["namespace"], meta["name"], meta["uid"]
     for pod, reason in result.delete.items():
@@ -559,7 +562,6 @@ async def apply(
             rejected.append(f"creating pod {desired.name} was rejected: {kube.api_error(exc)}")
     if not isinstance(spec, SpecError) and pods:
         await _sweep_plans(state, meta, pods, spec, result.status.model_identity, logger)
-    previous = state.status_of(uid, body) or {}
     if rejected:
         # A forbidden or refused request names its verb and resource (the API server's words).
         logger.warning("%s", rejected[0])
