@@ -22,6 +22,11 @@ Obj = dict[str, Any]
 # executor has cpu_count + 4 threads (6 on 2 cores): at 50-500 ms per call on a busy API server,
 # 100 deployments' passes queued behind those 6 for 20 s. The pool keeps one connection a thread.
 API_THREADS = 32
+# Every call: the answer raw (see above), and a (connect, read) timeout in seconds. The client's
+# default is no timeout at all: a half-open connection would hold an API thread, and the pass
+# waiting on it, forever. 60 s is the API server's own --request-timeout, so a slow but live
+# answer is never cut short; a timeout raises (urllib3) and the pass retries like any failed one.
+_WIRE: dict[str, Any] = {"_preload_content": False, "_request_timeout": (10.0, 60.0)}
 
 
 def load_config() -> client.ApiClient:
@@ -54,7 +59,7 @@ def patch_status(api: client.CustomObjectsApi, namespace: str, name: str, status
     # The answer (the whole object) is not decoded: nothing reads it.
     _done(
         api.patch_namespaced_custom_object_status(
-            GROUP, VERSION, namespace, PLURAL, name, {"status": status}, _preload_content=False
+            GROUP, VERSION, namespace, PLURAL, name, {"status": status}, **_WIRE
         )
     )
 
@@ -71,7 +76,7 @@ def list_deployments(api: client.CustomObjectsApi, namespace: str, selector: str
             PLURAL,
             label_selector=selector,
             resource_version="0",
-            _preload_content=False,
+            **_WIRE,
         )
     )
     items: list[Obj] = body.get("items", [])
@@ -91,15 +96,13 @@ def patch_deployment_labels(
             name,
             {"metadata": {"labels": labels}},
             _content_type="application/merge-patch+json",
-            _preload_content=False,
+            **_WIRE,
         )
     )
 
 
 def list_pods(core: client.CoreV1Api, namespace: str, selector: str) -> list[Obj]:
-    body = _json(
-        core.list_namespaced_pod(namespace, label_selector=selector, _preload_content=False)
-    )
+    body = _json(core.list_namespaced_pod(namespace, label_selector=selector, **_WIRE))
     items: list[Obj] = body.get("items", [])
     return items
 
@@ -118,7 +121,7 @@ def _create_if_absent(create: Any, namespace: str, manifest: Obj) -> bool:
     """Create; False when it already exists (a previous reconcile got there first). The client
     accepts plain dicts (sent as-is); its stubs only name the model classes."""
     try:
-        _done(create(namespace, manifest, _preload_content=False))
+        _done(create(namespace, manifest, **_WIRE))
         return True
     except ApiException as exc:
         if exc.status == 409:
@@ -132,7 +135,7 @@ def create_pod(core: client.CoreV1Api, namespace: str, manifest: Obj) -> bool:
 
 def delete_pod(core: client.CoreV1Api, namespace: str, name: str) -> None:
     try:
-        _done(core.delete_namespaced_pod(name, namespace, _preload_content=False))
+        _done(core.delete_namespaced_pod(name, namespace, **_WIRE))
     except ApiException as exc:
         if exc.status != 404:
             raise
@@ -148,7 +151,7 @@ def patch_pod_metadata(core: client.CoreV1Api, namespace: str, name: str, metada
             namespace,
             {"metadata": metadata},
             _content_type="application/merge-patch+json",
-            _preload_content=False,
+            **_WIRE,
         )
     )
 
@@ -156,7 +159,7 @@ def patch_pod_metadata(core: client.CoreV1Api, namespace: str, name: str, metada
 def max_node_gpus(core: client.CoreV1Api, resource: str) -> int | None:
     """The most `resource` any node offers, or None when nodes cannot be listed."""
     try:
-        body = _json(core.list_node(_preload_content=False))
+        body = _json(core.list_node(**_WIRE))
     except ApiException:
         return None
     best = 0
@@ -193,7 +196,7 @@ def post_event(
         "lastTimestamp": now,
         "count": 1,
     }
-    _done(core.create_namespaced_event(meta["namespace"], event, _preload_content=False))  # type: ignore[arg-type]
+    _done(core.create_namespaced_event(meta["namespace"], event, **_WIRE))  # type: ignore[arg-type]
 
 
 def create_configmap(core: client.CoreV1Api, namespace: str, manifest: Obj) -> bool:
@@ -202,11 +205,7 @@ def create_configmap(core: client.CoreV1Api, namespace: str, manifest: Obj) -> b
 
 def delete_configmaps(core: client.CoreV1Api, namespace: str, selector: str) -> None:
     """One DELETE of every ConfigMap the label selector matches (deletecollection)."""
-    _done(
-        core.delete_collection_namespaced_config_map(
-            namespace, label_selector=selector, _preload_content=False
-        )
-    )
+    _done(core.delete_collection_namespaced_config_map(namespace, label_selector=selector, **_WIRE))
 
 
 def ensure_owned_secret(core: client.CoreV1Api, namespace: str, manifest: Obj) -> None:
@@ -217,7 +216,7 @@ def ensure_owned_secret(core: client.CoreV1Api, namespace: str, manifest: Obj) -
     owners = {"metadata": {"ownerReferences": manifest["metadata"]["ownerReferences"]}}
     for _ in range(3):  # create / patch, racing the garbage collector deleting the last owner
         try:
-            _done(core.create_namespaced_secret(namespace, manifest, _preload_content=False))  # type: ignore[arg-type]
+            _done(core.create_namespaced_secret(namespace, manifest, **_WIRE))  # type: ignore[arg-type]
             return
         except ApiException as exc:
             if exc.status != 409:
@@ -229,7 +228,7 @@ def ensure_owned_secret(core: client.CoreV1Api, namespace: str, manifest: Obj) -
                     namespace,
                     owners,
                     _content_type="application/strategic-merge-patch+json",
-                    _preload_content=False,
+                    **_WIRE,
                 )
             )
             return
