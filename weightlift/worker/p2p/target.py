@@ -212,11 +212,11 @@ _HTTP: tuple[int, httpx.Client] | None = None
 
 def peer_http() -> httpx.Client:
     """This process's one HTTP client for peers (thread-safe, one connection pool): plain http,
-    no CA load; each request gives its own timeout and the peer token's headers. A new
-    httpx.Client costs ~1 ms on an idle host, but 0.07-0.2 s inside a pull that runs beside the
-    program opening's imports (measured in a worker, 2 cores), and the first of a process
-    builds its SSL machinery; prewarm_nixl makes this one early. One per pid: a forked child
-    must not share its parent's connections."""
+    no CA load; each request gives its own timeout and the peer token's headers. A client per
+    pull cost 0.07-0.2 s inside a pull that runs beside the program opening's imports (2 cores,
+    ~1 ms on an idle host); the first of a process also imports httpcore (~0.05 s idle), so
+    prewarm_nixl makes this one early. One per pid: a forked child must not share its parent's
+    connections."""
     global _HTTP
     with _HTTP_LOCK:
         if _HTTP is None or _HTTP[0] != os.getpid():
