@@ -256,7 +256,7 @@ def _storage_loads(
         "seconds": seconds,
         "cache": "cold",
         "runs": [r["seconds"] for r in runs],
-        "ready_seconds": _median_ready(runs),
+        "ready_seconds": _median_ready([r["ready"] for r in runs]),
         "loader": "weightlift worker (Source)",
     }
 
@@ -320,7 +320,7 @@ def _summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "ranks": RANKS,
         "bytes": nbytes,
         "runs": runs,
-        "ready_seconds": _median_ready([{"ready": r["timeline"].get("serving")} for r in good]),
+        "ready_seconds": _median_ready([r["timeline"].get("serving") for r in good]),
         "phases": {
             k: statistics.median(r["phases"].get(k, 0.0) for r in good)
             for k in dict.fromkeys(k for r in good for k in r["phases"])
@@ -328,10 +328,10 @@ def _summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def _median_ready(runs: list[dict[str, Any]]) -> float | None:
+def _median_ready(seconds: list[float | None]) -> float | None:
     """Median seconds from the worker process's start to Serving: the time to Ready a user
     sees of the pod (imports, server, hooks, load, program open), of the runs that report it."""
-    ready = [r["ready"] for r in runs if r.get("ready") is not None]
+    ready = [s for s in seconds if s is not None]
     return statistics.median(ready) if ready else None
 
 

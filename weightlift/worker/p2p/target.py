@@ -256,10 +256,11 @@ def fetch_manifest(
 class _Liveness:
     """Polls the peer's health endpoint in a thread; `dead` is set with a reason on failure."""
 
-    def __init__(self, address: str, peer: str, opts: PullOptions) -> None:
+    def __init__(self, address: str, peer: str, opts: PullOptions, headers: dict[str, str]) -> None:
         self.url = f"{_base_url(address)}{P2P_PREFIX}/health"
         self.peer = peer
         self.opts = opts
+        self.headers = headers
         self.dead = threading.Event()
         self.reason = ""
         self._stop = threading.Event()
@@ -276,11 +277,10 @@ class _Liveness:
     def _run(self) -> None:
         failures = 0
         timeout = max(self.opts.liveness_interval_s * 2, 0.5)
-        headers = auth_headers(peer_token())
         client = peer_http()
         while not self._stop.wait(self.opts.liveness_interval_s):
             try:
-                ok = client.get(self.url, headers=headers, timeout=timeout).status_code == 200
+                ok = client.get(self.url, headers=self.headers, timeout=timeout).status_code == 200
                 why = "health answered non-200"
             except httpx.HTTPError as exc:
                 ok, why = False, repr(exc)
@@ -559,7 +559,7 @@ class _Transfer:
         pull, opts = self.pull, self.pull.opts
         started = time.monotonic()
         try:
-            with _Liveness(pull.address, self.pod, opts) as live:
+            with _Liveness(pull.address, self.pod, opts, pull.headers) as live:
                 while self.pending or self.inflight:
                     self._wait_for_memory()
                     try:
