@@ -386,7 +386,7 @@ def render(result: dict[str, Any], command: str) -> str:
         f"operator CPU, ramp            {op['ramp_cpu_seconds']} s ({op['ramp_cpu_cores']} cores)",
         f"operator CPU, steady          {op['steady_cpu_cores']} cores",
         f"operator peak RSS             {op['peak_rss_mb']} MB (target < {TARGET_RSS_MB:.0f} MB; "
-        f"MALLOC_ARENA_MAX {op.get('malloc_arena_max', '?')})",
+        f"malloc settings: {op.get('malloc', '?')})",
         f"API requests, ramp            {api['ramp_total']} ({api['ramp_per_deployment']} per "
         f"deployment); errors in the run: {api['errors']}",
         f"API requests/s, steady        {api['steady_per_second']}",
@@ -425,9 +425,10 @@ def render(result: dict[str, Any], command: str) -> str:
 @click.option(
     "--malloc-arena-max",
     type=click.IntRange(0, 64),
-    default=2,
+    default=0,
     show_default=True,
-    help="The operator's MALLOC_ARENA_MAX, as the chart sets it (0: glibc's default).",
+    help="The operator's MALLOC_ARENA_MAX (0: the operator's own malloc settings, "
+    "operator/malloc.py).",
 )
 @click.option(
     "--state-dir",
@@ -505,7 +506,9 @@ def operator_command(
         result["profile_top"] = top_functions(stack.profile_path, profile)
         result["profile_file"] = str(stack.profile_path)
     result["command"] = command
-    result["operator"]["malloc_arena_max"] = malloc_arena_max or "glibc default"
+    result["operator"]["malloc"] = (
+        f"MALLOC_ARENA_MAX={malloc_arena_max}" if malloc_arena_max else "the operator's own"
+    )
     out = json_out or state_dir / "result.json"
     out.write_text(json.dumps(result, indent=2) + "\n")
     click.echo(render(result, command))

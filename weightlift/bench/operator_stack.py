@@ -85,7 +85,7 @@ class BenchStack(UpDown):
     gpus_per_pod: int
     gpus_per_node: int
     profiler: str = "none"
-    malloc_arena_max: int = 0  # the operator's MALLOC_ARENA_MAX (0: glibc's default)
+    malloc_arena_max: int = 0  # the operator's MALLOC_ARENA_MAX (0: its own, operator/malloc.py)
 
     worker_port: int = field(init=False, default=0)
     info: ClusterInfo = field(init=False)

@@ -8,6 +8,7 @@ import os
 import click
 
 from weightlift.api.worker import COMPILE_CACHE_MAX_BYTES_ENV
+from weightlift.operator.malloc import tune_malloc
 from weightlift.operator.settings import (
     MODEL_PATH_PREFIXES_ENV,
     PROBE_NETWORKS_ENV,
@@ -95,6 +96,8 @@ def operator_command(
         os.environ[COMPILE_CACHE_MAX_BYTES_ENV] = str(compile_cache_max_bytes)
     level = logging.DEBUG if verbose else getattr(logging, log_level.upper())
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # Before kopf starts its threads: the arena limit holds only for arenas not made yet.
+    logging.getLogger(__name__).info("malloc settings: %s", tune_malloc() or "glibc's own")
     import weightlift.operator.handlers  # noqa: F401  (registers the handlers)
 
     settings = kopf.OperatorSettings()

@@ -72,7 +72,6 @@ def test_operator_deployment_is_single_recreate_nonroot(helm: Path) -> None:
     assert container["securityContext"]["capabilities"]["drop"] == ["ALL"]
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert "--all-namespaces" in container["args"]
-    assert {"name": "MALLOC_ARENA_MAX", "value": "2"} in container["env"]
     # The compile-cache bound (1 GiB by default) goes to the operator, which hands it to workers.
     assert "--compile-cache-max-bytes=1073741824" in container["args"]
 
