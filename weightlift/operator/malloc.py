@@ -1,12 +1,13 @@
 """glibc malloc settings for the operator's long-lived process, set once at its start.
 
-`bench operator -n 1000 -r 4` (peak RSS, 2026-11-25): the ramp's large buffers (API responses,
-watch chunks, JSON of statuses and reports) are freed in a different order than they were taken.
-glibc raises its mmap threshold to the largest block freed so far (up to 32 MB) and its trim
-threshold to twice that, so after the first large response such buffers come from the heap,
-leave holes there and the heap is never trimmed: 201-206 MB peak with glibc's defaults, 179 MB
-with both thresholds fixed at their initial values. Two arenas, not glibc's 8 per core: the API
-threads each grew an arena of their own and kept its freed memory.
+The ramp's large buffers (API responses, watch chunks, JSON of statuses and reports) are freed
+in another order than they were taken. glibc raises its mmap threshold to the largest block
+freed so far (up to 32 MB) and its trim threshold to twice that, so after the first large
+response such buffers come from the heap, leave holes there and the heap is not trimmed.
+`bench operator -n 1000 -r 4`, operator peak RSS, 3 runs each, interleaved (2026-11-25):
+191.6-200.7 MB with glibc's dynamic thresholds, 178.1-180.6 MB with both fixed at these values.
+Two arenas, not glibc's 8 per core: the API threads each grew an arena of their own and kept its
+freed memory.
 
 A variable glibc reads itself (MALLOC_ARENA_MAX, MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_)
 wins over the value here, so a deployment can still tune one. Python has no binding for
