@@ -423,14 +423,6 @@ def render(result: dict[str, Any], command: str) -> str:
 @click.option("--timeout", type=float, default=600.0, show_default=True, help="Ramp limit.")
 @click.option("--profile", type=click.Choice(PROFILERS), default="none", show_default=True)
 @click.option(
-    "--malloc-arena-max",
-    type=click.IntRange(0, 64),
-    default=0,
-    show_default=True,
-    help="The operator's MALLOC_ARENA_MAX (0: the operator's own malloc settings, "
-    "operator/malloc.py).",
-)
-@click.option(
     "--state-dir",
     type=click.Path(file_okay=False, path_type=Path),
     default=Path(".state/bench-operator"),
@@ -452,7 +444,6 @@ def operator_command(
     steady_seconds: float,
     timeout: float,
     profile: str,
-    malloc_arena_max: int,
     state_dir: Path,
     json_out: Path | None,
     floor: bool,
@@ -468,7 +459,6 @@ def operator_command(
         gpus_per_pod=tensor_parallel,
         gpus_per_node=gpus_per_node,
         profiler=profile,
-        malloc_arena_max=malloc_arena_max,
     )
     if floor:
         from weightlift.bench.operator_floor import render_floor, run_floor
@@ -506,9 +496,9 @@ def operator_command(
         result["profile_top"] = top_functions(stack.profile_path, profile)
         result["profile_file"] = str(stack.profile_path)
     result["command"] = command
-    result["operator"]["malloc"] = (
-        f"MALLOC_ARENA_MAX={malloc_arena_max}" if malloc_arena_max else "the operator's own"
-    )
+    # The operator inherits the bench's environment: glibc's own variables win over its settings.
+    tuned = {k: v for k, v in os.environ.items() if k.startswith("MALLOC_")}
+    result["operator"]["malloc"] = tuned or "the operator's own"
     out = json_out or state_dir / "result.json"
     out.write_text(json.dumps(result, indent=2) + "\n")
     click.echo(render(result, command))

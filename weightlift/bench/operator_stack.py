@@ -85,7 +85,6 @@ class BenchStack(UpDown):
     gpus_per_pod: int
     gpus_per_node: int
     profiler: str = "none"
-    malloc_arena_max: int = 0  # the operator's MALLOC_ARENA_MAX (0: its own, operator/malloc.py)
 
     worker_port: int = field(init=False, default=0)
     info: ClusterInfo = field(init=False)
@@ -227,8 +226,6 @@ class BenchStack(UpDown):
             record += ["--rate", "50"]
             argv = [*record, "--output", str(self.profile_path), "--", *argv]
         env = {**os.environ, "KUBECONFIG": str(self.operator_kubeconfig), "PYTHONUNBUFFERED": "1"}
-        if self.malloc_arena_max:
-            env["MALLOC_ARENA_MAX"] = str(self.malloc_arena_max)
         self._operator = self._spawn(argv, self.state_dir / "operator.log", env)
         pid = self._operator.pid
         self.operator_pid = _python_descendant(pid) if self.profiler == "py-spy" else pid

@@ -38,7 +38,7 @@ SETTINGS: tuple[tuple[int, str, int], ...] = (
 def tune_malloc() -> dict[str, int]:
     """Apply SETTINGS (those the environment does not set); returns {variable: value} set."""
     try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc = ctypes.CDLL("libc.so.6")
         mallopt = libc.mallopt
     except (OSError, AttributeError):
         log.debug("no glibc mallopt here: malloc left as it is")
