@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from weightlift.api.uri import ModelUri, hf_repo
-from weightlift.bench.load import Tensors
+from weightlift.bench.measure import Tensors
 from weightlift.bench.remote import (
     RemoteLoader,
     bench_remote,

@@ -32,30 +32,19 @@ import click
 import numpy as np
 import torch
 
+from weightlift.bench.measure import Tensors, memcpy_gbps, touch
 from weightlift.worker.loaders.direct import DirectLoader
 from weightlift.worker.loaders.preload import PreloadLoader
 from weightlift.worker.weights.files import index_files, rank_files
 from weightlift.worker.weights.progress import LoadProgress
 from weightlift.worker.weights.tensors import all_bit_equal
 
-Tensors = dict[str, torch.Tensor]
 # A loader returns its tensors and a closer (some libraries own the memory until closed).
 BenchLoader = Callable[[list[Path]], tuple[Tensors, Callable[[], None]]]
 
 
 def _noop() -> None:
     return None
-
-
-def touch(tensors: Tensors) -> int:
-    """Read one byte of every 4 KiB page: a lazily mmap-backed result (safetensors' load_file,
-    safe_open on CPU) pays for its page faults inside the timed region like everyone else."""
-    acc = 0
-    for t in tensors.values():
-        if t.numel():
-            b = t.detach().reshape(-1).view(torch.uint8)
-            acc += int(b[::4096].sum()) + int(b[-1])
-    return acc
 
 
 def copied_bytes(tensors: Tensors, files: list[Path]) -> int | None:
@@ -168,24 +157,6 @@ NOTES = [
     "weightlift-preload-staged (opt-in): the CUDA path on CPU: read into staging buffers, copy "
     "into one result buffer (fresh anonymous pages: zeroing + copy).",
 ]
-
-
-def memcpy_gbps(nbytes: int, threads: int, repeat: int = 3) -> float:
-    """Multithreaded copy between two pre-faulted buffers (pure memory bandwidth)."""
-    src = np.ones(nbytes, dtype=np.uint8)
-    dst = np.ones(nbytes, dtype=np.uint8)  # written, so faulted in (np.zeros maps lazily)
-    step = -(-nbytes // threads)
-
-    def part(i: int) -> None:
-        np.copyto(dst[i * step : (i + 1) * step], src[i * step : (i + 1) * step])
-
-    best = []
-    with ThreadPoolExecutor(threads) as pool:
-        for _ in range(repeat):
-            t0 = time.perf_counter()
-            list(pool.map(part, range(threads)))
-            best.append(nbytes / (time.perf_counter() - t0) / 1e9)
-    return statistics.median(best)
 
 
 def odirect_read_gbps(files: list[Path], threads: int, chunk: int = 16 << 20) -> float | None:

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from weightlift.api.model import GROUP, PLURAL, VERSION, ModelDeploymentSpec, Role
-from weightlift.bench.operator import MachineLoad, Timeline, manifest, quantiles
+from weightlift.bench.operator_measure import MachineLoad, Timeline, manifest, quantiles
 from weightlift.bench.operator_stack import NAMESPACE, BenchStack, ProcessMeter
 from weightlift.bench.watch import AsyncKube
 from weightlift.operator.identity import model_identity

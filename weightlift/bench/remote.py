@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from weightlift.bench.load import Tensors, memcpy_gbps, touch
+from weightlift.bench.measure import Tensors, memcpy_gbps, touch
 from weightlift.worker.storage.ranged import F, ReadRange, ranges
 from weightlift.worker.weights.tensors import all_bit_equal
 
