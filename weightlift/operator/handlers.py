@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -16,13 +17,14 @@ import kopf
 
 from weightlift.api.labels import DEPLOYMENT_LABEL, MANAGED_BY
 from weightlift.api.model import GROUP, KIND, PLURAL, VERSION
-from weightlift.operator import kube, watchtrim
+from weightlift.operator import apicalls, kube, metrics, watchtrim
 from weightlift.operator.diffbase import NoDiffBaseStorage
 from weightlift.operator.reconcile import pod_essentials, reconcile
 from weightlift.operator.state import OperatorState
 
 log = logging.getLogger("weightlift.operator")
 watchtrim.install()  # before kopf starts its watches: see watchtrim.py
+apicalls.install_kopf()  # before kopf makes its session: its requests are counted
 # kopf runs one worker per object with events, which holds the object's last whole body (a Pod,
 # its managedFields dropped: ~28 KB of Python objects) until it has been idle this long. kopf's
 # 5 s kept the bodies of every pod of a rollout alive at once: 489 workers at 200 x 4 in
@@ -53,12 +55,24 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     # The threads our blocking API calls (asyncio.to_thread) run in: see kube.API_THREADS.
     executor = ThreadPoolExecutor(max_workers=kube.API_THREADS, thread_name_prefix="kube-api")
     asyncio.get_running_loop().set_default_executor(executor)
-    memo["state"] = OperatorState.from_environment()
+    state = memo["state"] = OperatorState.from_environment()
+    if state.settings.metrics_port is not None:
+        host, port = state.settings.metrics_host, state.settings.metrics_port
+        memo["metrics_server"] = metrics.serve(host, port, state.metrics)
+        log.info("serving metrics on %s:%d/metrics", host, port)
     # What exists now (modules, pydantic's and the kubernetes client's classes: ~70k objects)
     # lives as long as the process. Frozen, the cyclic collector stops walking it on every
     # full collection, which the operator's churn of events and requests triggers often.
     gc.freeze()
     gc.set_threshold(GC_YOUNG_OBJECTS)
+
+
+@kopf.on.cleanup()
+async def stop_metrics(memo: kopf.Memo, **_: Any) -> None:
+    server = memo.get("metrics_server")
+    if server is not None:  # its port is free again for an operator started in this process
+        await asyncio.to_thread(server.shutdown)
+        server.server_close()
 
 
 def _state(memo: Any) -> OperatorState:
@@ -122,13 +136,18 @@ async def reconcile_loop(
         return [raw for batch in published_sources.get(key, []) for raw in batch]
 
     while not stopped:
+        started: float | None = None
         try:
             async with state.passes:  # a turn first: what the pass reads is read in its turn
+                started = time.perf_counter()
                 wake.clear()
                 pods = list(pods_index.get(uid, []))
                 delay = await reconcile(state, body, pods, sources_of, logger)
+            state.metrics.reconciled(time.perf_counter() - started, ok=True)
             state.deployment(uid).error = None
         except Exception as exc:  # never let one object take the operator down
+            if started is not None:
+                state.metrics.reconciled(time.perf_counter() - started, ok=False)
             logger.exception("reconcile of %s/%s failed", namespace, body.metadata.name)
             record = state.deployment(uid)
             if record.error != str(exc):  # one Event per new error, not per retry

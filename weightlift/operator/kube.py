@@ -16,6 +16,7 @@ from kubernetes.client.exceptions import ApiException
 
 from weightlift.api.model import GROUP, PLURAL, VERSION
 from weightlift.api.times import now_rfc3339
+from weightlift.operator import apicalls
 
 Obj = dict[str, Any]
 # Blocking API calls run in threads (asyncio.to_thread), one per call in flight. Python's default
@@ -39,7 +40,9 @@ def load_config() -> client.ApiClient:
     configuration = client.Configuration.get_default_copy()
     # urllib3 drops connections beyond the pool size: each drop is a new TLS handshake.
     configuration.connection_pool_maxsize = API_THREADS
-    return client.ApiClient(configuration)
+    api = client.ApiClient(configuration)
+    apicalls.instrument_client(api)  # weightlift_api_requests_total, each attempt
+    return api
 
 
 def _json(response: Any) -> Any:

@@ -157,6 +157,8 @@ class Plan:
     relabel: dict[str, Role] = field(default_factory=dict)  # pod -> new role
     # pod -> what its weightlift.dev/peers annotation hands it (peers or storage)
     handoff: dict[str, PeerHandoff] = field(default_factory=dict)
+    # pod -> why a storage hand-off replaces its pull: wait_expired | sources_gone (metrics)
+    fallbacks: dict[str, str] = field(default_factory=dict)
     status: ModelDeploymentStatus = field(default_factory=ModelDeploymentStatus)
     events: list[Event] = field(default_factory=list)
     requeue_after: float = POLL_STEADY
@@ -599,6 +601,7 @@ def _hand_off(
         elif wait_expired or stale:
             result.handoff[pod.name] = PeerHandoff(storage=True)
             result.relabel[pod.name] = Role.SOURCE
+            result.fallbacks[pod.name] = "sources_gone" if stale else "wait_expired"
             if stale:
                 result.events.append(
                     Event(

@@ -34,6 +34,7 @@ from weightlift.api.times import parse_rfc3339
 from weightlift.api.worker import PeerHandoff, WorkerPhase, WorkerReport
 from weightlift.operator import kube
 from weightlift.operator.identity import model_identity
+from weightlift.operator.metrics import engine_of
 from weightlift.operator.planning import (
     POLL_PENDING,
     DesiredPod,
@@ -57,6 +58,7 @@ from weightlift.operator.shared_objects import (
     token_secret_manifest,
 )
 from weightlift.operator.state import OperatorState
+from weightlift.operator.transitions import record_pass
 
 # Probe times change on every probe. When nothing else in the status did, they are written at
 # most this often: 1000 deployments probed every 10 s would otherwise patch 100 statuses a second
@@ -199,6 +201,7 @@ async def _probe(
         state.http, address, model, spec.probe, last[1] if last else None
     )
     record.probe = (time.monotonic(), result)
+    state.metrics.probed(engine_of(spec), result.passed)
     return result
 
 
@@ -248,6 +251,7 @@ def pod_essentials(pod: Mapping[str, Any]) -> dict[str, Any]:
     """The parts of a Pod that observe_pod reads: what the pod index keeps in memory (a whole
     Pod is ~10x bigger, and an operator holds thousands)."""
     meta, spec, status = pod.get("metadata", {}), pod.get("spec", {}), pod.get("status", {})
+    created = meta.get("creationTimestamp")
     terminated = [
         {"state": {"terminated": _slim_termination((cs.get("state") or {})["terminated"])}}
         for cs in status.get("containerStatuses") or []
@@ -267,6 +271,7 @@ def pod_essentials(pod: Mapping[str, Any]) -> dict[str, Any]:
         "metadata": {
             "name": meta.get("name"),
             "uid": meta.get("uid"),
+            **({"creationTimestamp": created} if created else {}),  # time to Ready (metrics)
             "labels": {key: labels[key] for key in POD_LABELS_READ if key in labels},
             **({"annotations": kept} if kept else {}),
             **(
@@ -345,7 +350,9 @@ async def reconcile(
         result = await _replan_with_published_sources(state, spec, observed, result)
     if isinstance(spec, SpecError):
         logger.warning("invalid spec: %s", spec.message)
+    applying = time.time()
     await apply(state, body, spec, result, logger, previous, pods)
+    record_pass(state, uid, spec, result, previous, list(observed_pods), pods, applying)
     return result.requeue_after
 
 

@@ -16,6 +16,9 @@ from weightlift.api.worker import COMPILE_CACHE_MAX_BYTES_ENV
 
 MODEL_PATH_PREFIXES_ENV = "WEIGHTLIFT_MODEL_PATH_PREFIXES"
 PROBE_NETWORKS_ENV = "WEIGHTLIFT_PROBE_NETWORKS"
+# /metrics (Prometheus) on this port and address; no port: not served.
+METRICS_PORT_ENV = "WEIGHTLIFT_METRICS_PORT"
+METRICS_HOST_ENV = "WEIGHTLIFT_METRICS_HOST"
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
@@ -61,6 +64,19 @@ def parse_max_bytes(raw: str) -> int | None:
     return value
 
 
+def parse_port(raw: str) -> int | None:
+    """A TCP port (None when unset); ValueError naming the variable."""
+    if not raw.strip():
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= 65535:
+        raise ValueError(f"{METRICS_PORT_ENV}: {raw!r} is not a TCP port (1-65535)")
+    return value
+
+
 @dataclass(frozen=True)
 class Settings:
     """What the operator was started with."""
@@ -72,6 +88,9 @@ class Settings:
     probe_networks: tuple[Network, ...] | None = None
     # The most compile-cache bytes a worker fetches from its source (None: the worker's default).
     compile_cache_max_bytes: int | None = None
+    # Where /metrics is served (metrics.serve); None: nowhere.
+    metrics_port: int | None = None
+    metrics_host: str = "0.0.0.0"
 
     @classmethod
     def from_environment(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -80,6 +99,8 @@ class Settings:
             model_path_prefixes=parse_path_prefixes(env.get(MODEL_PATH_PREFIXES_ENV, "")),
             probe_networks=parse_networks(env.get(PROBE_NETWORKS_ENV, "")),
             compile_cache_max_bytes=parse_max_bytes(env.get(COMPILE_CACHE_MAX_BYTES_ENV, "")),
+            metrics_port=parse_port(env.get(METRICS_PORT_ENV, "")),
+            metrics_host=env.get(METRICS_HOST_ENV, "").strip() or "0.0.0.0",
         )
 
     def may_contact(self, pod_ip: str) -> bool:

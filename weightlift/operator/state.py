@@ -15,6 +15,7 @@ from typing import Any
 from kubernetes import client
 
 from weightlift.operator import kube
+from weightlift.operator.metrics import METRICS, Metrics
 from weightlift.operator.pods import GPU_RESOURCE
 from weightlift.operator.probes import ProbeResult, WorkerClient
 from weightlift.operator.settings import Settings
@@ -68,6 +69,12 @@ class PodRecord:
     # JSON 0.4 KB, 11 MB less at 4000 pods; parsing it again costs ~3 us.
     report: tuple[float, bytes] | None = None
     failure_seen: datetime | None = None  # first seen failed
+    # For the metrics (transitions.py): what it was last handed (peers | storage), the wall
+    # time of that hand-off until the worker is seen to have it, and whether its time to Ready
+    # was recorded.
+    handed: str | None = None
+    handed_at: float | None = None
+    ready_counted: bool = False
 
 
 @dataclass
@@ -78,6 +85,7 @@ class OperatorState:
     custom: client.CustomObjectsApi
     http: WorkerClient
     settings: Settings = field(default_factory=Settings)
+    metrics: Metrics = field(default_factory=lambda: METRICS)
     deployments: dict[str, DeploymentRecord] = field(default_factory=dict)
     pods: dict[str, PodRecord] = field(default_factory=dict)
     passes: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(MAX_PASSES))
@@ -103,6 +111,7 @@ class OperatorState:
 
     def forget(self, uid: str) -> None:
         self.deployments.pop(uid, None)
+        self.metrics.forget(uid)
 
     def forget_pod(self, uid: str) -> None:
         """A deleted pod's probe and failure memory goes with it."""
