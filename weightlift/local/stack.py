@@ -29,9 +29,11 @@ from kubernetes.client.exceptions import ApiException
 from weightlift.api.labels import DEPLOYMENT_LABEL
 from weightlift.api.model import GROUP, PLURAL, VERSION
 from weightlift.local.kube import JSON, MERGE, Kube, call, delete, get_or_none
+from weightlift.local.net import free_port
 from weightlift.local.processnode import LOCAL_NODE_LABEL, ProcessNode
 from weightlift.local.procs import UpDown, child_options, stop_group
 from weightlift.local.release import HelmRelease
+from weightlift.operator.settings import METRICS_HOST_ENV, METRICS_PORT_ENV
 
 log = logging.getLogger("weightlift.demo")
 
@@ -134,6 +136,8 @@ class LocalStack(UpDown):
     _cluster: Any = field(init=False, default=None)
     _operator: subprocess.Popen[bytes] | None = field(init=False, default=None)
     _node_started: bool = field(init=False, default=False)
+    # The operator process's /metrics port on loopback: chosen once, kept across restarts.
+    _metrics_port: int | None = field(init=False, default=None)
     release: HelmRelease | None = field(init=False, default=None)
 
     # -- up
@@ -197,10 +201,14 @@ class LocalStack(UpDown):
 
     def _start_operator(self) -> None:
         log_path = self.state_dir / "operator.log"
+        if self._metrics_port is None:
+            self._metrics_port = free_port()
         env = {
             **os.environ,
             "KUBECONFIG": str(self.kubeconfig),
             "PYTHONUNBUFFERED": "1",
+            METRICS_HOST_ENV: "127.0.0.1",
+            METRICS_PORT_ENV: str(self._metrics_port),
             **self.operator_env,
         }
         argv = [weightlift_exe(), "operator", "--namespace", self.namespace]
@@ -212,6 +220,17 @@ class LocalStack(UpDown):
             self._operator = subprocess.Popen(
                 argv, **child_options(out, env=env, die_with=signal.SIGTERM)
             )
+
+    def operator_metrics_url(self) -> str | None:
+        """The operator's /metrics: the process's loopback port, or the chart's pod's address
+        and metrics.port (None while no operator pod has an address)."""
+        if self.release is None:
+            port = self.operator_env.get(METRICS_PORT_ENV) or self._metrics_port
+            return f"http://127.0.0.1:{port}/metrics" if port else None
+        pod = self.release.operator_pod()
+        ip = ((pod or {}).get("status") or {}).get("podIP")
+        port = (self.release.values.get("metrics") or {}).get("port", 8081)
+        return f"http://{ip}:{port}/metrics" if ip else None
 
     # -- faults (the chaos bench): each leaves the stack whole again, or says why not
     @property

@@ -66,9 +66,15 @@ def engine_of(spec: ModelDeploymentSpec) -> str:
 
 
 def loaded_from_label(loaded_from: str | None) -> str:
-    """`peer:<pod>` -> `peer`; `storage:<scheme>` keeps a known scheme; `cache`; else unknown."""
+    """`peer:<pod>` -> `peer`; `storage:<scheme>` keeps a known scheme; `cache`; ranks that
+    loaded from different kinds (the worker joins them with commas): `mixed`."""
     if not loaded_from:
         return "unknown"
+    kinds = {_one_source(part) for part in loaded_from.split(",") if part}
+    return kinds.pop() if len(kinds) == 1 else "mixed"
+
+
+def _one_source(loaded_from: str) -> str:
     kind, _, scheme = loaded_from.partition(":")
     if kind == "peer":
         return "peer"

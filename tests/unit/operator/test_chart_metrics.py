@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry
 
 from tests.unit.operator.test_chart import CHART, by_kind, helm, template
 from weightlift.operator.metrics import Metrics
-from weightlift.operator.settings import METRICS_PORT_ENV
+from weightlift.operator.settings import METRICS_HOST_ENV, METRICS_PORT_ENV
 
 __all__ = ["helm"]  # the fixture, shared with test_chart.py
 
@@ -31,6 +31,10 @@ def test_metrics_port_and_service_by_default_and_nothing_optional(helm: Path) ->
     container = _container(docs)
     assert {"name": "metrics", "containerPort": 8081} in container["ports"]
     assert {"name": METRICS_PORT_ENV, "value": "8081"} in container["env"]
+    env = [e["name"] for e in container["env"]]
+    # Bound to the pod's address (POD_IP comes first: $(POD_IP) expands only earlier vars).
+    assert {"name": METRICS_HOST_ENV, "value": "$(POD_IP)"} in container["env"]
+    assert env.index("POD_IP") < env.index(METRICS_HOST_ENV)
     services = by_kind(docs, "Service")
     (service,) = services
     assert service["metadata"]["name"] == "wl-operator-metrics"
