@@ -32,6 +32,7 @@ from weightlift.operator.metrics import (
     loaded_from_label,
     serve,
 )
+from weightlift.operator.settings import METRICS_HOST_ENV, METRICS_PORT_ENV, Settings
 
 
 def fresh() -> Metrics:
@@ -318,3 +319,13 @@ def test_metrics_are_served_in_prometheus_text_format() -> None:
     assert "process_resident_memory_bytes" in families  # the process collector
     for name in ("weightlift_api_requests", "weightlift_reconcile", "weightlift_storage_fallbacks"):
         assert families[name].type == "counter"
+
+
+def test_the_metrics_port_is_an_operator_setting() -> None:
+    assert Settings.from_environment({}).metrics_port is None  # not served
+    chosen = Settings.from_environment({METRICS_PORT_ENV: "9400", METRICS_HOST_ENV: "10.0.0.7"})
+    assert (chosen.metrics_port, chosen.metrics_host) == (9400, "10.0.0.7")
+    assert Settings.from_environment({METRICS_PORT_ENV: "8081"}).metrics_host == "0.0.0.0"
+    for bad in ("http", "0", "70000"):
+        with pytest.raises(ValueError, match=METRICS_PORT_ENV):
+            Settings.from_environment({METRICS_PORT_ENV: bad})
