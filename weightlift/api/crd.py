@@ -22,6 +22,7 @@ from weightlift.api.model import (
     SHORT_NAMES,
     SINGULAR,
     VERSION,
+    WARM_SPARES_MESSAGE,
     ModelDeploymentSpec,
     ModelDeploymentStatus,
 )
@@ -61,6 +62,14 @@ _SPEC_VALIDATIONS = [
         "|| !has(self.runtime.engine) || self.runtime.engine == 'Builtin'",
         "message": "spec.runtime.engine applies to runtime.type Builtin, not External",
         "fieldPath": ".runtime.engine",
+    },
+    {
+        "rule": "!has(self.warmSpares) || self.warmSpares == 0 "
+        "|| ((!has(self.runtime) || !has(self.runtime.type) || self.runtime.type != 'External') "
+        "&& (!has(self.loading) || !has(self.loading.strategy) "
+        "|| self.loading.strategy in ['Auto', 'PeerToPeer']))",
+        "message": WARM_SPARES_MESSAGE,
+        "fieldPath": ".warmSpares",
     },
 ]
 
@@ -218,6 +227,7 @@ def build_crd() -> dict[str, Any]:
         ("Ready", "string", ".status.ready", "Replicas that passed inference probes / desired"),
         ("Sources", "integer", ".status.readySources", "Ready P2P sources"),
         ("Loaded", "string", ".status.loaded", "Percent of weight bytes loaded"),
+        ("Spares", "integer", ".status.spares", "Warm spares waiting in Standby"),
         ("Standby", "integer", ".status.standby", "Targets waiting in Standby for peers"),
         ("Identity", "string", ".status.modelIdentity", "Model identity hash"),
     ]

@@ -7,6 +7,9 @@ IDENTITY_LABEL = "weightlift.dev/identity"
 ROLE_LABEL = "weightlift.dev/role"
 REPLICA_LABEL = "weightlift.dev/replica"
 PEERS_ANNOTATION = "weightlift.dev/peers"
+# On a warm spare while it waits (value "true"); the operator removes it when it hands the spare
+# peers or storage. The scale subresource's selector leaves pods with it out.
+SPARE_LABEL = "weightlift.dev/spare"
 # On worker pods and plan ConfigMaps: the first characters of the plan's sha256.
 PLAN_LABEL = "weightlift.dev/plan"
 # On a ModelDeployment while its status.sources publishes Ready sources: the model identity they

@@ -48,6 +48,8 @@ EXPECTED_OUTPUTS = 8
 EXPECTED_VALUES = 1024
 SHAPE_DIMS = 8
 NAME_MAX = 256
+# spec.warmSpares: each spare is a GPU pod held idle; more than this is a mistake, not a pool.
+WARM_SPARES_MAX = 64
 # probe.request: its JSON text, nesting depth, inputs/outputs/parameters, values per input.
 REQUEST_MAX_BYTES = 512 * 1024  # above what the CRD admits: a backstop for unadmitted specs
 REQUEST_MAX_DEPTH = 8

@@ -490,6 +490,13 @@ def pulls_from_peers(loading: LoadingSpec, runtime: RuntimeSpec) -> bool:
     return LoadStrategy(loading.strategy) in strategies and runtime.type != RuntimeType.EXTERNAL
 
 
+# A spare waits in Standby for its hand-off: only a Target that may pull from peers does.
+WARM_SPARES_MESSAGE = (
+    "spec.warmSpares needs spec.loading.strategy Auto or PeerToPeer and spec.runtime.type "
+    "Builtin (a spare waits in Standby to be handed peers)"
+)
+
+
 class ExpectedTensor(ApiModel):
     name: str = Field(
         min_length=1,
@@ -645,6 +652,20 @@ class Rollout(ApiModel):
 class ModelDeploymentSpec(ApiModel):
     model: ModelSource = Field(description="The model to load and serve.")
     replicas: int = Field(1, ge=0, le=1024, description="Number of model replicas.")
+    warm_spares: int = Field(
+        0,
+        ge=0,
+        le=limits.WARM_SPARES_MAX,
+        description=(
+            "Pods kept beyond replicas, started up to their weight step and waiting in Standby. "
+            "A scale-up, from zero too, first hands spares their peers (or storage when no "
+            "source is Ready), so they serve in seconds; new spares then take their place. Each "
+            "spare holds a GPU pod (parallelism.tensor GPUs) while it waits. Spares are never "
+            "Ready and stay out of status.replicas and the scale subresource's selector (an "
+            "HPA counts serving replicas only). Needs loading.strategy Auto or PeerToPeer and "
+            "runtime.type Builtin."
+        ),
+    )
     parallelism: Parallelism = Field(
         default_factory=Parallelism, description="Parallelism within one replica."
     )
@@ -682,6 +703,8 @@ class ModelDeploymentSpec(ApiModel):
             raise ValueError(
                 f"spec.runtime.engine {self.runtime.engine} needs spec.model.format safetensors"
             )
+        if self.warm_spares and not pulls_from_peers(self.loading, self.runtime):
+            raise ValueError(WARM_SPARES_MESSAGE)
         return self
 
 
@@ -727,7 +750,13 @@ class ReplicaStatus(ApiModel):
     model_identity: str = Field(description="Identity of the weights this replica loads.")
     role: Role = Field(description="Source (from storage) or Target (from a peer).")
     phase: str = Field(
-        description="Pending, Scheduled, InitHooks, Standby, Loading, Serving, Ready, Failed."
+        description="Pending, Scheduled, InitHooks, Standby, Spare (a warm spare in Standby), "
+        "Loading, Serving, Ready, Failed."
+    )
+    spare: bool | None = Field(
+        None,
+        description="True for a warm spare (spec.warmSpares): waiting beyond spec.replicas, "
+        "not serving, not in status.replicas.",
     )
     node: str | None = Field(None, description="Node the pod is bound to.")
     pod_ip: str | None = Field(None, alias="podIP", description="Pod IP.")
@@ -772,16 +801,29 @@ class ModelDeploymentStatus(ApiModel):
     model_identity: str | None = Field(
         None, description="Hash of uri, revision, format, dtype and TP layout."
     )
-    replicas: int = Field(0, ge=0, description="Worker pods that exist.")
+    replicas: int = Field(
+        0, ge=0, description="Serving worker pods that exist (warm spares not counted)."
+    )
     ready_replicas: int = Field(0, ge=0, description="Replicas that passed inference probes.")
     updated_replicas: int = Field(0, ge=0, description="Ready replicas of the current identity.")
     ready: str = Field("0/0", description="ready/desired, for kubectl get.")
     ready_sources: int = Field(0, ge=0, description="Ready sources of the current identity.")
     standby: int = Field(
-        0, ge=0, description="Targets started and waiting in Standby to be handed peers."
+        0,
+        ge=0,
+        description="Targets started and waiting in Standby to be handed peers (spares apart).",
+    )
+    spares: int = Field(
+        0,
+        ge=0,
+        description="Warm spares waiting in Standby, ready to serve on a scale-up "
+        "(spec.warmSpares wants this many); never Ready, not in replicas.",
     )
     loaded: str = Field("0%", description="Percent of weight bytes loaded, for kubectl get.")
-    selector: str = Field("", description="Label selector of worker pods (scale subresource).")
+    selector: str = Field(
+        "",
+        description="Label selector of serving worker pods, spares left out (scale subresource).",
+    )
     waiting_since: str | None = Field(
         None, description="When replicas started waiting for a source (RFC 3339)."
     )

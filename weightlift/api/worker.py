@@ -114,6 +114,9 @@ class Assignment(ApiModel):
     model_dir: str
     # Candidates to pull from when role is Target, best first.
     peers: list[PeerCandidate] = Field(default_factory=list)
+    # A warm spare (spec.warmSpares): it waits in Standby until the operator hands it peers or
+    # storage, however long that takes; it never loads on its own. None: not a spare.
+    spare: bool | None = None
 
     def to_text(self) -> str:
         return self.model_dump_json(by_alias=True, exclude_none=True)

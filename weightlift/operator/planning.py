@@ -6,10 +6,11 @@ decision about roles, scaling, rollover and phases lives here so it can be teste
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
-from weightlift.api.labels import DEPLOYMENT_LABEL, MAX_NAME_LENGTH
+from weightlift.api.labels import DEPLOYMENT_LABEL, MAX_NAME_LENGTH, SPARE_LABEL
 from weightlift.api.model import (
     DEFAULT_REVISION,
     Condition,
@@ -68,6 +69,7 @@ class ObservedPod:
     probe: ProbeResult | None = None
     # What the weightlift.dev/peers annotation hands this pod (None: nothing yet).
     handoff: PeerHandoff | None = None
+    spare: bool = False  # a warm spare (the weightlift.dev/spare label): not serving, waiting
 
     @property
     def failed(self) -> bool:
@@ -81,7 +83,8 @@ class ObservedPod:
     @property
     def inference_ready(self) -> bool:
         return (
-            not self.terminating
+            not self.spare
+            and not self.terminating
             and not self.failed
             and self.pod_ready
             and self.probe is not None
@@ -141,6 +144,7 @@ class DesiredPod:
     role: Role
     identity: str
     peers: list[SourceEndpoint]
+    spare: bool = False  # a warm spare: a Target that waits in Standby until a scale-up
 
 
 @dataclass(frozen=True)
@@ -159,6 +163,8 @@ class Plan:
     handoff: dict[str, PeerHandoff] = field(default_factory=dict)
     # pod -> why a storage hand-off replaces its pull: wait_expired | sources_gone (metrics)
     fallbacks: dict[str, str] = field(default_factory=dict)
+    # Warm spares a scale-up turns into serving replicas: their spare label comes off.
+    unspare: set[str] = field(default_factory=set)
     status: ModelDeploymentStatus = field(default_factory=ModelDeploymentStatus)
     events: list[Event] = field(default_factory=list)
     requeue_after: float = POLL_STEADY
@@ -295,6 +301,10 @@ def plan(spec: ModelDeploymentSpec | SpecError, observed: Observed) -> Plan:
             )
         )
     current = [p for p in current if p.name not in result.delete]
+    # Warm spares stand apart: sources, scaling, hand-offs and the phase count serving replicas
+    # only, until a scale-up wakes a spare.
+    spares = [p for p in current if p.spare]
+    current = [p for p in current if not p.spare]
 
     sources = _ready_sources(spec, observed, identity, current)
     _scale_down(spec, current, sources, result)
@@ -304,8 +314,15 @@ def plan(spec: ModelDeploymentSpec | SpecError, observed: Observed) -> Plan:
     _promote(current, result)
     _roll_over(spec, current, old, result)
     wait_expired = _wait_expired(spec, observed)
+    woken = _wake_spares(spec, current, old, spares, sources, wait_expired, result)
+    current = [*current, *woken]
+    spares = [p for p in spares if p.name not in result.unspare]
     _scale_up(spec, observed, identity, current, old, sources, wait_expired, result)
+    _keep_spares(spec, observed, identity, current, spares, result)
     waiting = _hand_off(spec, observed, current, sources, wait_expired, result)
+    # The status shows the woken spares as what they now are.
+    by_name = {p.name: p for p in woken}
+    live = [by_name.get(p.name, p) for p in live]
 
     phase, message = _phase(spec, current, old, waiting, result)
     if backing_off and phase != Phase.FAILED:
@@ -322,6 +339,8 @@ def plan(spec: ModelDeploymentSpec | SpecError, observed: Observed) -> Plan:
         kind = "Warning" if phase in (Phase.FAILED, Phase.DEGRADED) else "Normal"
         result.events.append(Event(kind, f"Phase{phase}", message or f"phase is {phase}"))
     in_motion = [p for p in current if not p.permanent_failure and not p.inference_ready]
+    # A spare is in motion until it is warm (its status says when it is).
+    in_motion += [p for p in spares if p.loading and not p.in_standby]
     busy = waiting or in_motion or old or result.create or result.delete
     result.requeue_after = _poll(spec, in_motion, bool(waiting)) if busy else _steady_poll(spec)
     for _, left in backing_off:
@@ -525,30 +544,14 @@ def _scale_up(
     """Create every missing replica at once: the first initialSources load from storage; the
     others are Targets, handed the Ready sources when there are any, else started in standby
     (no peers yet: `_hand_off` gives them peers or storage later)."""
-    need = spec.replicas - len(current)
-    old_left = [p for p in old if p.name not in result.delete]
-    if old_left:
-        need = min(need, spec.replicas + spec.rollout.max_surge - len(current) - len(old_left))
+    need = _missing(spec, current, old, result)
     if need <= 0:
         return
-    # Lowest free index whose pod name exists nowhere (terminating pods included; names carry
-    # only a prefix of the identity, so check names, not just indices of this identity).
-    taken_names = {p.name for p in observed.pods}
-    taken = {p.replica for p in observed.pods if p.identity == identity}
-    free = (
-        i
-        for i in range(10**6)
-        if i not in taken and pod_name(observed.name, identity, i) not in taken_names
-    )
+    free = _free_replicas(observed, identity, result)
     # The operator decides role and peers only; the worker picks its loader. Whether a Target
     # can pull at all is the contract's one rule, which the worker follows too.
     storage_only = not pulls_from_peers(spec.loading, spec.runtime)
-    # Source-role replicas on their way to Ready (scheduling, loading, or loaded and waiting
-    # for the inference probe) still count against initialSources.
-    source_pods = {s.pod for s in sources}
-    storage_loaders = sum(
-        p.role == Role.SOURCE and not p.failed and p.name not in source_pods for p in current
-    )
+    storage_loaders = _storage_loaders(current, sources)
     for _ in range(need):
         if storage_only or (wait_expired and not sources):
             role, peers = Role.SOURCE, []
@@ -563,6 +566,113 @@ def _scale_up(
         result.create.append(
             DesiredPod(pod_name(observed.name, identity, replica), replica, role, identity, peers)
         )
+
+
+def _missing(
+    spec: ModelDeploymentSpec, current: list[ObservedPod], old: list[ObservedPod], result: Plan
+) -> int:
+    """Serving replicas to add now: up to spec.replicas, within maxSurge while older replicas
+    are left."""
+    need = spec.replicas - len(current)
+    old_left = [p for p in old if p.name not in result.delete]
+    if old_left:
+        need = min(need, spec.replicas + spec.rollout.max_surge - len(current) - len(old_left))
+    return max(0, need)
+
+
+def _free_replicas(observed: Observed, identity: str, result: Plan) -> Iterator[int]:
+    """Lowest free indices whose pod name exists nowhere (terminating pods and this plan's
+    creations included; names carry only a prefix of the identity, so check names too)."""
+    taken_names = {p.name for p in observed.pods} | {d.name for d in result.create}
+    taken = {p.replica for p in observed.pods if p.identity == identity}
+    return (
+        i
+        for i in range(10**6)
+        if i not in taken and pod_name(observed.name, identity, i) not in taken_names
+    )
+
+
+def _storage_loaders(current: list[ObservedPod], sources: list[SourceEndpoint]) -> int:
+    """Source-role replicas on their way to Ready (scheduling, loading, or loaded and waiting
+    for the inference probe): they count against initialSources."""
+    source_pods = {s.pod for s in sources}
+    return sum(
+        p.role == Role.SOURCE and not p.failed and p.name not in source_pods for p in current
+    )
+
+
+def _wake_spares(
+    spec: ModelDeploymentSpec,
+    current: list[ObservedPod],
+    old: list[ObservedPod],
+    spares: list[ObservedPod],
+    sources: list[SourceEndpoint],
+    wait_expired: bool,
+    result: Plan,
+) -> list[ObservedPod]:
+    """A scale-up (from zero too) is served by spares first: the same pod, its engine started,
+    gets the Ready sources as peers, or storage (as a Source) while no source is Ready and
+    fewer than initialSources replicas load from storage; else it waits for a source as any
+    standby Target does (`_hand_off`). Warm spares go first, then scheduled ones, lowest index
+    first (the same choice on every pass). Returns the woken spares as serving replicas."""
+    need = _missing(spec, current, old, result)
+    candidates = sorted(
+        (p for p in spares if p.loading),
+        key=lambda p: (not p.in_standby, p.node is None, p.replica),
+    )
+    if need <= 0 or not candidates:
+        return []
+    storage_only = not pulls_from_peers(spec.loading, spec.runtime)
+    loaders = _storage_loaders(current, sources)
+    woken: list[ObservedPod] = []
+    for pod in candidates[:need]:
+        result.unspare.add(pod.name)
+        role, handoff = pod.role, None
+        if sources and not storage_only:
+            handoff = PeerHandoff(peers=_peer_list(sources))
+        elif storage_only or wait_expired or loaders < spec.loading.initial_sources:
+            role, handoff = Role.SOURCE, PeerHandoff(storage=True)
+            result.relabel[pod.name] = Role.SOURCE
+            loaders += 1
+        if handoff is not None:
+            result.handoff[pod.name] = handoff
+        woken.append(replace(pod, spare=False, role=role, handoff=handoff or pod.handoff))
+    names = ", ".join(p.name for p in woken)
+    result.events.append(
+        Event("Normal", "SpareWoken", f"{names}: warm spare(s) now serving replicas")
+    )
+    return woken
+
+
+def _keep_spares(
+    spec: ModelDeploymentSpec,
+    observed: Observed,
+    identity: str,
+    current: list[ObservedPod],
+    spares: list[ObservedPod],
+    result: Plan,
+) -> None:
+    """Keep spec.warmSpares spares of the current identity. A surplus goes (failed first, then
+    the coldest, highest index first); serving replicas are never touched for it. New spares
+    are Targets without peers (they wait in Standby), created only once every serving replica
+    has its node: a spare never takes the GPU a serving replica waits for."""
+    want = spec.warm_spares if pulls_from_peers(spec.loading, spec.runtime) else 0
+    surplus = len(spares) - want
+    if surplus > 0:
+        victims = sorted(
+            spares, key=lambda p: (not p.failed, p.in_standby, p.node is not None, -p.replica)
+        )
+        for pod in victims[:surplus]:
+            result.delete[pod.name] = "warm spare no longer wanted"
+        return
+    creating = any(not d.spare for d in result.create)
+    if surplus == 0 or creating or any(p.node is None for p in current):
+        return
+    free = _free_replicas(observed, identity, result)
+    for _ in range(-surplus):
+        replica = next(free)
+        name = pod_name(observed.name, identity, replica)
+        result.create.append(DesiredPod(name, replica, Role.TARGET, identity, [], spare=True))
 
 
 def _hand_off(
@@ -667,13 +777,15 @@ def _phase(
         return Phase.FAILED, f"{pod.name}: {pod.failure_message}"
     ready_new = sum(p.inference_ready for p in kept)
     old_left = [p for p in old if p.name not in result.delete]
-    if ready_new >= spec.replicas and not old_left and not result.create:
+    # Spares being created never hold the phase back: they are not replicas.
+    creating = [d for d in result.create if not d.spare]
+    if ready_new >= spec.replicas and not old_left and not creating:
         return Phase.READY, f"{ready_new}/{spec.replicas} replicas passed inference probes"
     unschedulable = [p for p in kept if p.unschedulable]
     if unschedulable:
         pod = unschedulable[0]
         return Phase.PENDING, f"{pod.name} unschedulable: {pod.unschedulable}"
-    if any(p.loading for p in kept) or result.create:
+    if any(p.loading for p in kept) or creating:
         if not any(p.node for p in kept):
             return Phase.PENDING, "waiting for worker pods to be scheduled"
         if waiting:
@@ -707,7 +819,8 @@ def _status(
 ) -> ModelDeploymentStatus:
     ready = sum(p.inference_ready for p in live)
     updated = sum(p.inference_ready for p in live if p.identity == identity)
-    current = [p for p in live if p.identity == identity]
+    current = [p for p in live if p.identity == identity and not p.spare]
+    warm = sum(p.spare and p.in_standby for p in live if p.identity == identity)
     # Each replica of the desired count contributes its fraction of bytes on the device; one
     # that does not exist yet contributes nothing (all replicas of an identity load the same
     # bytes, so this is the percentage of bytes).
@@ -720,14 +833,16 @@ def _status(
         message=message,
         observed_generation=observed.generation,
         model_identity=identity,
-        replicas=len(live),
+        replicas=sum(not p.spare for p in live),
         ready_replicas=ready,
         updated_replicas=updated,
         ready=f"{ready}/{spec.replicas}",
         ready_sources=len(own_sources),
         standby=sum(p.in_standby for p in current),
+        spares=warm,
         loaded=f"{min(loaded, 100)}%",
-        selector=f"{DEPLOYMENT_LABEL}={observed.name}",
+        # An HPA on the scale subresource counts (and reads metrics of) serving pods only.
+        selector=f"{DEPLOYMENT_LABEL}={observed.name},!{SPARE_LABEL}",
         sources=own_sources,
         replica_statuses=[
             _replica_status(p)
@@ -751,6 +866,8 @@ def _replica_status(pod: ObservedPod) -> ReplicaStatus:
         phase = "Failed"
     elif pod.inference_ready:
         phase = "Ready"
+    elif pod.spare and pod.in_standby:
+        phase = "Spare"
     elif report is not None and report.phase != WorkerPhase.STARTING:
         phase = report.phase
     elif pod.node:
@@ -775,6 +892,7 @@ def _replica_status(pod: ObservedPod) -> ReplicaStatus:
         hooks_run=report.hooks_run if report else None,
         engine_ports=(report.engine_ports or None) if report else None,
         ready=pod.inference_ready,
+        spare=pod.spare or None,
         probe=pod.probe,
         message=message,
     )

@@ -11,6 +11,7 @@ from weightlift.api.labels import (
     PLAN_LABEL,
     REPLICA_LABEL,
     ROLE_LABEL,
+    SPARE_LABEL,
     WORKER_LABELS,
 )
 from weightlift.api.model import (
@@ -133,6 +134,7 @@ def assignment(spec: ModelDeploymentSpec, desired: DesiredPod) -> Assignment:
         role=desired.role,
         model_dir=model_dir,
         peers=[PeerCandidate(pod=s.pod, address=s.address) for s in desired.peers],
+        spare=desired.spare or None,
     )
 
 
@@ -271,6 +273,8 @@ def render_pod(
         ROLE_LABEL: str(desired.role),
         REPLICA_LABEL: str(desired.replica),
         PLAN_LABEL: plan.label,
+        # Off when a scale-up wakes the spare: the scale subresource's selector leaves it out.
+        **({SPARE_LABEL: "true"} if desired.spare else {}),
     }
     return {
         "apiVersion": "v1",

@@ -20,6 +20,7 @@ from weightlift.api.labels import (
     REPLICA_LABEL,
     ROLE_LABEL,
     SOURCES_OF_LABEL,
+    SPARE_LABEL,
 )
 from weightlift.api.model import (
     ModelDeploymentSpec,
@@ -128,6 +129,7 @@ async def observe_pod(
         worker=report,
         probe=probe,
         handoff=PeerHandoff.parse((meta.get("annotations") or {}).get(PEERS_ANNOTATION)),
+        spare=labels.get(SPARE_LABEL) == "true",
     )
     if observed.failed:
         record = state.pod(meta["uid"])
@@ -291,7 +293,7 @@ def pod_essentials(pod: Mapping[str, Any]) -> dict[str, Any]:
 
 
 # The pod labels a pass reads (observe_pod, pods.role_of, _sweep_plans).
-POD_LABELS_READ = (REPLICA_LABEL, IDENTITY_LABEL, ROLE_LABEL, PLAN_LABEL)
+POD_LABELS_READ = (REPLICA_LABEL, IDENTITY_LABEL, ROLE_LABEL, PLAN_LABEL, SPARE_LABEL)
 POD_ANNOTATIONS_READ = (PEERS_ANNOTATION,)
 
 
@@ -334,6 +336,10 @@ async def reconcile(
             asyncio.gather(*(observe_pod(state, p, spec, model) for p in pods)),
             state.max_node_gpus(),
         )
+        woken = state.still_spare_labelled(uid, {p.name for p in observed_pods if p.spare})
+        observed_pods = [
+            dataclasses.replace(p, spare=False) if p.name in woken else p for p in observed_pods
+        ]
     observed = Observed(
         name=name,
         namespace=namespace,
@@ -423,6 +429,8 @@ async def _patch_pods(
     patches: dict[str, dict[str, Any]] = {}
     for pod, role in result.relabel.items():
         patches.setdefault(pod, {})["labels"] = {ROLE_LABEL: str(role)}
+    for pod in result.unspare:  # null removes the label (merge patch); with its hand-off
+        patches.setdefault(pod, {}).setdefault("labels", {})[SPARE_LABEL] = None
     for pod, handoff in result.handoff.items():
         patches.setdefault(pod, {})["annotations"] = {PEERS_ANNOTATION: handoff.to_text()}
         what = "storage" if handoff.storage else ", ".join(c.pod for c in handoff.peers)
@@ -544,6 +552,7 @@ async def apply(
         logger.info("deleting pod %s: %s", pod, reason)
         await asyncio.to_thread(kube.delete_pod, state.core, namespace, pod)
     await _patch_pods(state, namespace, result, logger)
+    state.woke_spares(uid, result.unspare)
     rejected: list[str] = []
     plans: dict[str, PlanConfigMap] = {}  # identity -> this revision's plan
     for desired in result.create:

@@ -48,6 +48,9 @@ class DeploymentRecord:
     error: str | None = None  # the last failed pass's error (one Event per new error)
     # Pods created by this operator that kopf's index has not shown yet: name -> give-up time.
     awaited: dict[str, float] = field(default_factory=dict)
+    # Spares this operator woke whose spare label the index may still show: name -> give-up
+    # time. A pass that took such a pod for a spare would wake one more.
+    woken: dict[str, float] = field(default_factory=dict)
     # What exists beside the pods (shared_objects.py), created once per operator life: plan
     # ConfigMap names and the model identities whose token Secret exists.
     plan_maps: set[str] = field(default_factory=set)
@@ -145,6 +148,22 @@ class OperatorState:
         for name in [n for n, until in record.awaited.items() if n in indexed or until < now]:
             del record.awaited[name]
         return list(record.awaited)
+
+    def woke_spares(self, uid: str, names: set[str]) -> None:
+        record = self.deployment(uid)
+        for name in names:
+            record.woken[name] = time.monotonic() + CREATED_POD_WAIT_SECONDS
+
+    def still_spare_labelled(self, uid: str, labelled: set[str]) -> set[str]:
+        """Spares woken for `uid` that the index still shows with their spare label (and not
+        given up on): they are spares no more."""
+        record = self.deployments.get(uid)
+        if record is None or not record.woken:
+            return set()
+        now = time.monotonic()
+        for name in [n for n, until in record.woken.items() if n not in labelled or until < now]:
+            del record.woken[name]
+        return set(record.woken)
 
     def status_of(self, uid: str, body: Mapping[str, Any]) -> dict[str, Any] | None:
         """The ModelDeployment's status as last written: ours if we wrote one, else the body's."""

@@ -9,7 +9,8 @@ sends its peer token, and a source of another identity refuses (p2p/target.py).
 
 The wait is bounded twice: the operator hands storage when no source is Ready within
 `waitForSourceSeconds`; should the operator say nothing (it is down), the worker itself loads
-from storage a grace period later.
+from storage a grace period later. A warm spare (spec.warmSpares) is the exception: it waits
+until a scale-up hands it something.
 """
 
 from __future__ import annotations
@@ -33,6 +34,9 @@ log = logging.getLogger(__name__)
 POLL_SECONDS = 0.05
 # Beyond waitForSourceSeconds: how long a worker waits for the operator's own decision.
 OPERATOR_GRACE_SECONDS = 60.0
+# A warm spare waits for the operator's hand-off without a bound of its own (a year: finite,
+# so deadlines stay plain arithmetic).
+SPARE_WAIT_SECONDS = 365 * 86400.0
 
 
 def handoff_path(environ: dict[str, str] | None = None) -> Path | None:
@@ -85,6 +89,8 @@ def wait_for_handoff_blocking(path: Path, limit: float) -> PeerHandoff:
 
 
 def wait_limit(plan: WorkerPlan) -> float:
+    if plan.spare:
+        return SPARE_WAIT_SECONDS  # a spare serves only when a scale-up asks for it
     return plan.loading.wait_for_source_seconds + OPERATOR_GRACE_SECONDS
 
 
