@@ -160,6 +160,18 @@ HOSTILE: list[tuple[str, dict[str, Any], str]] = [
         {"probe": {"request": {**_infer([1.0]), "payload": _deep(50)}}},
         "spec.probe.request.payload",
     ),
+    ("warm-spares-many", {"warmSpares": limits.WARM_SPARES_MAX + 1}, "spec.warmSpares"),
+    ("warm-spares-negative", {"warmSpares": -1}, "spec.warmSpares"),
+    (
+        "warm-spares-preload",
+        {"warmSpares": 1, "loading": {"strategy": "Preload"}},
+        "spec.warmSpares",
+    ),
+    (
+        "warm-spares-external",
+        {"warmSpares": 1, "runtime": {"type": "External", "command": ["tritonserver"]}},
+        "spec.warmSpares",
+    ),
 ]
 
 
@@ -194,6 +206,7 @@ ADMITTED: list[tuple[str, dict[str, Any]]] = [
         {"initHooks": {"library": "/opt/hooks/libinit.so", "allowOutsideModelDir": True}},
     ),
     ("env-plain", _template(env=[{"name": "HF_HOME", "value": "/tmp/hf"}])),
+    ("warm-spares", {"warmSpares": 2, "loading": {"strategy": "PeerToPeer"}}),
     ("image-digest", _template(image="registry.example.com:5000/team/worker@sha256:" + "a" * 64)),
     ("image-tag", _template(image="localhost/weightlift-worker:dev-1.2")),
     (

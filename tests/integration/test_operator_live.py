@@ -21,6 +21,7 @@ from tests.support.cluster import OPERATOR_NAMESPACE, Kubectl, OperatorProcess, 
 NS = OPERATOR_NAMESPACE
 GROUP, VERSION, PLURAL = "weightlift.dev", "v1alpha1", "modeldeployments"
 DEPLOYMENT_LABEL = "weightlift.dev/deployment"
+SPARE_LABEL = "weightlift.dev/spare"
 ROLE_LABEL = "weightlift.dev/role"
 REPLICA_LABEL = "weightlift.dev/replica"
 FINALIZER = "weightlift.dev/finalizer"
@@ -119,7 +120,7 @@ def test_every_replica_at_once_first_is_source_and_nothing_unprobed_is_ready(env
     st = env.wait_phase("roles", "Probing", timeout=60)
     assert st["readyReplicas"] == 0
     assert st["sources"] == []
-    assert st["selector"] == f"{DEPLOYMENT_LABEL}=roles"
+    assert st["selector"] == f"{DEPLOYMENT_LABEL}=roles,!{SPARE_LABEL}"
     assert sorted(r["role"] for r in st["replicaStatuses"]) == ["Source", "Target", "Target"]
     assert all(r["node"].startswith("gpu-node-") for r in st["replicaStatuses"])
     ready = {c["type"]: c for c in st["conditions"]}["Ready"]
@@ -247,7 +248,7 @@ def test_scale_subresource_up_and_down(env: Env) -> None:
         ).stdout
     )
     assert scale["spec"]["replicas"] == 1
-    assert scale["status"]["selector"] == f"{DEPLOYMENT_LABEL}=scaled"
+    assert scale["status"]["selector"] == f"{DEPLOYMENT_LABEL}=scaled,!{SPARE_LABEL}"
 
 
 def test_deletion_with_finalizer_leaves_no_pods(env: Env) -> None:

@@ -166,7 +166,9 @@ def check_plan(observed: Observed, result: Plan, spec: ModelDeploymentSpec) -> N
     for desired in result.create:
         assert desired.identity == identity
         assert desired.name == pod_name(NAME, identity, desired.replica)
-        if desired.role == Role.SOURCE:
+        if desired.spare:
+            assert desired.role == Role.TARGET and desired.peers == [], "a spare waits for peers"
+        elif desired.role == Role.SOURCE:
             assert desired.peers == [], "a storage source gets no peers"
         elif desired.peers:
             assert all(p.model_identity == identity for p in desired.peers)
@@ -182,11 +184,26 @@ def check_plan(observed: Observed, result: Plan, spec: ModelDeploymentSpec) -> N
         assert handoff.given, f"an empty hand-off to {name}"
         assert not (handoff.peers and handoff.storage), f"peers and storage to {name}"
     live_after = [p for p in observed.pods if not p.terminating and p.name not in result.delete]
-    if result.create:
-        total = len(live_after) + len(result.create)
+    # Spares stand apart from replicas: the surge and the replica count are about serving pods.
+    serving_after = [p for p in live_after if not p.spare or p.name in result.unspare]
+    spares_after = [p for p in live_after if p.spare and p.name not in result.unspare]
+    serving_created = [d for d in result.create if not d.spare]
+    spares_created = [d for d in result.create if d.spare]
+    if serving_created:
+        total = len(serving_after) + len(serving_created)
         assert total <= spec.replicas + spec.rollout.max_surge, "surge exceeded"
-        current_after = sum(p.identity == identity for p in live_after) + len(result.create)
+        current_after = sum(p.identity == identity for p in serving_after) + len(serving_created)
         assert current_after <= spec.replicas, "created more than replicas of the identity"
+    if spares_created:
+        assert not serving_created, "spares created before the serving replicas they would crowd"
+        current_spares = sum(p.identity == identity for p in spares_after)
+        assert current_spares + len(spares_created) <= spec.warm_spares, "more spares than wanted"
+    spare_names = {p.name for p in observed.pods if p.spare and not p.terminating}
+    assert result.unspare <= spare_names - set(result.delete), "wakes a pod that is no spare"
+    assert set(_identities(observed, result.unspare)) <= {identity}, "wakes an old spare"
+    assert result.status.replicas == sum(
+        not p.spare or p.name in result.unspare for p in observed.pods if not p.terminating
+    ), "status.replicas counts serving pods only"
     # Sources published in the status are Ready pods of this deployment that survive the plan.
     by_name = {p.name: p for p in observed.pods}
     for source in result.status.sources:
@@ -195,6 +212,10 @@ def check_plan(observed: Observed, result: Plan, spec: ModelDeploymentSpec) -> N
         assert source.model_identity == identity == pod.identity
     assert result.status.ready_sources == len(result.status.sources)
     assert result.requeue_after > 0 or observed.previous is not None
+
+
+def _identities(observed: Observed, names: set[str]) -> list[str]:
+    return [p.identity for p in observed.pods if p.name in names]
 
 
 # ------------------------------------------------------------------------------ simulator
@@ -233,6 +254,8 @@ class Cluster:
             self.pods[name] = dataclasses.replace(self.pods[name], role=role)
         for name, handoff in result.handoff.items():
             self.pods[name] = dataclasses.replace(self.pods[name], handoff=handoff)
+        for name in result.unspare:
+            self.pods[name] = dataclasses.replace(self.pods[name], spare=False)
         for desired in result.create:
             peers = [PeerCandidate(pod=s.pod, address=s.address) for s in desired.peers]
             self.pods[desired.name] = ObservedPod(
@@ -241,6 +264,7 @@ class Cluster:
                 identity=desired.identity,
                 role=desired.role,
                 handoff=PeerHandoff(peers=peers) if peers else None,
+                spare=desired.spare,
             )
         self.previous = result.status
         self.plans.append(result)
@@ -271,7 +295,11 @@ class Cluster:
             self.advance(name)
 
     def live(self) -> list[ObservedPod]:
-        return [p for p in self.pods.values() if not p.terminating]
+        """Serving pods that are not terminating (spares apart: `spares`)."""
+        return [p for p in self.pods.values() if not p.terminating and not p.spare]
+
+    def spares(self) -> list[ObservedPod]:
+        return [p for p in self.pods.values() if not p.terminating and p.spare]
 
     def ready_count(self) -> int:
         return sum(p.inference_ready for p in self.live())
@@ -280,7 +308,7 @@ class Cluster:
         return sorted(
             (
                 p.name
-                for p in self.live()
+                for p in [*self.live(), *self.spares()]
                 if not p.inference_ready
                 and not p.failed
                 and not (p.waiting_for_peers and p.in_standby)
@@ -292,7 +320,9 @@ class Cluster:
         """Reconcile, advancing the lowest not-ready pod one step each time, until Ready."""
         result = self.reconcile()
         for _ in range(steps):
-            if result.status.phase == Phase.READY and not result.create and not result.delete:
+            settled = not result.create and not result.delete
+            warm = all(p.in_standby for p in self.spares())
+            if result.status.phase == Phase.READY and settled and warm:
                 return result
             todo = self.movable()
             if todo:

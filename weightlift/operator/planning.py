@@ -733,7 +733,8 @@ def _hand_off(
             )
         )
     still = [p for p in kept if p.waiting_for_peers and p.name not in result.handoff]
-    return len(still) + sum(d.role == Role.TARGET and not d.peers for d in result.create)
+    created = [d for d in result.create if not d.spare]  # a spare waits for a scale-up
+    return len(still) + sum(d.role == Role.TARGET and not d.peers for d in created)
 
 
 def _was_waiting(observed: Observed) -> bool:

@@ -13,6 +13,7 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
+from weightlift.api import limits
 from weightlift.api.crd import (
     build_crd,
     missing_descriptions,
@@ -20,7 +21,7 @@ from weightlift.api.crd import (
     render_crd,
     unbounded,
 )
-from weightlift.api.model import ModelDeploymentSpec, ModelDeploymentStatus
+from weightlift.api.model import WARM_SPARES_MESSAGE, ModelDeploymentSpec, ModelDeploymentStatus
 
 ROOT = Path(__file__).resolve().parents[3]
 COMMITTED = [
@@ -301,6 +302,8 @@ def test_status_fields_have_descriptions_too() -> None:
         ("runtime.port", "minimum", 1024),
         ("runtime.port", "maximum", 65535),
         ("probe.periodSeconds", "minimum", 1),
+        ("warmSpares", "minimum", 0),
+        ("warmSpares", "maximum", limits.WARM_SPARES_MAX),
     ],
 )
 def test_bounds(path: str, key: str, value: int) -> None:
@@ -451,3 +454,33 @@ def test_pydantic_mirrors_the_cel_rule_for_safetensors() -> None:
     body = _with("model.format", "safetensors")
     body["runtime"] = {"type": "External", "command": ["tritonserver"]}
     assert ModelDeploymentSpec.model_validate(body).model.format == "safetensors"
+
+
+@pytest.mark.parametrize(
+    "other",
+    [
+        {"loading": {"strategy": "Preload"}},
+        {"loading": {"strategy": "Direct"}},
+        {"runtime": {"type": "External", "command": ["tritonserver"]}},
+    ],
+)
+def test_pydantic_mirrors_the_cel_rule_for_warm_spares(other: dict[str, Any]) -> None:
+    """A spare waits in Standby to be handed peers: only a Target that may pull does."""
+    with pytest.raises(ValidationError) as caught:
+        ModelDeploymentSpec.model_validate({**GOOD, **other, "warmSpares": 1})
+    assert "spec.warmSpares" in str(caught.value)
+    assert ModelDeploymentSpec.model_validate({**GOOD, **other, "warmSpares": 0})
+    rule = next(r for r in SPEC["x-kubernetes-validations"] if r["fieldPath"] == ".warmSpares")
+    assert rule["message"] == WARM_SPARES_MESSAGE
+
+
+def test_warm_spares_are_explained_and_shown() -> None:
+    """`kubectl explain md.spec.warmSpares` says what a spare costs; `kubectl get md` shows the
+    warm spares by default; the scale subresource's replicas are serving pods only."""
+    text = field("warmSpares")["description"]
+    assert "GPU pod" in text and "status.replicas" in text and "Standby" in text
+    assert ModelDeploymentSpec.model_validate(GOOD).warm_spares == field("warmSpares")["default"]
+    column = next(c for c in VERSION["additionalPrinterColumns"] if c["name"] == "Spares")
+    assert column["jsonPath"] == ".status.spares" and column.get("priority", 0) == 0
+    assert STATUS["properties"]["spares"]["type"] == column["type"] == "integer"
+    assert "spares" in STATUS["properties"]["replicas"]["description"]

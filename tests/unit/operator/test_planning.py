@@ -19,7 +19,7 @@ from tests.support.planning import (
     observe,
     sibling,
 )
-from weightlift.api.labels import DEPLOYMENT_LABEL
+from weightlift.api.labels import DEPLOYMENT_LABEL, SPARE_LABEL
 from weightlift.api.model import (
     Condition,
     ModelDeploymentSpec,
@@ -701,7 +701,7 @@ def test_status_fields_of_a_ready_deployment() -> None:
     assert status.ready == "3/3" and status.ready_replicas == 3 and status.replicas == 3
     assert status.updated_replicas == 3
     assert status.loaded == "100%"
-    assert status.selector == f"{DEPLOYMENT_LABEL}={NAME}"
+    assert status.selector == f"{DEPLOYMENT_LABEL}={NAME},!{SPARE_LABEL}"
     assert status.observed_generation == 7
     assert status.model_identity == ID
     assert [s.pod for s in status.sources] == [p.name for p in pods]
