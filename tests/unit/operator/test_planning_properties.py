@@ -30,14 +30,17 @@ SIM = settings(max_examples=40, deadline=None, suppress_health_check=[HealthChec
 
 @st.composite
 def specs(draw: st.DrawFn) -> ModelDeploymentSpec:
+    strategy = draw(st.sampled_from(["Auto", "PeerToPeer", "Preload", "Direct"]))
+    pulls = strategy in ("Auto", "PeerToPeer")  # spares wait to be handed peers
     return make_spec(
         draw(st.integers(0, 6)),
         revision=draw(st.sampled_from(["main", "v2"])),
         tensor=draw(st.sampled_from([1, 1, 2])),
-        strategy=draw(st.sampled_from(["Auto", "PeerToPeer", "Preload", "Direct"])),
+        strategy=strategy,
         initial_sources=draw(st.integers(1, 3)),
         wait=draw(st.sampled_from([0, 60, 300])),
         max_surge=draw(st.integers(1, 3)),
+        warmSpares=draw(st.sampled_from([0, 0, 1, 2])) if pulls else 0,
     )
 
 
@@ -54,9 +57,11 @@ def worlds(draw: st.DrawFn) -> tuple[ModelDeploymentSpec, Observed]:
         pod = mkpod(
             draw(st.sampled_from(identities)),
             draw(st.integers(0, 7)),
-            draw(st.sampled_from([Role.SOURCE, Role.TARGET])),
+            role := draw(st.sampled_from([Role.SOURCE, Role.TARGET])),
             state=draw(st.sampled_from(STATES)),
             terminating=draw(st.integers(0, 9)) == 0,
+            # A spare is created a Target and loses its label when it is handed anything.
+            spare=role == Role.TARGET and draw(st.integers(0, 3)) == 0,
         )
         pods.setdefault(pod.name, pod)  # the API server keeps names unique
     previous = draw(
@@ -126,15 +131,36 @@ def test_plan_invariants_hold_for_any_observed_state(
         if pod.failed and not pod.permanent_failure:
             assert pod.name in result.delete
         if pod.permanent_failure and pod.name in result.delete:
-            assert result.delete[pod.name] == "scaled down"
+            wanted = "warm spare no longer wanted" if pod.spare else "scaled down"
+            assert result.delete[pod.name] == wanted
 
     # Ready replicas are retired only down to what is wanted.
     ready_before = sum(p.inference_ready for p in observed.pods if not p.terminating)
     ready_after = sum(p.inference_ready for p in after)
     assert ready_after >= min(spec.replicas, ready_before)
 
-    # Never more replicas of the current identity than wanted, unless they already existed.
-    assert len(current_after) + len(result.create) <= max(spec.replicas, len(current))
+    # Never more replicas of the current identity than wanted, unless they already existed;
+    # the same for spares. A woken spare counts as a replica from now on.
+    def serving(pods: list[ObservedPod]) -> list[ObservedPod]:
+        return [p for p in pods if not p.spare or p.name in result.unspare]
+
+    spares_before = [p for p in current if p.spare]
+    spares_after = [p for p in current_after if p.spare and p.name not in result.unspare]
+    created = [d for d in result.create if not d.spare]
+    new_spares = [d for d in result.create if d.spare]
+    assert len(serving(current_after)) + len(created) <= max(
+        spec.replicas, len(serving(current))
+    )
+    assert len(spares_after) + len(new_spares) <= max(spec.warm_spares, len(spares_before))
+    # A scale-up is served by the spares first: no replica is created while one still waits.
+    if created:
+        assert not [p for p in spares_after if p.loading], "created a replica beside a spare"
+    # Lowering warmSpares deletes spares only; old spares are never woken or handed anything.
+    for name in result.unspare | set(result.handoff):
+        pod = next(p for p in current_after if p.name == name)
+        assert pod.identity == identity
+    old_spares = [p for p in observed.pods if p.spare and not p.terminating and p not in current]
+    assert all(p.name in result.delete for p in old_spares), "an old spare kept"
 
     # A loading target keeps at least one source, if it had one.
     own_sources_before = [p for p in current if p.inference_ready and p.pod_ip]
@@ -145,7 +171,9 @@ def test_plan_invariants_hold_for_any_observed_state(
     sources_exist = bool(result.status.sources) or any(
         s.model_identity == identity and s.deployment != NAME for s in observed.sibling_sources
     )
-    for desired in result.create:
+    for desired in new_spares:  # a spare waits for a scale-up to hand it peers
+        assert desired.role == Role.TARGET and not desired.peers
+    for desired in created:
         if spec.loading.strategy in ("Preload", "Direct"):
             assert desired.role == Role.SOURCE
         elif sources_exist:
@@ -171,7 +199,7 @@ def test_plan_invariants_hold_for_any_observed_state(
 
     if result.status.phase == Phase.READY:
         assert sum(p.inference_ready for p in current_after) >= spec.replicas
-        assert not result.create
+        assert not created, "Ready while creating replicas (spares do not count)"
     if result.status.waiting_since is not None:
         assert spec.loading.strategy not in ("Preload", "Direct")
         assert not sources_exist
@@ -182,6 +210,7 @@ def test_plan_invariants_hold_for_any_observed_state(
 @given(
     spec=specs(),
     new_replicas=st.integers(0, 6),
+    new_spares=st.integers(0, 2),
     change_identity=st.booleans(),
     change_at=st.integers(0, 12),
     picks=st.lists(st.integers(0, 5), min_size=60, max_size=60),
@@ -190,6 +219,7 @@ def test_plan_invariants_hold_for_any_observed_state(
 def test_random_sequences_keep_ready_replicas_and_converge(
     spec: ModelDeploymentSpec,
     new_replicas: int,
+    new_spares: int,
     change_identity: bool,
     change_at: int,
     picks: list[int],
@@ -198,6 +228,8 @@ def test_random_sequences_keep_ready_replicas_and_converge(
     cluster = Cluster(spec)
     cluster.reconcile()
     changes: dict[str, Any] = {"replicas": new_replicas}
+    if spec.loading.strategy in ("Auto", "PeerToPeer"):
+        changes["warmSpares"] = new_spares
     if change_identity:
         changes["model"] = {**spec.model.model_dump(by_alias=True), "revision": "v3"}
     changed = ModelDeploymentSpec.model_validate({**spec.model_dump(by_alias=True), **changes})
@@ -205,7 +237,7 @@ def test_random_sequences_keep_ready_replicas_and_converge(
         if step == change_at:
             cluster.spec = changed
         todo = cluster.movable()
-        live = sorted(p.name for p in cluster.live())
+        live = sorted(p.name for p in [*cluster.live(), *cluster.spares()])
         if step in failures and live:
             # A transient failure (evicted, OOM): the reconcile must replace it.
             victim = live[pick % len(live)]
@@ -224,7 +256,11 @@ def test_random_sequences_keep_ready_replicas_and_converge(
     final = cluster.settle()
     assert final.status.phase == Phase.READY
     assert cluster.ready_count() == changed.replicas == len(cluster.live())
-    assert {p.identity for p in cluster.live()} <= {ident(changed)}
+    assert {p.identity for p in [*cluster.live(), *cluster.spares()]} <= {ident(changed)}
+    # k spares, all warm, none Ready, none counted as replicas.
+    assert len(cluster.spares()) == changed.warm_spares == final.status.spares
+    assert all(p.in_standby and not p.inference_ready for p in cluster.spares())
+    assert final.status.replicas == changed.replicas
     sources = [p for p in cluster.live() if p.role == Role.SOURCE]
     if changed.replicas and changed.loading.strategy not in ("Preload", "Direct"):
         assert sources, "a Ready deployment has a Source-role replica"
