@@ -148,9 +148,7 @@ def test_plan_invariants_hold_for_any_observed_state(
     spares_after = [p for p in current_after if p.spare and p.name not in result.unspare]
     created = [d for d in result.create if not d.spare]
     new_spares = [d for d in result.create if d.spare]
-    assert len(serving(current_after)) + len(created) <= max(
-        spec.replicas, len(serving(current))
-    )
+    assert len(serving(current_after)) + len(created) <= max(spec.replicas, len(serving(current)))
     assert len(spares_after) + len(new_spares) <= max(spec.warm_spares, len(spares_before))
     # A scale-up is served by the spares first: no replica is created while one still waits.
     if created:

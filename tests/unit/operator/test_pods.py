@@ -7,13 +7,20 @@ misspelled field name (which the client would silently drop) fails here, not at 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 from kubernetes import client
 from pydantic import ValidationError
 
-from weightlift.api.labels import DEPLOYMENT_LABEL, IDENTITY_LABEL, REPLICA_LABEL, ROLE_LABEL
+from weightlift.api.labels import (
+    DEPLOYMENT_LABEL,
+    IDENTITY_LABEL,
+    REPLICA_LABEL,
+    ROLE_LABEL,
+    SPARE_LABEL,
+)
 from weightlift.api.model import GROUP, KIND, VERSION, ModelDeploymentSpec, Role, SourceEndpoint
 from weightlift.api.worker import (
     ASSIGNMENT_ENV,
@@ -281,6 +288,28 @@ def test_a_target_in_standby_is_handed_nothing_yet_and_a_source_storage() -> Non
     source = render(spec, desired(spec, replica=0, role=Role.SOURCE, peers=[]))
     handed = PeerHandoff.parse(source["metadata"]["annotations"]["weightlift.dev/peers"])
     assert handed is not None and handed.storage
+
+
+def test_a_spare_is_a_labelled_target_that_waits_without_a_bound_of_its_own() -> None:
+    """A warm spare: a Target in standby (nothing handed), labelled so the scale subresource's
+    selector leaves it out, and told it is a spare so its worker never loads on its own."""
+    from weightlift.worker.standby import SPARE_WAIT_SECONDS, starts_in_standby, wait_limit
+
+    spec = make_spec(warmSpares=1)
+    identity = model_identity(spec)
+    want = DesiredPod(pod_name(NAME, identity, 2), 2, Role.TARGET, identity, [], spare=True)
+    pod = render(spec, want)
+    assert pod["metadata"]["labels"][SPARE_LABEL] == "true"
+    assert pod["metadata"]["annotations"]["weightlift.dev/peers"] == ""
+    plan = plan_of(pod, spec)
+    assert plan.spare is True and plan.role == Role.TARGET and plan.peers == []
+    assert starts_in_standby(plan, Path("/etc/weightlift/peers/peers.json"))
+    assert wait_limit(plan) == SPARE_WAIT_SECONDS
+    # A replica is no spare: no label, no flag in its assignment, the usual bounded wait.
+    replica = render(spec, desired(spec, replica=1, role=Role.TARGET))
+    assert SPARE_LABEL not in replica["metadata"]["labels"]
+    assert "spare" not in env_of(replica)[ASSIGNMENT_ENV]["value"]
+    assert wait_limit(plan_of(replica, spec)) < 3600
 
 
 def test_worker_plan_defaults_the_served_name_to_the_deployment() -> None:

@@ -1,0 +1,156 @@
+"""Warm spares in a reconcile pass: the spare label reaches planning through the pod index, a
+woken spare loses it in the same patch that hands it peers or storage, and a pass that still
+sees the label (kopf's index trails our own patches) does not take the woken pod for a spare
+again and wake one more."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, cast
+
+import pytest
+
+from tests.support.planning import no_sources
+from weightlift.api.labels import (
+    IDENTITY_LABEL,
+    PEERS_ANNOTATION,
+    REPLICA_LABEL,
+    ROLE_LABEL,
+    SPARE_LABEL,
+)
+from weightlift.api.worker import ASSIGNMENT_ENV, Assignment, PeerHandoff
+from weightlift.operator import kube, reconcile
+from weightlift.operator.identity import model_identity
+from weightlift.operator.planning import Plan, pod_name
+from weightlift.operator.state import OperatorState
+
+UID = "3c1f7c3e-0000-4000-8000-0000000000aa"
+SPEC: dict[str, Any] = {"model": {"uri": "pvc://models/llama"}, "replicas": 1, "warmSpares": 1}
+IDENTITY = model_identity(reconcile.parse_spec(SPEC))  # type: ignore[arg-type]
+LOG = logging.getLogger("test")
+
+
+def _state() -> OperatorState:
+    return OperatorState(core=cast(Any, None), custom=cast(Any, None), http=cast(Any, None))
+
+
+def _body(replicas: int) -> dict[str, Any]:
+    meta = {"name": "llama", "namespace": "ns", "uid": UID, "generation": 2}
+    return {"metadata": meta, "spec": {**SPEC, "replicas": replicas}}
+
+
+def _spare_pod(replica: int, spare: bool = True) -> dict[str, Any]:
+    """A spare as the pod index holds it: scheduled, not Ready, nothing handed."""
+    labels = {REPLICA_LABEL: str(replica), IDENTITY_LABEL: IDENTITY, ROLE_LABEL: "Target"}
+    if spare:
+        labels[SPARE_LABEL] = "true"
+    return {
+        "metadata": {
+            "name": pod_name("llama", IDENTITY, replica),
+            "uid": f"uid-{replica}",
+            "labels": labels,
+            "annotations": {PEERS_ANNOTATION: ""},
+        },
+        "spec": {"nodeName": "gpu-0"},
+        "status": {"phase": "Pending"},
+    }
+
+
+class _Api:
+    """The API writes a pass makes, recorded."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.patches: list[tuple[str, dict[str, Any]]] = []
+        self.created: list[dict[str, Any]] = []
+        monkeypatch.setattr(kube, "patch_pod_metadata", self._patch)
+        monkeypatch.setattr(kube, "create_pod", self._create)
+        monkeypatch.setattr(kube, "create_configmap", lambda *a: None)
+        monkeypatch.setattr(kube, "ensure_owned_secret", lambda *a: None)
+        monkeypatch.setattr(kube, "patch_status", lambda *a: None)
+        monkeypatch.setattr(kube, "patch_deployment_labels", lambda *a: None)
+        monkeypatch.setattr(kube, "list_deployments", lambda *a: [])
+        monkeypatch.setattr(kube, "max_node_gpus", lambda *a: 8)
+        monkeypatch.setattr(kube, "post_event", lambda *a: None)
+
+    def _patch(self, core: Any, namespace: str, name: str, metadata: dict[str, Any]) -> None:
+        self.patches.append((name, metadata))
+
+    def _create(self, core: Any, namespace: str, manifest: dict[str, Any]) -> bool:
+        self.created.append(manifest)
+        return True
+
+
+def test_the_pod_index_keeps_the_spare_label() -> None:
+    slim = reconcile.pod_essentials(_spare_pod(1))
+    assert slim["metadata"]["labels"][SPARE_LABEL] == "true"
+
+
+async def test_a_woken_spare_loses_its_label_in_the_patch_that_hands_it_storage(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    api = _Api(monkeypatch)
+    result = Plan(
+        unspare={"p-1"},
+        handoff={"p-1": PeerHandoff(storage=True)},
+        relabel={"p-1": reconcile.Role.SOURCE},
+    )
+    await reconcile._patch_pods(_state(), "ns", result, LOG)
+    assert api.patches == [
+        (
+            "p-1",
+            {
+                "labels": {ROLE_LABEL: "Source", SPARE_LABEL: None},
+                "annotations": {PEERS_ANNOTATION: '{"storage":true}'},
+            },
+        )
+    ]
+
+
+async def test_scale_up_from_zero_wakes_the_spare_once_then_restores_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    api = _Api(monkeypatch)
+    state = _state()
+    spare = _spare_pod(0)
+    await reconcile.reconcile(state, _body(1), [spare], no_sources, LOG)
+    name = spare["metadata"]["name"]
+    (woken,) = api.patches
+    assert woken == (
+        name,
+        {
+            "labels": {ROLE_LABEL: "Source", SPARE_LABEL: None},
+            "annotations": {PEERS_ANNOTATION: '{"storage":true}'},
+        },
+    )
+    (created,) = api.created
+    assert created["metadata"]["labels"][SPARE_LABEL] == "true"
+    env = {e["name"]: e.get("value") for e in created["spec"]["containers"][0]["env"]}
+    assignment = Assignment.model_validate_json(env[ASSIGNMENT_ENV])
+    assert assignment.spare is True and assignment.peers == []
+    assert created["metadata"]["annotations"][PEERS_ANNOTATION] == ""
+    # The next pass: the index shows the new spare but not yet our patch of the old one.
+    new = _spare_pod(1)
+    api.patches.clear()
+    api.created.clear()
+    await reconcile.reconcile(state, _body(1), [spare, new], no_sources, LOG)
+    assert not any(SPARE_LABEL in m.get("labels", {}) for _, m in api.patches), api.patches
+    assert api.created == []
+    # Once the index caught up, the guard forgets the pod.
+    handed = _spare_pod(0, spare=False)
+    await reconcile.reconcile(state, _body(1), [handed, new], no_sources, LOG)
+    assert state.deployment(UID).woken == {}
+
+
+def test_a_woken_spare_is_forgotten_when_its_label_is_gone_or_the_wait_ran_out(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from weightlift.operator import state as operator_state
+
+    state = _state()
+    state.woke_spares(UID, {"a", "b"})
+    assert state.still_spare_labelled(UID, {"a", "b", "c"}) == {"a", "b"}
+    assert state.still_spare_labelled(UID, {"a"}) == {"a"}
+    monkeypatch.setattr(operator_state, "CREATED_POD_WAIT_SECONDS", -1.0)
+    state.woke_spares(UID, {"a"})
+    assert state.still_spare_labelled(UID, {"a"}) == set()
+    assert state.still_spare_labelled("other", {"a"}) == set()
