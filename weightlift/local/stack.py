@@ -427,6 +427,7 @@ def model_deployment(
     engine: str = "Builtin",
     engine_args: list[str] | None = None,
     env: dict[str, str] | None = None,
+    warm_spares: int = 0,
 ) -> JSON:
     """A ModelDeployment for a local demo model, pinned to process nodes. `model` overrides
     spec.model fields (another uri, endpoint, credentials: see local/demo_stores.py). engine "vLLM":
@@ -443,6 +444,7 @@ def model_deployment(
             **(model or {}),
         },
         "replicas": replicas,
+        **({"warmSpares": warm_spares} if warm_spares else {}),
         "template": {
             "nodeSelector": {LOCAL_NODE_LABEL: "true"},
             "shmSize": "1Gi",
