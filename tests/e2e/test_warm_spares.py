@@ -12,9 +12,11 @@ from typing import Any
 
 import httpx
 
+from tests.support.cluster import Kubectl
 from tests.support.e2e import READY_TIMEOUT
 from weightlift.api.labels import IDENTITY_LABEL, PEERS_ANNOTATION, SPARE_LABEL
 from weightlift.api.model import GROUP, PLURAL, VERSION
+from weightlift.local.cluster import tool_path
 from weightlift.local.kube import call
 from weightlift.local.observe import Observer, infer
 from weightlift.local.stack import LocalStack
@@ -95,8 +97,15 @@ def test_a_scale_up_is_served_by_the_spares_own_pod(
     scale = _scale(stack, "spares")
     assert scale["spec"]["replicas"] == 1 and scale["status"]["replicas"] == 1
     assert _selected(stack, scale["status"]["selector"]) == {source["name"]}
+    # What a user sees: `kubectl get md` shows the spare, `kubectl explain` what one costs.
+    kubectl = Kubectl(tool_path("kubectl"), stack.kubeconfig)
+    table = kubectl("get", "md", "spares", "-n", stack.namespace).stdout.split("\n")
+    header, row = table[0].split(), table[1].split()
+    assert dict(zip(header, row, strict=False))["SPARES"] == "1", table
+    explained = " ".join(kubectl("explain", "modeldeployment.spec.warmSpares").stdout.split())
+    assert "GPU pod" in explained and "Standby" in explained, explained
 
-    stack.scale_md("spares", 2)
+    kubectl("scale", "md", "spares", "--replicas=2", "-n", stack.namespace)
     obs.wait_ready(READY_TIMEOUT)
     rows = {r["name"]: r for r in obs.replica_statuses()}
     woken = rows[spare["name"]]
