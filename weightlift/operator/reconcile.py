@@ -573,7 +573,8 @@ async def apply(
             )
             state.await_pod(uid, desired.name)  # new, or already there (409): it exists
             if created:
-                logger.info("created %s pod %s", desired.role, desired.name)
+                what = "spare" if desired.spare else desired.role
+                logger.info("created %s pod %s", what, desired.name)
         except ApiException as exc:
             rejected.append(f"creating pod {desired.name} was rejected: {kube.api_error(exc)}")
     if not isinstance(spec, SpecError) and pods:
