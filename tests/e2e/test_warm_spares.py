@@ -159,8 +159,9 @@ def test_a_revision_change_replaces_the_waiting_spares(
     stack.patch_md("respin", {"spec": {"model": {"revision": "2"}}})
 
     def rolled(o: Observer) -> bool:
+        identity = o.status().get("modelIdentity")
         identities = {p["metadata"]["labels"][IDENTITY_LABEL] for p in o.pods}
-        return o.phase() == "Ready" and identities == {o.status().get("modelIdentity")}
+        return identity != old_identity and o.phase() == "Ready" and identities == {identity}
 
     handed: list[str] = []
 
