@@ -14,7 +14,12 @@ import httpx
 
 from tests.support.cluster import Kubectl
 from tests.support.e2e import READY_TIMEOUT
-from weightlift.api.labels import IDENTITY_LABEL, PEERS_ANNOTATION, SPARE_LABEL
+from weightlift.api.labels import (
+    IDENTITY_LABEL,
+    PEERS_ANNOTATION,
+    SPARE_LABEL,
+    WOKEN_ANNOTATION,
+)
 from weightlift.api.model import GROUP, PLURAL, VERSION
 from weightlift.local.cluster import tool_path
 from weightlift.local.kube import call
@@ -114,6 +119,7 @@ def test_a_scale_up_is_served_by_the_spares_own_pod(
     pod = _pod(obs, spare["name"])
     assert pod["metadata"]["uid"] == uid, "the new replica is the spare's own pod"
     assert SPARE_LABEL not in pod["metadata"]["labels"]
+    assert WOKEN_ANNOTATION in pod["metadata"]["annotations"]
     # A new spare takes its place; the scale subresource counts serving pods only.
     fresh = _warm_spare(obs, other_than={spare["name"]})
     assert fresh["name"] not in (source["name"], spare["name"])

@@ -10,6 +10,9 @@ PEERS_ANNOTATION = "weightlift.dev/peers"
 # On a warm spare while it waits (value "true"); the operator removes it when it hands the spare
 # peers or storage. The scale subresource's selector leaves pods with it out.
 SPARE_LABEL = "weightlift.dev/spare"
+# Set with the label's removal: when the spare was woken (RFC 3339). Its time to Ready counts
+# from then, not from the pod's creation (a spare may wait for hours, by design).
+WOKEN_ANNOTATION = "weightlift.dev/woken-at"
 # On worker pods and plan ConfigMaps: the first characters of the plan's sha256.
 PLAN_LABEL = "weightlift.dev/plan"
 # On a ModelDeployment while its status.sources publishes Ready sources: the model identity they

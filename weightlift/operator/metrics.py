@@ -36,7 +36,7 @@ CONTROLLER = "modeldeployment"  # controller-runtime's `controller` label
 # The vocabularies. A value outside one is recorded as OTHER.
 OTHER = "other"
 REPLICA_PHASES = frozenset(
-    {"Pending", "Scheduled", "Ready", "Failed", *(str(p) for p in WorkerPhase)}
+    {"Pending", "Scheduled", "Ready", "Failed", "Spare", *(str(p) for p in WorkerPhase)}
 )
 DEPLOYMENT_PHASES = frozenset(str(p) for p in Phase)
 ENGINES = frozenset({*(str(e) for e in Engine), str(RuntimeType.EXTERNAL)})

@@ -21,6 +21,7 @@ from weightlift.api.labels import (
     ROLE_LABEL,
     SOURCES_OF_LABEL,
     SPARE_LABEL,
+    WOKEN_ANNOTATION,
 )
 from weightlift.api.model import (
     ModelDeploymentSpec,
@@ -31,7 +32,7 @@ from weightlift.api.model import (
     SourceEndpoint,
     pulls_from_peers,
 )
-from weightlift.api.times import parse_rfc3339
+from weightlift.api.times import parse_rfc3339, rfc3339
 from weightlift.api.worker import PeerHandoff, WorkerPhase, WorkerReport
 from weightlift.operator import kube
 from weightlift.operator.identity import model_identity
@@ -294,7 +295,7 @@ def pod_essentials(pod: Mapping[str, Any]) -> dict[str, Any]:
 
 # The pod labels a pass reads (observe_pod, pods.role_of, _sweep_plans).
 POD_LABELS_READ = (REPLICA_LABEL, IDENTITY_LABEL, ROLE_LABEL, PLAN_LABEL, SPARE_LABEL)
-POD_ANNOTATIONS_READ = (PEERS_ANNOTATION,)
+POD_ANNOTATIONS_READ = (PEERS_ANNOTATION, WOKEN_ANNOTATION)
 
 
 def _slim_termination(terminated: Mapping[str, Any]) -> dict[str, Any]:
@@ -429,10 +430,14 @@ async def _patch_pods(
     patches: dict[str, dict[str, Any]] = {}
     for pod, role in result.relabel.items():
         patches.setdefault(pod, {})["labels"] = {ROLE_LABEL: str(role)}
+    woken_at = rfc3339(datetime.now(UTC))
     for pod in result.unspare:  # null removes the label (merge patch); with its hand-off
         patches.setdefault(pod, {}).setdefault("labels", {})[SPARE_LABEL] = None
+        patches[pod].setdefault("annotations", {})[WOKEN_ANNOTATION] = woken_at
     for pod, handoff in result.handoff.items():
-        patches.setdefault(pod, {})["annotations"] = {PEERS_ANNOTATION: handoff.to_text()}
+        patches.setdefault(pod, {}).setdefault("annotations", {})[PEERS_ANNOTATION] = (
+            handoff.to_text()
+        )
         what = "storage" if handoff.storage else ", ".join(c.pod for c in handoff.peers)
         logger.info("handing %s to pod %s", what, pod)
 

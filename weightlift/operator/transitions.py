@@ -17,6 +17,7 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
+from weightlift.api.labels import WOKEN_ANNOTATION
 from weightlift.api.model import ModelDeploymentSpec, ReplicaStatus, Role
 from weightlift.api.times import parse_rfc3339
 from weightlift.operator.metrics import (
@@ -59,6 +60,12 @@ def record_pass(
         return
     was_ready = {r.get("name") for r in previous.get("replicaStatuses") or [] if r.get("ready")}
     created = {p["metadata"]["name"]: p["metadata"].get("creationTimestamp") for p in pods}
+    # A woken spare's time to Ready starts when a scale-up woke it: it was created to wait.
+    woken = {
+        p["metadata"]["name"]: at
+        for p in pods
+        if (at := (p["metadata"].get("annotations") or {}).get(WOKEN_ANNOTATION))
+    }
     for replica in status.replica_statuses:
         pod_uid = uids.get(replica.name)
         if not replica.ready or replica.name in was_ready or pod_uid is None:
@@ -67,7 +74,9 @@ def record_pass(
         if record.ready_counted:
             continue
         record.ready_counted = True
-        _became_ready(state, spec, replica, by_name.get(replica.name), created.get(replica.name))
+        name = replica.name
+        started = woken.get(name) or created.get(name)
+        _became_ready(state, spec, replica, by_name.get(name), started, name in woken)
 
 
 def _seen_handoff(state: OperatorState, uid: str | None, pod: ObservedPod) -> None:
@@ -91,6 +100,7 @@ def _became_ready(
     replica: ReplicaStatus,
     pod: ObservedPod | None,
     created: str | None,
+    woken: bool = False,
 ) -> None:
     metrics, engine = state.metrics, engine_of(spec)
     source = loaded_from_label(replica.loaded_from)
@@ -108,7 +118,8 @@ def _became_ready(
     report = pod.worker if pod is not None else None
     timeline = report.timeline if report is not None else {}
     handoff = pod.handoff if pod is not None else None
-    if "standby" in timeline and "peers" in timeline:
+    if "standby" in timeline and "peers" in timeline and not woken:
+        # A spare's wait is chosen, not a wait for a source: not in this histogram.
         handed = "storage" if handoff is None or handoff.storage else "peers"
         wait = max(0.0, timeline["peers"] - timeline["standby"])
         metrics.standby_wait.labels(handed=handed).observe(wait)

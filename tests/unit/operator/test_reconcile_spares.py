@@ -6,6 +6,7 @@ again and wake one more."""
 from __future__ import annotations
 
 import logging
+from datetime import UTC, datetime
 from typing import Any, cast
 
 import pytest
@@ -17,7 +18,9 @@ from weightlift.api.labels import (
     REPLICA_LABEL,
     ROLE_LABEL,
     SPARE_LABEL,
+    WOKEN_ANNOTATION,
 )
+from weightlift.api.times import parse_rfc3339
 from weightlift.api.worker import ASSIGNMENT_ENV, Assignment, PeerHandoff
 from weightlift.operator import kube, reconcile
 from weightlift.operator.identity import model_identity
@@ -94,16 +97,14 @@ async def test_a_woken_spare_loses_its_label_in_the_patch_that_hands_it_storage(
         handoff={"p-1": PeerHandoff(storage=True)},
         relabel={"p-1": reconcile.Role.SOURCE},
     )
+    before = datetime.now(UTC).replace(microsecond=0)
     await reconcile._patch_pods(_state(), "ns", result, LOG)
-    assert api.patches == [
-        (
-            "p-1",
-            {
-                "labels": {ROLE_LABEL: "Source", SPARE_LABEL: None},
-                "annotations": {PEERS_ANNOTATION: '{"storage":true}'},
-            },
-        )
-    ]
+    ((name, metadata),) = api.patches
+    assert name == "p-1"
+    assert metadata["labels"] == {ROLE_LABEL: "Source", SPARE_LABEL: None}
+    woken_at = metadata["annotations"].pop(WOKEN_ANNOTATION)
+    assert metadata["annotations"] == {PEERS_ANNOTATION: '{"storage":true}'}
+    assert before <= parse_rfc3339(woken_at) <= datetime.now(UTC)
 
 
 async def test_scale_up_from_zero_wakes_the_spare_once_then_restores_it(
@@ -114,14 +115,11 @@ async def test_scale_up_from_zero_wakes_the_spare_once_then_restores_it(
     spare = _spare_pod(0)
     await reconcile.reconcile(state, _body(1), [spare], no_sources, LOG)
     name = spare["metadata"]["name"]
-    (woken,) = api.patches
-    assert woken == (
-        name,
-        {
-            "labels": {ROLE_LABEL: "Source", SPARE_LABEL: None},
-            "annotations": {PEERS_ANNOTATION: '{"storage":true}'},
-        },
-    )
+    ((patched, woken),) = api.patches
+    assert patched == name
+    assert woken["labels"] == {ROLE_LABEL: "Source", SPARE_LABEL: None}
+    assert woken["annotations"][PEERS_ANNOTATION] == '{"storage":true}'
+    assert WOKEN_ANNOTATION in woken["annotations"]
     (created,) = api.created
     assert created["metadata"]["labels"][SPARE_LABEL] == "true"
     env = {e["name"]: e.get("value") for e in created["spec"]["containers"][0]["env"]}

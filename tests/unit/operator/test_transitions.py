@@ -10,6 +10,7 @@ from typing import Any, cast
 from prometheus_client import CollectorRegistry
 
 from tests.support.planning import T0, make_spec, mkpod, observe
+from weightlift.api.labels import WOKEN_ANNOTATION
 from weightlift.api.model import ModelDeploymentSpec, ModelDeploymentStatus, Role
 from weightlift.api.worker import PeerCandidate, PeerHandoff, WorkerReport
 from weightlift.operator.metrics import Metrics
@@ -179,3 +180,40 @@ def test_storage_fallbacks_are_counted_once_with_their_reason() -> None:
         p3.run([src, fell_back, pulled])
     assert _value(state3, "weightlift_storage_fallbacks_total", reason="peer_failed") == 1
     assert _value(state3, "weightlift_storage_fallbacks_total", reason="wait_expired") == 0
+
+
+def test_a_woken_spare_is_timed_from_its_wake_not_its_creation() -> None:
+    """A spare waits by design (here an hour): its time to Ready starts at the scale-up that woke
+    it (the woken-at annotation the wake patch sets), and its wait is no standby wait for a
+    source. Spares count in the replica gauge as phase Spare."""
+    spec = make_spec(1, warmSpares=1)
+    state = _state()
+    passes = Passes(spec, state)
+    source = _serving(spec, 0, Role.SOURCE, loaded_from="storage:pvc", compile_cache="none")
+    t_standby = time.time() - 3600
+    spare = mkpod(
+        spec, 1, Role.TARGET, state="loading", spare=True,
+        worker=WorkerReport(phase="Standby", timeline={"standby": t_standby}),
+    )  # fmt: skip
+    passes.run([source, spare])
+    assert _value(state, "weightlift_replicas", phase="Spare") == 1
+    passes.spec = spec = make_spec(2, warmSpares=1)
+    result = passes.run([source, spare])
+    assert result.unspare == {spare.name}
+    handoff = result.handoff[spare.name]
+    woken = mkpod(
+        spec, 1, Role.TARGET, handoff=handoff,
+        worker=WorkerReport(
+            phase="Serving", loaded_from=f"peer:{source.name}", compile_cache="hit",
+            timeline={"standby": t_standby, "peers": time.time() - 4},
+        ),
+    )  # fmt: skip
+    raw = _raw([source, woken], age=3600)
+    raw[1]["metadata"]["annotations"] = {WOKEN_ANNOTATION: _stamp(5)}
+    previous = passes.written
+    result = plan(spec, observe([source, woken], previous=ModelDeploymentStatus(**previous)))
+    record_pass(state, UID, spec, result, previous, [source, woken], raw, time.time())
+    peer = {"role": "Target", "loaded_from": "peer", "engine": "Builtin"}
+    assert _value(state, "weightlift_replica_time_to_ready_seconds_count", **peer) == 1
+    assert 4 <= _value(state, "weightlift_replica_time_to_ready_seconds_sum", **peer) <= 15
+    assert _value(state, "weightlift_standby_wait_seconds_count", handed="peers") == 0
