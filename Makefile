@@ -17,7 +17,7 @@ TRITON_ENV := $(WL_CACHE)/triton-$(TRITON_VERSION)
 # cluster.py (tests, demo) finds the control plane and kubectl/helm here.
 export WL_CACHE
 
-.PHONY: venv tools controlplane minio vllm-env triton-env images registry test test-images unit lint crd demo clean
+.PHONY: venv tools controlplane node minio vllm-env triton-env images registry test test-images unit lint crd demo clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -34,6 +34,12 @@ tools: venv
 
 controlplane: tools
 	hack/build-controlplane.sh $(WL_CACHE)
+
+# A real node (local/kubeletnode/): kubelet, kube-proxy, crictl and our GPU device plugin from Go
+# modules, the pause image (gcc -static, buildah), containerd/runc/CNI plugins/iptables from apt
+# when missing, and the registry its images are pulled from. Cached under $(WL_CACHE).
+node: controlplane registry
+	hack/build-node.sh $(WL_CACHE)
 
 # The S3-compatible store of the storage tests and `demo --storage s3` (local/s3server.py).
 minio:

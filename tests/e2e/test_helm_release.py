@@ -97,7 +97,7 @@ def operator_process(stack: LocalStack) -> tuple[JSON, int]:
     assert stack.release is not None
     pod = stack.release.operator_pod()
     assert pod is not None, "no operator pod"
-    runner = stack.node.pods()[f"{stack.release.namespace}/{pod['metadata']['name']}"]
+    runner = stack.process_node.pods()[f"{stack.release.namespace}/{pod['metadata']['name']}"]
     (pid,) = runner.pids()
     return pod, pid
 

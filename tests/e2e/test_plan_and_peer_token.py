@@ -44,7 +44,7 @@ def _configmaps(stack: LocalStack, name: str) -> list[JSON]:
 
 
 def _worker_logs(stack: LocalStack, name: str) -> str:
-    root = stack.node.config.state_dir / "pods"
+    root = stack.process_node.config.state_dir / "pods"
     logs = sorted(root.glob(f"{stack.namespace}_{name}-*/worker.log"))
     assert logs, f"no worker logs of {name} under {root}"
     return "\n".join(p.read_text(errors="replace") for p in logs)

@@ -127,7 +127,7 @@ def test_a_peer_of_another_identity_is_refused(
             stack.restart_operator()
         assert report["phase"] == "Serving" and report["loadedFrom"] == "storage:hostpath"
     # It did try the foreign peer, and the peer refused it.
-    logs = stack.node.config.state_dir.glob(f"pods/{stack.namespace}_{target['name']}_*/*.log")
+    logs = stack.node.pod_logs(stack.namespace, target["name"])
     text = "\n".join(p.read_text(errors="replace") for p in logs)
     assert f"peer {foreign_pod}" in text and "falling back to storage" in text, text[-3000:]
     obs.wait_ready(READY_TIMEOUT)

@@ -211,7 +211,7 @@ def test_operator_pod_runs_from_the_image_and_a_deployment_gets_ready(image_stac
 
     stack, rootfs, models = image_stack
     pod = stack.release.operator_pod()
-    runner = stack.node.pods()[f"{stack.release.namespace}/{pod['metadata']['name']}"]
+    runner = stack.process_node.pods()[f"{stack.release.namespace}/{pod['metadata']['name']}"]
     (pid,) = runner.pids()
     # The process's root is the image's filesystem: the image's Python, no torch, the token.
     assert os.readlink(f"/proc/{pid}/root") == str(rootfs)

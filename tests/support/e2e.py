@@ -35,7 +35,7 @@ def wait_gone(stack: LocalStack, name: str, pids: list[int], timeout: float = 90
             stack.get_md(name) is None
             and not stack.pods(name)
             and not any(alive(p) for p in pids)
-            and not any(k.split("/")[1].startswith(f"{name}-") for k in stack.node.pods())
+            and not any(k.split("/")[1].startswith(f"{name}-") for k in stack.node.pids())
         ):
             return
         time.sleep(0.25)

@@ -252,9 +252,12 @@ class Resources(ApiModel):
     )
 
 
+DEFAULT_WORKER_IMAGE = "ghcr.io/weightlift/worker:0.1.0"
+
+
 class PodTemplate(ApiModel):
     image: str = Field(
-        "ghcr.io/weightlift/worker:0.1.0",
+        DEFAULT_WORKER_IMAGE,
         min_length=1,
         max_length=limits.IMAGE_MAX,
         pattern=limits.IMAGE,

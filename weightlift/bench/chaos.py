@@ -414,7 +414,7 @@ class Run:
     def _node_pods(self, *names: str) -> list[str]:
         """The node's pods of this deployment (or of `names`)."""
         prefixes = tuple(f"{n}-" for n in names or (self.name,))
-        return [k for k in self.stack.node.pods() if k.split("/")[1].startswith(prefixes)]
+        return [k for k in self.stack.node.pids() if k.split("/")[1].startswith(prefixes)]
 
 
 @dataclass(frozen=True)

@@ -307,7 +307,7 @@ def verify_foreign_peer(run: Run) -> str:
     target, foreign, report = run.notes["target"], run.notes["foreign"], run.notes["report"]
     got = report.get("loadedFrom")
     assert report.get("phase") == "Serving" and str(got).startswith("storage:"), report
-    logs = run.stack.node.config.state_dir.glob(f"pods/{run.stack.namespace}_{target}_*/*.log")
+    logs = run.stack.node.pod_logs(run.stack.namespace, target)
     text = "\n".join(p.read_text(errors="replace") for p in logs)
     assert f"peer {foreign}" in text, f"{target} never tried the forged peer {foreign}"
     assert "falling back to storage" in text, f"{target}'s log shows no refusal of {foreign}"

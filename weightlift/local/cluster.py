@@ -138,8 +138,20 @@ def tool_path(name: str, cache: Path | None = None) -> Path:
 # ----------------------------------------------------------------------------------- certificates
 
 
-def _write_certs(certs: Path) -> None:
-    """A CA, the apiserver's serving cert and the service-account signing key pair."""
+def _pem_key(key: Any) -> bytes:
+    from cryptography.hazmat.primitives import serialization
+
+    out: bytes = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+    return out
+
+
+def _write_certs(certs: Path, bind_address: str = "127.0.0.1") -> None:
+    """A CA, the apiserver's serving cert (also for `bind_address`), its client cert for the
+    kubelets (system:masters: logs, exec) and the service-account signing key pair."""
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec, rsa
@@ -148,14 +160,6 @@ def _write_certs(certs: Path) -> None:
     certs.mkdir(parents=True, exist_ok=True)
     now = dt.datetime.now(dt.UTC) - dt.timedelta(minutes=5)
     later = now + dt.timedelta(days=365)
-
-    def pem_key(key: Any) -> bytes:
-        out: bytes = key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-        return out
 
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "weightlift-local-ca")])
@@ -195,10 +199,8 @@ def _write_certs(certs: Path) -> None:
             "kubernetes.default.svc.cluster.local",
         )
     ]
-    sans += [
-        x509.IPAddress(ipaddress.IPv4Address("127.0.0.1")),
-        x509.IPAddress(next(ipaddress.IPv4Network(SERVICE_CIDR).hosts())),
-    ]
+    ips = {"127.0.0.1", bind_address, str(next(ipaddress.IPv4Network(SERVICE_CIDR).hosts()))}
+    sans += [x509.IPAddress(ipaddress.IPv4Address(ip)) for ip in sorted(ips)]
     server_cert = (
         x509.CertificateBuilder()
         .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kube-apiserver")]))
@@ -213,10 +215,10 @@ def _write_certs(certs: Path) -> None:
     )
     sa_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     (certs / "ca.crt").write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
-    (certs / "ca.key").write_bytes(pem_key(ca_key))
+    (certs / "ca.key").write_bytes(_pem_key(ca_key))
     (certs / "apiserver.crt").write_bytes(server_cert.public_bytes(serialization.Encoding.PEM))
-    (certs / "apiserver.key").write_bytes(pem_key(server_key))
-    (certs / "sa.key").write_bytes(pem_key(sa_key))
+    (certs / "apiserver.key").write_bytes(_pem_key(server_key))
+    (certs / "sa.key").write_bytes(_pem_key(sa_key))
     (certs / "sa.pub").write_bytes(
         sa_key.public_key().public_bytes(
             serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
@@ -224,6 +226,45 @@ def _write_certs(certs: Path) -> None:
     )
     for key in ("ca.key", "apiserver.key", "sa.key"):
         (certs / key).chmod(0o600)
+    issue_client_cert(certs, "apiserver-kubelet-client", "kube-apiserver", ("system:masters",))
+
+
+def issue_client_cert(
+    certs: Path, name: str, common_name: str, orgs: Sequence[str], out_dir: Path | None = None
+) -> tuple[Path, Path]:
+    """A client certificate from the local CA (``certs``/ca.{crt,key}): the API server takes
+    CN as the user and O as its groups (a kubelet is ``system:node:<node>`` in
+    ``system:nodes``, as kubeadm issues it). Returns (cert, key) in ``out_dir`` (default:
+    ``certs``)."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    ca_cert = x509.load_pem_x509_certificate((certs / "ca.crt").read_bytes())
+    ca_key: Any = serialization.load_pem_private_key((certs / "ca.key").read_bytes(), None)
+    now = dt.datetime.now(dt.UTC) - dt.timedelta(minutes=5)
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = [x509.NameAttribute(NameOID.ORGANIZATION_NAME, o) for o in orgs]
+    subject.append(x509.NameAttribute(NameOID.COMMON_NAME, common_name))
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name(subject))
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now)
+        .not_valid_after(now + dt.timedelta(days=365))
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    out = out_dir if out_dir is not None else certs
+    out.mkdir(parents=True, exist_ok=True)
+    crt_path, key_path = out / f"{name}.crt", out / f"{name}.key"
+    crt_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(_pem_key(key))
+    key_path.chmod(0o600)
+    return crt_path, key_path
 
 
 # ------------------------------------------------------------------------------------ data types
@@ -300,6 +341,7 @@ class ControlPlane:
         unlimited_client_qps: bool = False,
         apiserver_args: Sequence[str] = (),
         kwok_pod_parallelism: int = 0,
+        bind_address: str = "127.0.0.1",
     ) -> None:
         """``bind_to_parent``: components get SIGTERM when the process that started them dies
         (Linux PR_SET_PDEATHSIG), so a killed test run leaves nothing behind. Off for
@@ -310,7 +352,10 @@ class ControlPlane:
         ``--disable-qps-limits`` does for scale tests. ``apiserver_args``: extra kube-apiserver
         flags (the operator benchmark's audit log). ``kwok_pod_parallelism``: pods kwok moves
         through their stages at once (kwok's default, 4, stands in for every kubelet of the
-        cluster: thousands of pods queue behind it)."""
+        cluster: thousands of pods queue behind it). ``bind_address``: where the API server
+        listens and what it advertises (the `kubernetes` Service's endpoint); a real node's
+        pods reach it there (local/kubeletnode/), loopback otherwise."""
+        self.bind_address = bind_address
         self.bind_to_parent = bind_to_parent
         self.unlimited_client_qps = unlimited_client_qps
         self.apiserver_args = tuple(apiserver_args)
@@ -355,7 +400,7 @@ class ControlPlane:
         token = self._fresh_state()
         names = ("etcd", "etcdPeer", "apiserver", "controllerManager", "scheduler", "kwok")
         ports = dict(zip(names, free_ports(len(names)), strict=True))
-        server = f"https://127.0.0.1:{ports['apiserver']}"
+        server = f"https://{self.bind_address}:{ports['apiserver']}"
         self._write_kubeconfig(server, token)
         info = ClusterInfo(
             state_dir=self.state_dir,
@@ -403,7 +448,7 @@ class ControlPlane:
             shutil.rmtree(self.state_dir / sub, ignore_errors=True)
         self.logs.mkdir(parents=True, exist_ok=True)
         (self.state_dir / "run").mkdir(parents=True, exist_ok=True)
-        _write_certs(self.certs)
+        _write_certs(self.certs, self.bind_address)
         token = secrets.token_hex(24)
         tokens = self.certs / "tokens.csv"
         tokens.write_text(f'{token},{ADMIN_USER},{ADMIN_USER},"system:masters"\n')
@@ -432,8 +477,8 @@ class ControlPlane:
         return [
             exe,
             f"--etcd-servers=http://127.0.0.1:{ports['etcd']}",
-            "--bind-address=127.0.0.1",
-            "--advertise-address=127.0.0.1",
+            f"--bind-address={self.bind_address}",
+            f"--advertise-address={self.bind_address}",
             f"--secure-port={ports['apiserver']}",
             f"--cert-dir={c}",
             f"--tls-cert-file={c / 'apiserver.crt'}",
@@ -445,13 +490,22 @@ class ControlPlane:
             f"--service-account-key-file={c / 'sa.pub'}",
             f"--service-account-signing-key-file={c / 'sa.key'}",
             f"--service-cluster-ip-range={SERVICE_CIDR}",
-            "--endpoint-reconciler-type=none",  # a 127.0.0.1 endpoint is invalid
+            *self._endpoint_args(),
+            # logs/exec on a real node: its InternalIP (no DNS for node names), our client cert
+            "--kubelet-preferred-address-types=InternalIP,Hostname",
+            f"--kubelet-client-certificate={c / 'apiserver-kubelet-client.crt'}",
+            f"--kubelet-client-key={c / 'apiserver-kubelet-client.key'}",
             "--allow-privileged=true",
             "--enable-priority-and-fairness=false",
             "--profiling=false",
             "--v=1",
             *self.apiserver_args,
         ]
+
+    def _endpoint_args(self) -> list[str]:
+        # A 127.0.0.1 endpoint is invalid: no `kubernetes` Service endpoint on loopback.
+        loopback = ipaddress.ip_address(self.bind_address).is_loopback
+        return ["--endpoint-reconciler-type=none"] if loopback else []
 
     def _client_argv(self, name: str, port: int) -> list[str]:
         """What the controller manager and the scheduler share: kubeconfigs, port, certs."""
@@ -778,26 +832,80 @@ _state_dir_option = click.option(
 @click.option("--gpus-per-node", type=click.IntRange(0, 64), default=8, show_default=True)
 @click.option("--gpu-product", default=GpuNodeSpec.gpu_product, show_default=True)
 @click.option("--timeout", type=float, default=120.0, show_default=True)
+@click.option(
+    "--node",
+    "node_kind",
+    type=click.Choice(["none", "kubelet"]),
+    default="none",
+    show_default=True,
+    help="kubelet: also a real node (the pinned kubelet, containerd, runc, a CNI bridge in its "
+    "own network namespace) named node-0, pulling images from a local registry (`make node`).",
+)
 def up_command(
-    state_dir: Path, kwok_nodes: int, gpus_per_node: int, gpu_product: str, timeout: float
+    state_dir: Path,
+    kwok_nodes: int,
+    gpus_per_node: int,
+    gpu_product: str,
+    timeout: float,
+    node_kind: str,
 ) -> None:
     """Start the control plane in the background and write STATE_DIR/kubeconfig."""
     started = time.monotonic()
     spec = GpuNodeSpec(count=kwok_nodes, gpus_per_node=gpus_per_node, gpu_product=gpu_product)
+    net = None
     try:
-        info = ControlPlane(state_dir, nodes=spec, timeout=timeout).up()
-    except ControlPlaneError as exc:
+        if node_kind == "kubelet":
+            from weightlift.local.kubeletnode import allocate_network
+
+            net = allocate_network(state_dir / "node")
+        bind = net.host_ip if net is not None else "127.0.0.1"
+        info = ControlPlane(state_dir, nodes=spec, timeout=timeout, bind_address=bind).up()
+        if net is not None:
+            _start_kubelet_node(info, net, state_dir / "node", gpus_per_node)
+    except Exception as exc:
+        if net is not None:
+            from weightlift.local.kubeletnode import release_network
+
+            release_network(net, state_dir / "node")
+            ControlPlane(state_dir).down()
         raise click.ClickException(str(exc)) from exc
     click.echo(f"control plane up in {time.monotonic() - started:.1f}s: {info.server}")
     click.echo(f"nodes: {', '.join(info.nodes)} ({gpus_per_node} x nvidia.com/gpu each)")
+    if net is not None:
+        click.echo(f"real node node-0: node IP {net.node_ip}, pods {net.pod_cidr}")
     click.echo(f"logs: {info.state_dir / 'logs'}")
     click.echo(f"export KUBECONFIG={info.kubeconfig}")
+
+
+def _start_kubelet_node(info: ClusterInfo, net: Any, node_dir: Path, gpus: int) -> None:
+    """A real node that outlives this command (`cluster down` takes it down)."""
+    from weightlift.api.model import DEFAULT_WORKER_IMAGE
+    from weightlift.local.kubeletnode import KubeletNode, network
+
+    node = KubeletNode(
+        info,
+        net,
+        "node-0",
+        node_dir,
+        gpus=gpus,
+        images=(DEFAULT_WORKER_IMAGE,),
+        bind_to_parent=False,
+    )
+    node.start()
+    network.set_owner(net, node.pid("containerd"), node.state_dir)
 
 
 @cluster_group.command("down")
 @_state_dir_option
 def down_command(state_dir: Path) -> None:
-    """Stop every component `cluster up` started in STATE_DIR."""
+    """Stop every component `cluster up` started in STATE_DIR (and its real node)."""
+    node_file = state_dir / "node" / "node.json"
+    if node_file.is_file():
+        from weightlift.local.kubeletnode import NodeNetwork, release_network
+
+        slot = int(json.loads(node_file.read_text())["slot"])
+        release_network(NodeNetwork(slot), state_dir / "node")
+        node_file.unlink()
     stopped = ControlPlane(state_dir).down()
     click.echo(f"stopped: {', '.join(stopped)}" if stopped else "nothing was running")
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
@@ -30,6 +31,7 @@ from weightlift.api.labels import DEPLOYMENT_LABEL
 from weightlift.api.model import GROUP, PLURAL, VERSION
 from weightlift.local.kube import JSON, MERGE, Kube, call, delete, get_or_none
 from weightlift.local.net import free_port
+from weightlift.local.nodekind import NodeKind, NodeKindName
 from weightlift.local.processnode import LOCAL_NODE_LABEL, ProcessNode
 from weightlift.local.procs import UpDown, child_options, stop_group
 from weightlift.local.release import HelmRelease
@@ -129,15 +131,22 @@ class LocalStack(UpDown):
     # image (default: the chart's own, which `make images` builds under the same name).
     image_roots: dict[str, Path] = field(default_factory=dict)
     operator_image: str = ""
+    # Which node runs the pods (nodekind.py): "process" (host processes) or "kubelet" (the
+    # pinned kubelet, containerd and runc; `images` are pushed to its registry, default: the
+    # worker image and, with install "helm", the operator image).
+    node_kind: NodeKindName = "process"
+    images: tuple[str, ...] = ()
 
     kube: Kube = field(init=False)
-    node: ProcessNode = field(init=False)
+    node: NodeKind = field(init=False)
     kubeconfig: Path = field(init=False)
     _cluster: Any = field(init=False, default=None)
     _operator: subprocess.Popen[bytes] | None = field(init=False, default=None)
     _node_started: bool = field(init=False, default=False)
     # The operator process's /metrics port on loopback: chosen once, kept across restarts.
     _metrics_port: int | None = field(init=False, default=None)
+    _net: Any = field(init=False, default=None)  # the kubelet node's NodeNetwork
+    _cluster_info: Any = field(init=False, default=None)
     release: HelmRelease | None = field(init=False, default=None)
 
     # -- up
@@ -146,28 +155,37 @@ class LocalStack(UpDown):
 
         self.state_dir = Path(self.state_dir).resolve()
         self.state_dir.mkdir(parents=True, exist_ok=True)
+        bind_address = "127.0.0.1"
+        if self.node_kind == "kubelet":
+            from weightlift.local.kubeletnode import allocate_network
+
+            progress("allocating the node's network namespace")
+            self._net = allocate_network(self.state_dir / "node")
+            bind_address = self._net.host_ip  # where the node's pods reach the API server
         progress("starting control plane (etcd, kube-apiserver, controller-manager, scheduler)")
-        # No kwok GPU nodes: every worker pod must land on the process node and really run.
+        # No kwok GPU nodes: every worker pod must land on the local node and really run.
         # Bound to this process: a killed test run or demo leaves no control plane behind.
         self._cluster = ControlPlane(
             self.state_dir / "cluster",
             nodes=GpuNodeSpec(count=0),
             bind_to_parent=True,
             apiserver_args=self.apiserver_args,
+            bind_address=bind_address,
         )
         info = self._cluster.up()
+        self._cluster_info = info
         self.kubeconfig = Path(info.kubeconfig)
         self.kube = Kube(self.kubeconfig, "stack")
         if self.install == "helm":  # the CRD comes from the chart
-            progress(f"starting process node {self.node_name}")
-            self._start_node()
+            progress(f"starting {self.node_kind} node {self.node_name}")
+            self._start_node(info)
             progress("helm install helm/weightlift (the operator runs as the chart's pod)")
             self._install_release()
             return
         progress("applying the ModelDeployment CRD")
         apply_crd(self.kube)
-        progress(f"starting process node {self.node_name}")
-        self._start_node()
+        progress(f"starting {self.node_kind} node {self.node_name}")
+        self._start_node(info)
         progress("starting operator")
         self._start_operator()
 
@@ -258,28 +276,61 @@ class LocalStack(UpDown):
             self.node.stop(timeout=20.0)
             self._node_started = False
         time.sleep(down_seconds)
-        self._start_node()
+        self._start_node(self._cluster_info)
 
-    def _start_node(self) -> None:
-        self.node = ProcessNode(
-            self.kubeconfig,
-            self.node_name,
-            self.state_dir / "node",
-            gpus=self.gpus,
-            extra_env=dict(self.worker_env),
-            image_roots=dict(self.image_roots),
-        )
+    @property
+    def process_node(self) -> ProcessNode:
+        """The node as a ProcessNode, for what only it offers (its pod runners, chroots)."""
+        if not isinstance(self.node, ProcessNode):
+            raise TypeError(f"stack runs a {self.node_kind} node, not a process node")
+        return self.node
+
+    def node_images(self) -> tuple[str, ...]:
+        """What the kubelet node's registry gets: `images`, or the worker image (the CRD's
+        default) and, when the chart runs the operator, its image."""
+        if self.images:
+            return self.images
+        from weightlift.api.model import DEFAULT_WORKER_IMAGE
+        from weightlift.local.release import CHART
+
+        if self.install != "helm":
+            return (DEFAULT_WORKER_IMAGE,)
+        chart = yaml.safe_load((CHART / "values.yaml").read_text())["image"]
+        operator = self.operator_image or f"{chart['repository']}:{chart['tag']}"
+        return (DEFAULT_WORKER_IMAGE, operator)
+
+    def _start_node(self, info: Any) -> None:
+        if self.node_kind == "kubelet":
+            from weightlift.local.kubeletnode import KubeletNode
+
+            self.node = KubeletNode(
+                info,
+                self._net,
+                self.node_name,
+                self.state_dir / "node",
+                gpus=self.gpus,
+                images=self.node_images(),
+            )
+        else:
+            self.node = ProcessNode(
+                self.kubeconfig,
+                self.node_name,
+                self.state_dir / "node",
+                gpus=self.gpus,
+                extra_env=dict(self.worker_env),
+                image_roots=dict(self.image_roots),
+            )
+        self._node_started = True  # stop() undoes a partial start too
         self.node.start()
-        self._node_started = True
 
     def operator_log(self) -> Path:
         """The operator's log: its process's, or its pod's container log on the node."""
         if self.release is not None and self._node_started:
             pod = self.release.operator_pod()
             if pod is not None:
-                runner = self.node.pods().get(f"{self.release.namespace}/{pod['metadata']['name']}")
-                if runner is not None and runner.containers:
-                    return runner.containers[0].log_path
+                logs = self.node.pod_logs(self.release.namespace, pod["metadata"]["name"])
+                if logs:
+                    return logs[-1]
         return self.state_dir / "operator.log"
 
     def operator_log_tail(self, lines: int = 40) -> str:
@@ -313,6 +364,11 @@ class LocalStack(UpDown):
         if self._node_started:
             self.node.stop(timeout=20.0)
             self._node_started = False
+        if self._net is not None:  # a node that never started: its network alone
+            from weightlift.local.kubeletnode import release_network
+
+            release_network(self._net, self.state_dir / "node")
+            self._net = None
         if self._cluster is not None:
             self._cluster.down()
             self._cluster = None

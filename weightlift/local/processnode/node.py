@@ -125,6 +125,13 @@ class ProcessNode:
             pass
 
     # -- introspection (tests, demo)
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+    def pod_logs(self, namespace: str, pod: str) -> list[Path]:
+        return sorted(self.config.state_dir.glob(f"pods/{namespace}_{pod}_*/*.log"))
+
     def pods(self) -> dict[str, PodRunner]:
         """namespace/name -> runner of the pods this node currently runs."""
         with self._lock:

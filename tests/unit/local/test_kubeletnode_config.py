@@ -1,0 +1,98 @@
+"""The real node's rendered configuration: what keeps its pods on this machine and what this
+machine kind needs (see local/kubeletnode/). No root, no processes."""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+import tomllib
+from pathlib import Path
+
+import yaml
+
+from weightlift.local.cluster import K8S_VERSION, SERVICE_CIDR
+from weightlift.local.kubeletnode import config, paths
+from weightlift.local.kubeletnode.network import NodeNetwork
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def test_slots_get_disjoint_private_networks() -> None:
+    a, b = NodeNetwork(0), NodeNetwork(7)
+    assert (a.host_ip, a.node_ip, a.pod_cidr) == ("10.250.0.1", "10.250.0.2", "10.251.0.0/24")
+    assert (b.host_ip, b.node_ip, b.pod_cidr) == ("10.250.7.1", "10.250.7.2", "10.251.7.0/24")
+    for net in (a, b):
+        assert ipaddress.ip_network(net.pod_cidr).is_private
+        assert ipaddress.ip_address(net.node_ip) in ipaddress.ip_network(net.link_cidr)
+        assert not ipaddress.ip_network(net.pod_cidr).overlaps(ipaddress.ip_network(SERVICE_CIDR))
+        assert len(net.host_link) <= 15 and len(net.node_link) <= 15  # IFNAMSIZ
+
+
+def test_pods_get_no_masquerade_and_no_default_route(tmp_path: Path) -> None:
+    net = NodeNetwork(3)
+    doc = config.cni_conflist(config.Layout(tmp_path), net)
+    bridge = doc["plugins"][0]
+    assert bridge["type"] == "bridge" and bridge["isGateway"] is True
+    assert bridge["ipMasq"] is False
+    dsts = {r["dst"] for r in bridge["ipam"]["routes"]}
+    assert dsts == {SERVICE_CIDR, net.link_cidr}  # the API server's Service and the host end
+    assert "0.0.0.0/0" not in dsts
+    assert bridge["ipam"]["dataDir"].startswith(str(tmp_path))  # not /var/lib/cni/networks
+
+
+def test_containerd_config_for_this_machine_kind(tmp_path: Path) -> None:
+    lay, net = config.Layout(tmp_path), NodeNetwork(1)
+    doc = tomllib.loads(config.containerd_toml(lay, net))
+    cri = doc["plugins"]["io.containerd.grpc.v1.cri"]
+    assert cri["restrict_oom_score_adj"] is True  # root here lacks CAP_SYS_RESOURCE
+    assert cri["netns_mounts_under_state_dir"] is True
+    assert cri["sandbox_image"] == f"{net.host_ip}:5000/weightlift/pause:3.10"
+    assert cri["registry"]["config_path"] == str(lay.registry_hosts)
+    runc = cri["containerd"]["runtimes"]["runc"]
+    assert runc["options"]["SystemdCgroup"] is False
+    for key in ("root", "state"):
+        assert doc[key].startswith(str(tmp_path))
+    assert doc["grpc"]["address"].startswith(str(tmp_path))
+
+
+def test_registry_hosts_never_name_an_upstream() -> None:
+    net = NodeNetwork(2)
+    hosts = config.registry_hosts(net)
+    assert set(hosts) == {f"{net.host_ip}:5000", "ghcr.io"}
+    for body in hosts.values():
+        doc = tomllib.loads(body)
+        assert doc["server"] == f"http://{net.host_ip}:5000"
+        assert list(doc["host"]) == [f"http://{net.host_ip}:5000"]
+
+
+def test_kubelet_config(tmp_path: Path) -> None:
+    lay, net = config.Layout(tmp_path), NodeNetwork(0)
+    doc = yaml.safe_load(config.kubelet_config(lay, net, tmp_path / "ca.crt", "/wl-0"))
+    assert doc["failCgroupV1"] is False and doc["cgroupDriver"] == "cgroupfs"
+    assert doc["cgroupRoot"] == "/wl-0" and doc["failSwapOn"] is False
+    assert doc["address"] == net.node_ip
+    assert doc["authentication"]["anonymous"]["enabled"] is False
+    assert doc["imageGCHighThresholdPercent"] == 100
+    assert doc["podLogsDir"].startswith(str(tmp_path))
+
+
+def test_kube_proxy_iptables_without_localhost_node_ports(tmp_path: Path) -> None:
+    doc = yaml.safe_load(config.kube_proxy_config(tmp_path / "kc", NodeNetwork(0), "n"))
+    assert doc["mode"] == "iptables"
+    assert doc["iptables"]["localhostNodePorts"] is False
+    assert doc["conntrack"]["maxPerCore"] == 0
+
+
+def test_pinned_versions_agree_with_the_build_script() -> None:
+    script = (REPO / "hack" / "build-node.sh").read_text()
+
+    def pinned(name: str) -> str:
+        m = re.search(rf'^{name}="([^"]+)"', script, re.M)
+        assert m, name
+        return m.group(1)
+
+    assert pinned("K8S_VERSION") == K8S_VERSION
+    assert pinned("CRICTL_VERSION") == paths.CRICTL_VERSION
+    assert pinned("PAUSE_IMAGE") == paths.PAUSE_IMAGE
+    registry = (REPO / "hack" / "build-registry.sh").read_text()
+    assert f'REGISTRY_VERSION="{paths.REGISTRY_VERSION}"' in registry
