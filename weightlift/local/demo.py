@@ -24,6 +24,7 @@ import httpx
 
 from weightlift.local.demo_stores import STORAGE_KINDS, DemoStorage, prepare_storage
 from weightlift.local.kube import JSON, KUBE_ERRORS, describe
+from weightlift.local.nodekind import NODE_KINDS, NodeKindName
 from weightlift.local.observe import TIMELINE_STEPS, Observer, complete, generate, infer
 from weightlift.local.stack import (
     VLLM_ENV,
@@ -170,6 +171,16 @@ def _sigterm_raises() -> Iterator[None]:
     "the chart; the operator runs as its pod under the chart's ServiceAccount.",
 )
 @click.option(
+    "--node",
+    "node_kind",
+    type=click.Choice(NODE_KINDS),
+    default="process",
+    show_default=True,
+    help="process: pods run as host processes (fast). kubelet: a real node, the pinned "
+    "kubelet with containerd and runc; pods run as containers of the images `make images` "
+    "built, pulled from a local registry (`make node`; needs root).",
+)
+@click.option(
     "--enforce-eager",
     is_flag=True,
     help="--runtime vllm without torch.compile (vLLM's --enforce-eager); default: compiled, and "
@@ -186,6 +197,7 @@ def demo_command(
     storage: str,
     runtime: str,
     install: str,
+    node_kind: NodeKindName,
     enforce_eager: bool,
 ) -> None:
     """Control plane, process node, operator, demo model, ModelDeployment: watch it get Ready."""
@@ -199,7 +211,9 @@ def demo_command(
     llm = runtime in ("vllm", "triton")
     engine = {"vllm": "vLLM", "triton": "Triton"}.get(runtime, "Builtin")
     model_dir = state_dir / ("llm" if llm else "model")
-    stack = LocalStack(state_dir, model_path_prefixes=(str(model_dir),), install=install)
+    stack = LocalStack(
+        state_dir, model_path_prefixes=(str(model_dir),), install=install, node_kind=node_kind
+    )
     where: DemoStorage | None = None
     with _sigterm_raises():
         try:
@@ -215,8 +229,8 @@ def demo_command(
                 stack.up(progress=lambda msg: status.update(msg))
             operator = stack.operator_info()
             console.print(
-                f"[green]✓[/] control plane, process node [bold]{stack.node_name}[/], operator up"
-                f" ({_who(operator)})  (KUBECONFIG={stack.kubeconfig})"
+                f"[green]✓[/] control plane, {node_kind} node [bold]{stack.node_name}[/], "
+                f"operator up ({_who(operator)})  (KUBECONFIG={stack.kubeconfig})"
             )
             with console.status(f"putting the model in {storage} storage"):
                 where = prepare_storage(

@@ -135,7 +135,7 @@ class LocalStack(UpDown):
     # pinned kubelet, containerd and runc; `images` are pushed to its registry, default: the
     # worker image and, with install "helm", the operator image).
     node_kind: NodeKindName = "process"
-    images: tuple[str, ...] = ()
+    images: tuple[str, ...] | None = None
 
     kube: Kube = field(init=False)
     node: NodeKind = field(init=False)
@@ -288,7 +288,7 @@ class LocalStack(UpDown):
     def node_images(self) -> tuple[str, ...]:
         """What the kubelet node's registry gets: `images`, or the worker image (the CRD's
         default) and, when the chart runs the operator, its image."""
-        if self.images:
+        if self.images is not None:
             return self.images
         from weightlift.api.model import DEFAULT_WORKER_IMAGE
         from weightlift.local.release import CHART

@@ -288,6 +288,11 @@ class KubeletNode:
         self._save(doc)
 
     # -- introspection (tests, benches)
+    @property
+    def pause_image(self) -> str:
+        """The sandbox image, as pods may name it too (it is in the node's registry)."""
+        return config.pause_ref(self.net)
+
     def pid(self, component: str) -> int:
         """The pid of one of the node's processes (containerd, kubelet, kube-proxy, ...)."""
         return self._procs[component].pid

@@ -1,0 +1,132 @@
+"""The real node by itself (local/kubeletnode/): the pinned kubelet registers a Ready node that
+advertises GPUs through our device plugin, runs a pod in a sandbox with its own namespaces and
+cgroup on the CNI bridge, reachable from the host; and its tear-down leaves nothing behind, so a
+second node on the same machine starts clean. Needs root and `make node`."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from weightlift.local.kube import JSON, call
+from weightlift.local.kubeletnode import KubeletNode, leftovers, missing
+from weightlift.local.stack import LocalStack
+
+NS = "default"
+
+
+def _require_node() -> None:
+    absent = missing()
+    if os.geteuid() != 0:
+        absent.append("root")
+    if not absent:
+        return
+    msg = f"real node unavailable: {', '.join(absent)}; run `make node` as root"
+    if os.environ.get("WEIGHTLIFT_REQUIRE_NODE"):
+        pytest.fail(msg + " [WEIGHTLIFT_REQUIRE_NODE is set]", pytrace=False)
+    pytest.skip(msg)
+
+
+@pytest.fixture(scope="module")
+def kstack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
+    _require_node()
+    stack = LocalStack(
+        tmp_path_factory.mktemp("knode") / "stack",
+        node_kind="kubelet",
+        node_name="kubelet-0",
+        gpus=4,
+        images=(),
+    )
+    with stack:
+        yield stack
+
+
+def _node(stack: LocalStack) -> KubeletNode:
+    assert isinstance(stack.node, KubeletNode)
+    return stack.node
+
+
+def _pause_pod(stack: LocalStack, name: str) -> JSON:
+    image = _node(stack).pause_image
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {
+            "nodeName": stack.node_name,
+            "terminationGracePeriodSeconds": 1,
+            "containers": [
+                {
+                    "name": "c",
+                    "image": image,
+                    "resources": {"limits": {"memory": "64Mi", "nvidia.com/gpu": "1"}},
+                    "volumeMounts": [{"name": "shm", "mountPath": "/dev/shm"}],
+                }
+            ],
+            "volumes": [{"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "8Mi"}}],
+        },
+    }
+
+
+def _wait_running(stack: LocalStack, name: str, timeout: float = 120.0) -> JSON:
+    deadline = time.monotonic() + timeout
+    pod: JSON = {}
+    while time.monotonic() < deadline:
+        pod = call(stack.kube.core.read_namespaced_pod, name, NS)
+        if (pod.get("status") or {}).get("phase") == "Running" and pod["status"].get("podIP"):
+            return pod
+        time.sleep(0.2)
+    raise AssertionError(f"pod {name} not Running: {pod.get('status')}")
+
+
+def test_node_is_ready_with_the_pinned_kubelet_and_gpus(kstack: LocalStack) -> None:
+    node = call(kstack.kube.core.read_node, kstack.node_name)
+    assert node["status"]["nodeInfo"]["kubeletVersion"] == "v1.36.3"
+    assert node["status"]["nodeInfo"]["containerRuntimeVersion"].startswith("containerd://")
+    assert node["status"]["allocatable"]["nvidia.com/gpu"] == "4"
+    addresses = {a["type"]: a["address"] for a in node["status"]["addresses"]}
+    assert addresses["InternalIP"] == _node(kstack).net.node_ip
+
+
+def test_a_pod_runs_isolated_on_the_bridge(kstack: LocalStack) -> None:
+    call(kstack.kube.core.create_namespaced_pod, NS, _pause_pod(kstack, "p1"))
+    pod = _wait_running(kstack, "p1")
+    node = _node(kstack)
+    assert pod["status"]["podIP"].startswith(node.net.pod_cidr.rsplit(".", 2)[0])
+    (pid,) = node.pids()[f"{NS}/p1"]
+    for ns in ("pid", "ipc", "net", "mnt"):
+        assert os.readlink(f"/proc/{pid}/ns/{ns}") != os.readlink(f"/proc/1/ns/{ns}"), ns
+    memory = [ln for ln in Path(f"/proc/{pid}/cgroup").read_text().splitlines() if ":memory:" in ln]
+    assert memory and f"{node.cgroup_root}/kubepods/" in memory[0], memory
+    cgroup = Path("/sys/fs/cgroup/memory") / memory[0].split(":", 2)[2].lstrip("/")
+    assert int((cgroup.parent / "memory.limit_in_bytes").read_text()) == 64 << 20
+    # The host reaches the pod through its one route into the node's namespace.
+    ping = subprocess.run(["ping", "-c1", "-W2", pod["status"]["podIP"]], capture_output=True)
+    assert ping.returncode == 0, ping.stdout
+    call(kstack.kube.core.delete_namespaced_pod, "p1", NS, grace_period_seconds=0)
+
+
+def test_tear_down_leaves_nothing_and_a_second_node_starts_clean(
+    tmp_path: Path, kstack: LocalStack
+) -> None:
+    for attempt in range(2):
+        stack = LocalStack(
+            tmp_path / f"s{attempt}",
+            node_kind="kubelet",
+            node_name=f"again-{attempt}",
+            gpus=1,
+            images=(),
+        )
+        with stack:
+            node = _node(stack)
+            call(stack.kube.core.create_namespaced_pod, NS, _pause_pod(stack, "p"))
+            _wait_running(stack, "p")
+            net, state, root = node.net, node.state_dir, node.cgroup_root
+        left = leftovers(net, state, root)
+        assert not left, left
+        assert not Path(f"/run/netns/{net.netns}").exists()
