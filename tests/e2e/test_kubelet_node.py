@@ -111,6 +111,41 @@ def test_a_pod_runs_isolated_on_the_bridge(kstack: LocalStack) -> None:
     call(kstack.kube.core.delete_namespaced_pod, "p1", NS, grace_period_seconds=0)
 
 
+def test_downward_api_file_follows_an_annotation_patch(kstack: LocalStack) -> None:
+    """The standby hand-off's channel on the real kubelet: a pod annotation patch reaches the
+    pod's downwardAPI file on the pod-update event, not on the 1-minute periodic sync."""
+    from weightlift.api.labels import PEERS_ANNOTATION
+    from weightlift.local.kube import MERGE
+
+    pod = _pause_pod(kstack, "hand")
+    pod["metadata"]["annotations"] = {PEERS_ANNOTATION: "0"}
+    pod["spec"]["containers"][0]["volumeMounts"].append({"name": "peers", "mountPath": "/peers"})
+    field = f"metadata.annotations['{PEERS_ANNOTATION}']"
+    pod["spec"]["volumes"].append(
+        {
+            "name": "peers",
+            "downwardAPI": {"items": [{"path": "peers", "fieldRef": {"fieldPath": field}}]},
+        }
+    )
+    call(kstack.kube.core.create_namespaced_pod, NS, pod)
+    _wait_running(kstack, "hand")
+    (pid,) = _node(kstack).pids()[f"{NS}/hand"]
+    seen = Path(f"/proc/{pid}/root/peers/peers")
+    latencies = []
+    for i in range(1, 6):
+        patch = {"metadata": {"annotations": {PEERS_ANNOTATION: str(i)}}}
+        sent = time.monotonic()
+        call(kstack.kube.core.patch_namespaced_pod, "hand", NS, patch, _content_type=MERGE)
+        while seen.read_text() != str(i):
+            assert time.monotonic() - sent < 30, f"file still says {seen.read_text()!r}"
+            time.sleep(0.005)
+        latencies.append(time.monotonic() - sent)
+    latencies.sort()
+    print(f"annotation patch -> downwardAPI file on the real kubelet: {latencies} s")
+    assert latencies[len(latencies) // 2] < 5.0, latencies
+    call(kstack.kube.core.delete_namespaced_pod, "hand", NS, grace_period_seconds=0)
+
+
 def test_tear_down_leaves_nothing_and_a_second_node_starts_clean(
     tmp_path: Path, kstack: LocalStack
 ) -> None:

@@ -1,0 +1,145 @@
+"""The builtin lifecycle on the real node: the chart's operator runs as a container under the
+pinned kubelet (in-cluster config through the `kubernetes` Service), three replicas of the demo
+model run as containers of the worker image pulled from the stack's registry: a storage source
+and two standby targets that pull P2P over the pod network, all Ready with identical outputs.
+Each worker lives in its own PID, IPC and network namespaces under its pod's memory cgroup.
+Needs root, `make node` and `make images`."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.e2e.test_kubelet_node import _require_node
+from tests.support.e2e import READY_TIMEOUT
+from weightlift.local.kube import call
+from weightlift.local.kubeletnode import KubeletNode
+from weightlift.local.observe import Observer, infer
+from weightlift.local.stack import LocalStack, make_demo_model, model_deployment
+
+JSON = dict[str, Any]
+NAME = "kube-life"
+
+
+def _require_images(stack_images: tuple[str, ...]) -> None:
+    import subprocess
+
+    absent = [
+        i
+        for i in stack_images
+        if subprocess.run(
+            ["buildah", "inspect", "--type", "image", i], capture_output=True
+        ).returncode
+    ]
+    if absent:
+        msg = f"images missing: {', '.join(absent)}; run `make images`"
+        if os.environ.get("WEIGHTLIFT_REQUIRE_NODE"):
+            pytest.fail(msg, pytrace=False)
+        pytest.skip(msg)
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, JSON]:
+    out = tmp_path_factory.mktemp("kmodel") / "model"
+    return out, make_demo_model(out, 8.0)
+
+
+@pytest.fixture(scope="module")
+def kstack(
+    tmp_path_factory: pytest.TempPathFactory, model: tuple[Path, JSON]
+) -> Iterator[LocalStack]:
+    _require_node()
+    stack = LocalStack(
+        tmp_path_factory.mktemp("klife") / "stack",
+        node_kind="kubelet",
+        node_name="kubelet-life",
+        gpus=4,
+        install="helm",
+        model_path_prefixes=(str(model[0].parent),),
+    )
+    _require_images(stack.node_images())
+    with stack:
+        yield stack
+    node = stack.node
+    assert isinstance(node, KubeletNode)
+    assert not node.leftovers()
+
+
+@pytest.fixture(scope="module")
+def ready(kstack: LocalStack, model: tuple[Path, JSON]) -> Observer:
+    model_dir, probe = model
+    kstack.apply(model_deployment(NAME, model_dir, replicas=3, probe=probe))
+    obs = Observer(kstack, NAME)
+    obs.wait_ready(READY_TIMEOUT)
+    return obs
+
+
+def test_operator_runs_as_a_container_in_cluster(kstack: LocalStack) -> None:
+    assert kstack.release is not None
+    pod = kstack.release.operator_pod()
+    assert pod is not None and pod["spec"]["nodeName"] == kstack.node_name
+    (pid, *_) = kstack.node.pids()[f"{kstack.release.namespace}/{pod['metadata']['name']}"]
+    env = dict(
+        item.split("=", 1)
+        for item in Path(f"/proc/{pid}/environ").read_text().split("\0")
+        if "=" in item
+    )
+    assert "KUBECONFIG" not in env
+    assert env["KUBERNETES_SERVICE_HOST"] == "10.96.0.1"  # the `kubernetes` Service
+    assert os.readlink(f"/proc/{pid}/ns/net") != os.readlink("/proc/1/ns/net")
+    # Its API requests went through the Service to the API server's address on the node link.
+    ep = call(kstack.kube.core.read_namespaced_endpoints, "kubernetes", "default")
+    node = kstack.node
+    assert isinstance(node, KubeletNode)
+    assert ep["subsets"][0]["addresses"][0]["ip"] == node.net.host_ip
+
+
+def test_source_and_p2p_targets_ready_with_identical_outputs(
+    ready: Observer, model: tuple[Path, JSON]
+) -> None:
+    _, probe = model
+    rows = ready.replica_statuses()
+    assert len(rows) == 3 and all(r["ready"] for r in rows), rows
+    sources = [r for r in rows if r["loadedFrom"] == "storage:hostpath"]
+    targets = [r for r in rows if str(r["loadedFrom"]).startswith("peer:")]
+    assert len(sources) == 1 and len(targets) == 2, rows
+    summary = {r["name"]: r for r in ready.summary()["replicas"]}
+    outputs = [
+        infer(summary[r["name"]]["endpoint"], NAME, probe["request"])["outputs"] for r in rows
+    ]
+    assert all(o == outputs[0] for o in outputs)
+    node_net = ready.stack.node.net  # type: ignore[attr-defined]
+    prefix = node_net.pod_cidr.rsplit(".", 1)[0] + "."
+    assert all(summary[r["name"]]["endpoint"].split("//")[1].startswith(prefix) for r in rows)
+
+
+def test_each_worker_has_its_own_namespaces_and_memory_cgroup(
+    ready: Observer, kstack: LocalStack
+) -> None:
+    node = kstack.node
+    assert isinstance(node, KubeletNode)
+    seen: dict[str, set[str]] = {"pid": set(), "ipc": set(), "net": set()}
+    for pod in kstack.pods(NAME):
+        key = f"{pod['metadata']['namespace']}/{pod['metadata']['name']}"
+        pids = node.pids()[key]
+        assert pids, key
+        pid = pids[0]
+        for ns in seen:
+            mine = os.readlink(f"/proc/{pid}/ns/{ns}")
+            assert mine != os.readlink(f"/proc/1/ns/{ns}"), (key, ns)
+            seen[ns].add(mine)
+        memory = next(
+            ln.split(":", 2)[2]
+            for ln in Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+            if ":memory:" in ln
+        )
+        assert f"/pod{pod['metadata']['uid']}/" in memory, memory
+        assert memory.startswith(f"{node.cgroup_root}/kubepods/"), memory
+        status = Path(f"/proc/{pid}/status").read_text()
+        assert "\nUid:\t1000\t" in status  # runAsUser, for real
+    for ns, values in seen.items():
+        assert len(values) == 3, (ns, values)  # one each, none shared
