@@ -90,7 +90,7 @@ def test_operator_runs_as_a_container_in_cluster(kstack: LocalStack) -> None:
     )
     assert "KUBECONFIG" not in env
     assert env["KUBERNETES_SERVICE_HOST"] == "10.96.0.1"  # the `kubernetes` Service
-    assert os.readlink(f"/proc/{pid}/ns/net") != os.readlink("/proc/1/ns/net")
+    assert os.readlink(f"/proc/{pid}/ns/net") != os.readlink("/proc/self/ns/net")
     # Its API requests went through the Service to the API server's address on the node link.
     ep = call(kstack.kube.core.read_namespaced_endpoints, "kubernetes", "default")
     node = kstack.node
@@ -130,7 +130,7 @@ def test_each_worker_has_its_own_namespaces_and_memory_cgroup(
         pid = pids[0]
         for ns in seen:
             mine = os.readlink(f"/proc/{pid}/ns/{ns}")
-            assert mine != os.readlink(f"/proc/1/ns/{ns}"), (key, ns)
+            assert mine != os.readlink(f"/proc/self/ns/{ns}"), (key, ns)
             seen[ns].add(mine)
         memory = next(
             ln.split(":", 2)[2]

@@ -20,6 +20,7 @@ from weightlift.local.kubeletnode.paths import CNI_BIN_DIR
 # mirror, as an air-gapped cluster has): the chart's and the CRD's default images live there.
 MIRRORED = ("ghcr.io",)
 REGISTRY_PORT = 5000
+DEVICE_PLUGINS = Path("/var/lib/kubelet/device-plugins")
 
 
 @dataclass(frozen=True)
@@ -62,7 +63,8 @@ class Layout:
 
     @property
     def device_plugins(self) -> Path:
-        return self.kubelet_root / "device-plugins"
+        """Fixed by the kubelet (pluginapi.DevicePluginPath), whatever its --root-dir."""
+        return DEVICE_PLUGINS
 
     @property
     def etc(self) -> Path:

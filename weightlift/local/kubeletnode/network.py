@@ -31,7 +31,11 @@ from weightlift.local.kubeletnode.paths import NodeError
 
 RUN_DIR = Path("/run/weightlift")
 NETNS_DIR = Path("/run/netns")
-SLOTS = 64
+# One real node per machine: the kubelet's device-plugin socket is a fixed host path
+# (/var/lib/kubelet/device-plugins/kubelet.sock, pluginapi.KubeletSocket, not under --root-dir),
+# and a second kubelet would remove the first's plugin sockets. The slot machinery stays: it
+# finds and clears what a crashed run left.
+SLOTS = 1
 LINK_BASE = ipaddress.ip_network("10.250.0.0/16")
 POD_BASE = ipaddress.ip_network("10.251.0.0/16")
 BRIDGE = "wlbr0"
@@ -194,7 +198,11 @@ def allocate(
                 net.down()
                 raise
             return net
-    raise NodeError(f"no free node network slot of {SLOTS} (see {RUN_DIR})")
+    pid, state = owner(NodeNetwork(0))
+    raise NodeError(
+        f"another real node runs on this machine (process {pid}, state {state}); one at a time: "
+        "the kubelet's device-plugin socket is a fixed host path"
+    )
 
 
 def set_owner(net: NodeNetwork, pid: int, state_dir: Path) -> None:

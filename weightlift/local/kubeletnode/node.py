@@ -87,6 +87,9 @@ class KubeletNode:
         for d in (lay.etc, lay.logs, lay.cni_conf, lay.cni_ipam, lay.kubelet_root, lay.pod_logs):
             d.mkdir(parents=True, exist_ok=True)
         self._save({"slot": self.net.slot, "name": self.name, "cgroupRoot": self.cgroup_root})
+        # What the kubelet makes outside its --root-dir (tear-down removes what was not there).
+        made = [str(p) for p in teardown.missing_parents(lay.device_plugins)]
+        (self.state_dir / "made-dirs.json").write_text(json.dumps(made))
         (self.state_dir / "sysctls.json").write_text(json.dumps(teardown.read_sysctls()))
         self.kube = Kube(self.info.kubeconfig, "kubelet-node")
         self._write_files()
@@ -360,12 +363,12 @@ class KubeletNode:
             proc = self._procs.pop(name, None)
             if proc is not None:
                 stop_group(proc, grace=10.0)
-        clear(self.net, self.state_dir, self.cgroup_root)
-        if self.kube is not None:
+        if self.kube is not None:  # while the API server is reachable on the node's link
             with contextlib.suppress(*KUBE_ERRORS):
                 delete(self.kube.core.delete_node, self.name)
             self.kube.close()
             self.kube = None
+        clear(self.net, self.state_dir, self.cgroup_root)
 
     def leftovers(self) -> list[str]:
         return leftovers(self.net, self.state_dir, self.cgroup_root)
@@ -379,6 +382,7 @@ def clear(net: NodeNetwork, state_dir: Path, cgroup_root: str) -> None:
     teardown.unmount_all([state_dir])
     teardown.remove_cgroups(cgroup_root)
     teardown.restore_sysctls(state_dir / "sysctls.json")
+    teardown.clear_device_plugins(config.DEVICE_PLUGINS, state_dir / "made-dirs.json")
     for path in teardown.host_files(state_dir, config.cni_network(net)):
         with contextlib.suppress(OSError):
             path.unlink()
@@ -393,6 +397,7 @@ def leftovers(net: NodeNetwork, state_dir: Path, cgroup_root: str) -> list[str]:
     out += [f"mount {m}" for m in teardown.mounts_under([state_dir])]
     out += [f"cgroup {d}" for d in cgroups if d.exists()]
     out += [f"file {p}" for p in teardown.host_files(state_dir, config.cni_network(net))]
+    out += [f"dir {p}" for p in teardown.made_dirs(state_dir / "made-dirs.json") if p.exists()]
     return out + net.leftovers()
 
 
@@ -400,7 +405,7 @@ def _markers(state_dir: Path) -> list[str]:
     """What only this node's processes have in their command lines: the shims name
     containerd's socket; the registry and the device plugin name the node's dirs."""
     lay = config.Layout(state_dir)
-    return [str(lay.containerd_socket), str(lay.etc) + "/", str(lay.device_plugins)]
+    return [str(lay.containerd_socket), str(lay.etc) + "/", f"--dir={lay.device_plugins}"]
 
 
 def reclaim(net: NodeNetwork, state_dir: Path | None) -> None:

@@ -170,3 +170,32 @@ def host_files(state_dir: Path, network: str) -> list[Path]:
                     out.append(link)
     out += list((CNI_CACHE / "results").glob(f"{network}-*"))
     return out
+
+
+def missing_parents(path: Path) -> list[Path]:
+    """`path` and those of its parents that do not exist yet, deepest first."""
+    out = []
+    while not path.exists():
+        out.append(path)
+        path = path.parent
+    return out
+
+
+def made_dirs(record: Path) -> list[Path]:
+    try:
+        return [Path(p) for p in json.loads(record.read_text())]
+    except (OSError, ValueError):
+        return []
+
+
+def clear_device_plugins(plugins: Path, record: Path) -> None:
+    """The kubelet's and our plugin's sockets and the device manager's checkpoint, then the
+    dirs the node created (deepest first, only when empty)."""
+    if plugins.is_dir():
+        for entry in plugins.iterdir():
+            if entry.name in ("kubelet.sock", "weightlift-gpu.sock", "kubelet_internal_checkpoint"):
+                with contextlib.suppress(OSError):
+                    entry.unlink()
+    for d in made_dirs(record):
+        with contextlib.suppress(OSError):
+            d.rmdir()
