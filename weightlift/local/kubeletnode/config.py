@@ -25,9 +25,11 @@ DEVICE_PLUGINS = Path("/var/lib/kubelet/device-plugins")
 
 @dataclass(frozen=True)
 class Layout:
-    """Every directory and socket of one node, under its state dir."""
+    """Every directory and socket of one node: under its state dir, but containerd's state
+    (its sockets: a unix socket path has at most 107 bytes) under `run`."""
 
     root: Path
+    run: Path
 
     @property
     def containerd_root(self) -> Path:
@@ -35,7 +37,7 @@ class Layout:
 
     @property
     def containerd_state(self) -> Path:
-        return self.root / "containerd" / "state"
+        return self.run / "containerd"
 
     @property
     def containerd_socket(self) -> Path:
@@ -77,7 +79,11 @@ class Layout:
     def mount_roots(self) -> list[Path]:
         """Where the node's mounts live (overlay rootfs, netns, tmpfs volumes, the kubelet's
         bind of its root dir): nothing may stay mounted under these after tear-down."""
-        return [self.root]
+        return [self.root, self.run]
+
+
+def layout(state_dir: Path, net: NodeNetwork) -> Layout:
+    return Layout(state_dir, net.run_dir)
 
 
 def registry_address(net: NodeNetwork) -> str:

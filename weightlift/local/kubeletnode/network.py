@@ -104,6 +104,11 @@ class NodeNetwork:
         return str(ipaddress.IPv4Network(self.pod_cidr).network_address + 1)
 
     @property
+    def run_dir(self) -> Path:
+        """Short paths for the node's sockets (containerd's state)."""
+        return RUN_DIR / f"node-{self.slot}"
+
+    @property
     def owner_file(self) -> Path:
         return RUN_DIR / f"node-{self.slot}.owner"
 

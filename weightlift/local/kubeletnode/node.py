@@ -17,6 +17,7 @@ import contextlib
 import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -67,7 +68,7 @@ class KubeletNode:
         self.net = net
         self.name = name
         self.state_dir = Path(state_dir).resolve()
-        self.layout = config.Layout(self.state_dir)
+        self.layout = config.layout(self.state_dir, net)
         self.gpus = gpus
         self.images = tuple(images)
         self.labels = {LOCAL_NODE_LABEL: "true", **(labels or {})}
@@ -88,7 +89,15 @@ class KubeletNode:
             d.mkdir(parents=True, exist_ok=True)
         self._save({"slot": self.net.slot, "name": self.name, "cgroupRoot": self.cgroup_root})
         # What the kubelet makes outside its --root-dir (tear-down removes what was not there).
-        made = [str(p) for p in teardown.missing_parents(lay.device_plugins)]
+        made = [
+            str(p)
+            for d in (
+                lay.device_plugins,
+                teardown.CNI_CACHE / "results",
+                teardown.CONTAINER_LOG_LINKS,
+            )
+            for p in teardown.missing_parents(d)
+        ]
         (self.state_dir / "made-dirs.json").write_text(json.dumps(made))
         (self.state_dir / "sysctls.json").write_text(json.dumps(teardown.read_sysctls()))
         self.kube = Kube(self.info.kubeconfig, "kubelet-node")
@@ -378,33 +387,37 @@ def clear(net: NodeNetwork, state_dir: Path, cgroup_root: str) -> None:
     """What any node of this slot and state dir left: processes, mounts, cgroups, sysctls,
     host files, then the network namespace. Also a crashed run's (network.allocate)."""
     cgroups = teardown.cgroup_dirs(cgroup_root)
-    teardown.kill_all(teardown.processes_in(net.netns_path, cgroups, _markers(state_dir)))
-    teardown.unmount_all([state_dir])
+    teardown.kill_all(teardown.processes_in(net.netns_path, cgroups, _markers(net, state_dir)))
+    teardown.unmount_all(config.layout(state_dir, net).mount_roots())
+    shutil.rmtree(net.run_dir, ignore_errors=True)
     teardown.remove_cgroups(cgroup_root)
     teardown.restore_sysctls(state_dir / "sysctls.json")
-    teardown.clear_device_plugins(config.DEVICE_PLUGINS, state_dir / "made-dirs.json")
     for path in teardown.host_files(state_dir, config.cni_network(net)):
         with contextlib.suppress(OSError):
             path.unlink()
+    teardown.clear_device_plugins(config.DEVICE_PLUGINS, state_dir / "made-dirs.json")
     net.down()
 
 
 def leftovers(net: NodeNetwork, state_dir: Path, cgroup_root: str) -> list[str]:
     """What of a node is still on the machine (a clean tear-down leaves nothing)."""
     cgroups = teardown.cgroup_dirs(cgroup_root)
-    pids = teardown.processes_in(net.netns_path, cgroups, _markers(state_dir))
+    pids = teardown.processes_in(net.netns_path, cgroups, _markers(net, state_dir))
     out = [f"process {p}" for p in sorted(pids)]
-    out += [f"mount {m}" for m in teardown.mounts_under([state_dir])]
+    out += [
+        f"mount {m}" for m in teardown.mounts_under(config.layout(state_dir, net).mount_roots())
+    ]
+    out += [f"dir {net.run_dir}"] if net.run_dir.exists() else []
     out += [f"cgroup {d}" for d in cgroups if d.exists()]
     out += [f"file {p}" for p in teardown.host_files(state_dir, config.cni_network(net))]
     out += [f"dir {p}" for p in teardown.made_dirs(state_dir / "made-dirs.json") if p.exists()]
     return out + net.leftovers()
 
 
-def _markers(state_dir: Path) -> list[str]:
+def _markers(net: NodeNetwork, state_dir: Path) -> list[str]:
     """What only this node's processes have in their command lines: the shims name
     containerd's socket; the registry and the device plugin name the node's dirs."""
-    lay = config.Layout(state_dir)
+    lay = config.layout(state_dir, net)
     return [str(lay.containerd_socket), str(lay.etc) + "/", f"--dir={lay.device_plugins}"]
 
 

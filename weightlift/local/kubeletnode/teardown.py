@@ -196,6 +196,6 @@ def clear_device_plugins(plugins: Path, record: Path) -> None:
             if entry.name in ("kubelet.sock", "weightlift-gpu.sock", "kubelet_internal_checkpoint"):
                 with contextlib.suppress(OSError):
                     entry.unlink()
-    for d in made_dirs(record):
+    for d in sorted(made_dirs(record), key=lambda p: -len(p.parts)):
         with contextlib.suppress(OSError):
             d.rmdir()
