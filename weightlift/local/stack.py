@@ -295,8 +295,9 @@ class LocalStack(UpDown):
 
         if self.install != "helm":
             return (DEFAULT_WORKER_IMAGE,)
-        chart = yaml.safe_load((CHART / "values.yaml").read_text())["image"]
-        operator = self.operator_image or f"{chart['repository']}:{chart['tag']}"
+        image = yaml.safe_load((CHART / "values.yaml").read_text())["image"]
+        app = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
+        operator = self.operator_image or f"{image['repository']}:{image['tag'] or app}"
         return (DEFAULT_WORKER_IMAGE, operator)
 
     def _start_node(self, info: Any) -> None:
