@@ -17,7 +17,7 @@ TRITON_ENV := $(WL_CACHE)/triton-$(TRITON_VERSION)
 # cluster.py (tests, demo) finds the control plane and kubectl/helm here.
 export WL_CACHE
 
-.PHONY: venv tools controlplane node minio vllm-env triton-env images registry test test-images unit lint crd demo clean
+.PHONY: venv tools controlplane node node-images minio vllm-env triton-env images registry test test-images unit lint crd demo clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -73,9 +73,15 @@ lint: venv
 unit: venv
 	$(PY) -m pytest tests/unit -q
 
-test: controlplane minio vllm-env triton-env
-	# integration, vLLM and Triton tests fail (not skip) when the control plane or an engine is missing
+# The images the real node's e2e tests run (tests/e2e/test_kubelet_*.py): buildah's layer cache
+# keeps an unchanged rebuild at seconds.
+node-images:
+	hack/build-images.sh operator worker
+
+test: controlplane minio vllm-env triton-env node node-images
+	# integration, vLLM, Triton and real-node tests fail (not skip) when a piece is missing
 	WEIGHTLIFT_REQUIRE_CLUSTER=1 WEIGHTLIFT_REQUIRE_VLLM=1 WEIGHTLIFT_REQUIRE_TRITON=1 \
+	WEIGHTLIFT_REQUIRE_NODE=1 \
 	WEIGHTLIFT_TRITON_HOME=$(TRITON_ENV) \
 	WEIGHTLIFT_VLLM_PYTHON=$(VLLM_ENV)/bin/python $(PY) -m pytest -q
 

@@ -32,7 +32,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if Path(str(item.fspath)).resolve().is_relative_to(HERE):
             item.add_marker(pytest.mark.e2e)
-            item.add_marker(pytest.mark.timeout(600))
+            if item.get_closest_marker("timeout") is None:  # a module may ask for more
+                item.add_marker(pytest.mark.timeout(600))
 
 
 def _require_binaries() -> None:

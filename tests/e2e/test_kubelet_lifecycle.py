@@ -23,6 +23,9 @@ from weightlift.local.stack import LocalStack, make_demo_model, model_deployment
 
 JSON = dict[str, Any]
 NAME = "kube-life"
+# The first test pays for the stack: a cold registry cache compresses and pushes the worker
+# image (6.3 GB, torch with its CUDA wheels), and containerd pulls and unpacks it.
+pytestmark = pytest.mark.timeout(1800)
 
 
 def _require_images(stack_images: tuple[str, ...]) -> None:
