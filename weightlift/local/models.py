@@ -165,6 +165,9 @@ def make_demo(
                 )
             path = out / name
             save_file(tensors, str(path), metadata={"weightlift": "demo", "rank": str(r)})
+            # safetensors writes 0600 (a temp file renamed); a real node's worker runs as uid
+            # 1000 and reads the hostPath model as it is: make it world-readable like the rest.
+            path.chmod(0o644)
             files.append(path)
             total += sum(t.numel() * t.element_size() for t in tensors.values())
     torch.export.save(export_block(d, fl), str(out / PROGRAM_FILE))
