@@ -161,6 +161,10 @@ class KubeletNode:
 
     def _start_registry(self) -> None:
         data = self.cache / "registry-data"
+        # Uploads an interrupted push left (its own purger waits days): one node per machine,
+        # so none is in flight now.
+        for uploads in data.glob("docker/registry/v2/repositories/**/_uploads"):
+            shutil.rmtree(uploads, ignore_errors=True)
         doc = {
             "version": 0.1,
             "storage": {
