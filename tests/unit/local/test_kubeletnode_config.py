@@ -30,7 +30,7 @@ def test_slots_get_disjoint_private_networks() -> None:
 
 def test_pods_get_no_masquerade_and_no_default_route(tmp_path: Path) -> None:
     net = NodeNetwork(3)
-    doc = config.cni_conflist(config.Layout(tmp_path), net)
+    doc = config.cni_conflist(config.Layout(tmp_path, tmp_path / "run"), net)
     bridge = doc["plugins"][0]
     assert bridge["type"] == "bridge" and bridge["isGateway"] is True
     assert bridge["ipMasq"] is False
@@ -41,7 +41,7 @@ def test_pods_get_no_masquerade_and_no_default_route(tmp_path: Path) -> None:
 
 
 def test_containerd_config_for_this_machine_kind(tmp_path: Path) -> None:
-    lay, net = config.Layout(tmp_path), NodeNetwork(1)
+    lay, net = config.Layout(tmp_path, tmp_path / "run"), NodeNetwork(1)
     doc = tomllib.loads(config.containerd_toml(lay, net))
     cri = doc["plugins"]["io.containerd.grpc.v1.cri"]
     assert cri["restrict_oom_score_adj"] is True  # root here lacks CAP_SYS_RESOURCE
@@ -66,7 +66,7 @@ def test_registry_hosts_never_name_an_upstream() -> None:
 
 
 def test_kubelet_config(tmp_path: Path) -> None:
-    lay, net = config.Layout(tmp_path), NodeNetwork(0)
+    lay, net = config.Layout(tmp_path, tmp_path / "run"), NodeNetwork(0)
     doc = yaml.safe_load(config.kubelet_config(lay, net, tmp_path / "ca.crt", "/wl-0"))
     assert doc["failCgroupV1"] is False and doc["cgroupDriver"] == "cgroupfs"
     assert doc["cgroupRoot"] == "/wl-0" and doc["failSwapOn"] is False
