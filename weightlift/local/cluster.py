@@ -870,7 +870,8 @@ def up_command(
             ControlPlane(state_dir).down()
         raise click.ClickException(str(exc)) from exc
     click.echo(f"control plane up in {time.monotonic() - started:.1f}s: {info.server}")
-    click.echo(f"nodes: {', '.join(info.nodes)} ({gpus_per_node} x nvidia.com/gpu each)")
+    if info.nodes:
+        click.echo(f"nodes: {', '.join(info.nodes)} ({gpus_per_node} x nvidia.com/gpu each)")
     if net is not None:
         click.echo(f"real node node-0: node IP {net.node_ip}, pods {net.pod_cidr}")
     click.echo(f"logs: {info.state_dir / 'logs'}")
