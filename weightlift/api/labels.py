@@ -18,6 +18,9 @@ PLAN_LABEL = "weightlift.dev/plan"
 # On a ModelDeployment while its status.sources publishes Ready sources: the model identity they
 # hold. Lets a reconcile find published sources of one identity with a label-selected LIST.
 SOURCES_OF_LABEL = "weightlift.dev/sources-of"
+# On the operator's leader-election Lease: when its holder finished its first reconcile pass
+# (MicroTime); cleared when the Lease changes hands. Tells how long a takeover took.
+FIRST_RECONCILE_ANNOTATION = "weightlift.dev/first-reconcile-time"
 
 MANAGED_BY = {"app.kubernetes.io/managed-by": "weightlift"}
 WORKER_LABELS = {"app.kubernetes.io/name": "weightlift-worker", **MANAGED_BY}

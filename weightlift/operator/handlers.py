@@ -17,7 +17,7 @@ import kopf
 
 from weightlift.api.labels import DEPLOYMENT_LABEL, MANAGED_BY
 from weightlift.api.model import GROUP, KIND, PLURAL, VERSION
-from weightlift.operator import apicalls, kube, metrics, watchtrim
+from weightlift.operator import apicalls, kube, leader, metrics, watchtrim
 from weightlift.operator.diffbase import NoDiffBaseStorage
 from weightlift.operator.reconcile import pod_essentials, reconcile
 from weightlift.operator.state import OperatorState
@@ -145,6 +145,7 @@ async def reconcile_loop(
                 delay = await reconcile(state, body, pods, sources_of, logger)
             state.metrics.reconciled(time.perf_counter() - started, ok=True)
             state.deployment(uid).error = None
+            leader.reconciled()  # the Lease records a new leader's first pass
         except Exception as exc:  # never let one object take the operator down
             if started is not None:
                 state.metrics.reconciled(time.perf_counter() - started, ok=False)

@@ -2,19 +2,28 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+from typing import TYPE_CHECKING
 
 import click
 
 from weightlift.api.worker import COMPILE_CACHE_MAX_BYTES_ENV
 from weightlift.operator.malloc import tune_malloc
 from weightlift.operator.settings import (
+    DEFAULT_LEASE_NAME,
     MODEL_PATH_PREFIXES_ENV,
     PROBE_NETWORKS_ENV,
+    LeaderElection,
+    default_identity,
+    default_lease_namespace,
     parse_networks,
     parse_path_prefixes,
 )
+
+if TYPE_CHECKING:
+    from weightlift.operator.leader import Elector
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 # kopf namespace patterns: a name with one of these is a glob (or a negation), found by scanning.
@@ -59,6 +68,38 @@ GLOB_CHARS = set("*?[!")
     help="The most bytes of engine compile cache a target fetches from its source (passed to "
     f"worker pods as {COMPILE_CACHE_MAX_BYTES_ENV}); bigger caches are compiled instead.",
 )
+@click.option(
+    "--leader-elect/--no-leader-elect",
+    default=False,
+    envvar="WEIGHTLIFT_LEADER_ELECT",
+    show_default=True,
+    help="Reconcile only while holding a coordination.k8s.io Lease (run several replicas: one "
+    "acts, the others wait in standby).",
+)
+@click.option("--lease-name", default=DEFAULT_LEASE_NAME, show_default=True, help="The Lease.")
+@click.option("--lease-namespace", default=None, help="The Lease's namespace [$POD_NAMESPACE].")
+@click.option("--lease-identity", default=None, help="This candidate's holderIdentity [$POD_NAME].")
+@click.option(
+    "--lease-duration",
+    type=click.FloatRange(min=1),
+    default=LeaderElection.lease_duration,
+    show_default=True,
+    help="Seconds a standby waits after the last renewal it saw before it takes the Lease.",
+)
+@click.option(
+    "--renew-deadline",
+    type=click.FloatRange(min=0, min_open=True),
+    default=LeaderElection.renew_deadline,
+    show_default=True,
+    help="Seconds the leader keeps trying to renew before it exits (< --lease-duration).",
+)
+@click.option(
+    "--retry-period",
+    type=click.FloatRange(min=0, min_open=True),
+    default=LeaderElection.retry_period,
+    show_default=True,
+    help="Seconds between tries to take or renew the Lease.",
+)
 @click.option("--verbose", "-v", is_flag=True, help="Debug logging (--log-level debug).")
 def operator_command(
     namespaces: tuple[str, ...],
@@ -69,6 +110,13 @@ def operator_command(
     path_prefixes: tuple[str, ...],
     log_level: str,
     compile_cache_max_bytes: int | None,
+    leader_elect: bool,
+    lease_name: str,
+    lease_namespace: str | None,
+    lease_identity: str | None,
+    lease_duration: float,
+    renew_deadline: float,
+    retry_period: float,
     verbose: bool,
 ) -> None:
     """Run the weightlift operator against the current kubeconfig (or in-cluster config)."""
@@ -94,6 +142,19 @@ def operator_command(
         raise click.BadParameter(str(exc), param_hint="--model-path-prefix") from exc
     if compile_cache_max_bytes is not None:
         os.environ[COMPILE_CACHE_MAX_BYTES_ENV] = str(compile_cache_max_bytes)
+    election: LeaderElection | None = None
+    if leader_elect:
+        try:
+            election = LeaderElection(
+                lease_name=lease_name,
+                namespace=lease_namespace or default_lease_namespace(),
+                identity=lease_identity or default_identity(),
+                lease_duration=lease_duration,
+                renew_deadline=renew_deadline,
+                retry_period=retry_period,
+            )
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--renew-deadline") from exc
     level = logging.DEBUG if verbose else getattr(logging, log_level.upper())
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # Before kopf starts its threads: the arena limit holds only for arenas not made yet.
@@ -107,12 +168,35 @@ def operator_command(
     settings.scanning.disabled = not all_namespaces and not any(
         set(ns) & GLOB_CHARS for ns in namespaces
     )
-    kopf.run(
-        settings=settings,
-        standalone=True,
-        clusterwide=all_namespaces,
-        namespaces=() if all_namespaces else namespaces,
-        liveness_endpoint=f"http://{liveness_host}:{liveness_port}/healthz"
-        if liveness_port
-        else None,
-    )
+    elector = _lead(election, liveness_host, liveness_port) if election else None
+    try:
+        kopf.run(
+            settings=settings,
+            standalone=True,
+            clusterwide=all_namespaces,
+            namespaces=() if all_namespaces else namespaces,
+            liveness_endpoint=f"http://{liveness_host}:{liveness_port}/healthz"
+            if liveness_port
+            else None,
+        )
+    finally:
+        # kopf has stopped (asyncio.run waited for its API threads): hand the Lease on.
+        if elector is not None:
+            elector.release()
+
+
+def _lead(election: LeaderElection, host: str, port: int | None) -> Elector:
+    """Wait in standby (answering liveness probes) until this replica holds the Lease, then keep
+    renewing it in a thread: kopf starts only after this returns."""
+    from kubernetes import client
+
+    from weightlift.operator.kube import load_config
+    from weightlift.operator.leader import Elector
+    from weightlift.operator.lease_health import serve_standby_health
+
+    elector = Elector(election, client.CoordinationV1Api(load_config()))
+    health = serve_standby_health(host, port, elector.alive) if port else contextlib.nullcontext()
+    with health:
+        elector.acquire()
+    elector.start_renewing()
+    return elector

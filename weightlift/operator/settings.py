@@ -9,6 +9,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import posixpath
+import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -19,6 +20,10 @@ PROBE_NETWORKS_ENV = "WEIGHTLIFT_PROBE_NETWORKS"
 # /metrics (Prometheus) on this port and address; no port: not served.
 METRICS_PORT_ENV = "WEIGHTLIFT_METRICS_PORT"
 METRICS_HOST_ENV = "WEIGHTLIFT_METRICS_HOST"
+# Leader election (the chart sets the pod's name and namespace from the downward API).
+POD_NAME_ENV = "POD_NAME"
+POD_NAMESPACE_ENV = "POD_NAMESPACE"
+DEFAULT_LEASE_NAME = "weightlift-operator"
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
@@ -112,3 +117,46 @@ class Settings:
         except ValueError:
             return False
         return any(address in net for net in self.probe_networks)
+
+
+@dataclass(frozen=True)
+class LeaderElection:
+    """One active operator among replicas, through a coordination.k8s.io Lease (leader.py).
+
+    client-go's semantics and controller-runtime's defaults: a standby takes the Lease once its
+    holder has not renewed it for `lease_duration` seconds (by the standby's own clock, from
+    when it first saw the record unchanged); the holder gives up (the process exits) when it
+    could not renew for `renew_deadline`; everyone retries every `retry_period`. A holder that
+    dies is replaced after at most lease_duration + retry_period (17 s with these defaults).
+    """
+
+    lease_name: str = DEFAULT_LEASE_NAME
+    namespace: str = "default"
+    # Unique among candidates: the pod's name in a cluster; host and pid for local processes.
+    identity: str = ""
+    lease_duration: float = 15.0
+    renew_deadline: float = 10.0
+    retry_period: float = 2.0
+
+    def __post_init__(self) -> None:
+        if not self.identity:
+            object.__setattr__(self, "identity", default_identity())
+        # client-go's checks: the holder must give up before anyone may take over, and try
+        # more than once before it does.
+        if not 0 < self.retry_period * 1.2 < self.renew_deadline < self.lease_duration:
+            raise ValueError(
+                "leader election: need 0 < 1.2 x retry period < renew deadline < lease "
+                f"duration, got {self.retry_period}, {self.renew_deadline}, {self.lease_duration}"
+            )
+
+
+def default_identity(environ: Mapping[str, str] | None = None) -> str:
+    """$POD_NAME (the chart's downward API), else host_pid: two local operators differ."""
+    env = os.environ if environ is None else environ
+    return env.get(POD_NAME_ENV) or f"{socket.gethostname()}_{os.getpid()}"
+
+
+def default_lease_namespace(environ: Mapping[str, str] | None = None) -> str:
+    """$POD_NAMESPACE (the operator's own namespace in a cluster), else default."""
+    env = os.environ if environ is None else environ
+    return env.get(POD_NAMESPACE_ENV) or "default"

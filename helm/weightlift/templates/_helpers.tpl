@@ -19,3 +19,7 @@ helm.sh/chart: {{ .Chart.Name }}-{{ .Chart.Version }}
 {{- toJson (list .Release.Namespace) -}}
 {{- end -}}
 {{- end -}}
+
+{{- define "weightlift.leaseName" -}}
+{{- .Values.leaderElection.leaseName | default (include "weightlift.fullname" .) -}}
+{{- end -}}

@@ -61,10 +61,15 @@ def test_template_renders_crd_deployment_serviceaccounts_and_rbac(helm: Path) ->
     assert crd == build_crd(), "helm/weightlift/crds is stale: run `make crd`"
 
 
-def test_operator_deployment_is_single_recreate_nonroot(helm: Path) -> None:
+def test_operator_deployment_is_two_replicas_rolling_nonroot(helm: Path) -> None:
     (deployment,) = by_kind(template(helm), "Deployment")
     spec = deployment["spec"]
-    assert spec["replicas"] == 1 and spec["strategy"]["type"] == "Recreate"
+    # Two replicas, one active through the Lease; a rollout starts the new (standby) pod first.
+    assert spec["replicas"] == 2
+    assert spec["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+    }
     pod = spec["template"]["spec"]
     assert pod["securityContext"]["runAsNonRoot"] is True
     container = pod["containers"][0]
@@ -74,6 +79,56 @@ def test_operator_deployment_is_single_recreate_nonroot(helm: Path) -> None:
     assert "--all-namespaces" in container["args"]
     # The compile-cache bound (1 GiB by default) goes to the operator, which hands it to workers.
     assert "--compile-cache-max-bytes=1073741824" in container["args"]
+
+
+def test_operator_elects_a_leader_through_its_lease(helm: Path) -> None:
+    docs = template(helm)
+    (container,) = by_kind(docs, "Deployment")[0]["spec"]["template"]["spec"]["containers"]
+    args = container["args"]
+    assert "--leader-elect" in args and "--lease-name=wl-operator" in args
+    assert "--lease-identity=$(POD_NAME)" in args and "--lease-namespace=$(POD_NAMESPACE)" in args
+    assert {"--lease-duration=15", "--renew-deadline=10", "--retry-period=2"} <= set(args)
+    pod_name = {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}
+    assert pod_name in container["env"]
+    # Least privilege: get/update on the one Lease by name, create (not nameable) in the
+    # release namespace only; nothing else on leases, nowhere else.
+    (role,) = [r for r in by_kind(docs, "Role") if r["metadata"]["name"] == "wl-operator-lease"]
+    assert role["metadata"]["namespace"] == "weightlift"
+    assert sorted(role["rules"], key=lambda r: r["verbs"]) == [
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+        {
+            "apiGroups": ["coordination.k8s.io"],
+            "resources": ["leases"],
+            "resourceNames": ["wl-operator"],
+            "verbs": ["get", "update"],
+        },
+    ]
+    (binding,) = [
+        b for b in by_kind(docs, "RoleBinding") if b["roleRef"]["name"] == role["metadata"]["name"]
+    ]
+    assert binding["subjects"][0]["name"] == "wl-operator"
+    others = [r for r in by_kind(docs, "ClusterRole") + by_kind(docs, "Role") if r is not role]
+    assert not [r for r in others for rule in r["rules"] if "leases" in rule["resources"]]
+    (pdb,) = by_kind(docs, "PodDisruptionBudget")
+    assert pdb["spec"]["maxUnavailable"] == 1
+
+
+def test_one_replica_needs_no_lease_but_two_do(helm: Path) -> None:
+    docs = template(helm, "--set", "replicas=1", "--set", "leaderElection.enabled=false")
+    args = by_kind(docs, "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--leader-elect" not in args
+    assert not [r for r in by_kind(docs, "Role") if r["metadata"]["name"].endswith("-lease")]
+    assert by_kind(docs, "PodDisruptionBudget") == []
+    for bad, what in (
+        (["replicas=2", "leaderElection.enabled=false"], "leaderElection"),
+        (["leaderElection.renewDeadlineSeconds=15"], "renewDeadlineSeconds"),
+        (["replicas=-1"], "replicas"),
+    ):
+        sets = [a for value in bad for a in ("--set", value)]
+        result = subprocess.run(
+            [str(helm), "template", "wl", str(CHART), *sets], capture_output=True, text=True
+        )
+        assert result.returncode != 0 and what in result.stderr, (bad, result.stderr)
 
 
 def test_compile_cache_bound_is_a_chart_value(helm: Path) -> None:
@@ -143,7 +198,7 @@ def test_watch_namespaces_bind_per_namespace(helm: Path) -> None:
 
 def test_worker_role_only_reads_modeldeployments(helm: Path) -> None:
     docs = template(helm, "--set", "watchNamespaces={models}")
-    (role,) = by_kind(docs, "Role")
+    (role,) = [r for r in by_kind(docs, "Role") if not r["metadata"]["name"].endswith("-lease")]
     assert role["metadata"]["namespace"] == "models"
     assert rules(role) == {("weightlift.dev", "modeldeployments"): {"get", "watch"}}
     accounts = {
@@ -157,7 +212,8 @@ def test_worker_role_only_reads_modeldeployments(helm: Path) -> None:
     [
         ("livenessPort=80", "/livenessPort"),
         ("replicas=-1", "/replicas"),
-        ("replicas=2", "/replicas"),
+        ("replicas=1.5", "/replicas"),
+        ("leaderElection.leaseDurationSeconds=1", "/leaderElection/leaseDurationSeconds"),
         ("logLevel=loud", "/logLevel"),
         ("image.repository=", "/image/repository"),
         ("image.tag=not a tag", "/image/tag"),
