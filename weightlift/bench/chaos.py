@@ -32,6 +32,7 @@ import httpx
 
 from weightlift.api.labels import DEPLOYMENT_LABEL
 from weightlift.api.model import GROUP, PLURAL, VERSION
+from weightlift.bench import chaos_failover as failover
 from weightlift.bench import chaos_standby as standby
 from weightlift.local.kube import KUBE_ERRORS, Kube, call, describe, get_or_none
 from weightlift.local.models import build_hook_library
@@ -577,6 +578,13 @@ SCENARIOS: tuple[Scenario, ...] = (
         standby.foreign_peer,
         replicas=2,
         verify=standby.verify_foreign_peer,
+    ),
+    # Two operators with leader election; the active one dies mid-rollout: the takeover time.
+    Scenario(
+        "leader-sigkill-standby-takes-over",
+        failover.leader_killed,
+        replicas=3,
+        verify=failover.verify_leader_killed,
     ),
 )
 

@@ -35,7 +35,7 @@ from weightlift.local.nodekind import NodeKind, NodeKindName
 from weightlift.local.processnode import LOCAL_NODE_LABEL, ProcessNode
 from weightlift.local.procs import UpDown, child_options, stop_group
 from weightlift.local.release import HelmRelease
-from weightlift.operator.settings import METRICS_HOST_ENV, METRICS_PORT_ENV
+from weightlift.operator.settings import METRICS_HOST_ENV, METRICS_PORT_ENV, LeaderElection
 
 log = logging.getLogger("weightlift.demo")
 
@@ -142,6 +142,10 @@ class LocalStack(UpDown):
     kubeconfig: Path = field(init=False)
     _cluster: Any = field(init=False, default=None)
     _operator: subprocess.Popen[bytes] | None = field(init=False, default=None)
+    # Operators with leader election (`use_leader_election`): identity -> process. While they
+    # run, `_operator` does not: one reconciles, the others stand by, as the chart's replicas.
+    _elected: dict[str, subprocess.Popen[bytes]] = field(init=False, default_factory=dict)
+    election: LeaderElection | None = field(init=False, default=None)
     _node_started: bool = field(init=False, default=False)
     # The operator process's /metrics port on loopback: chosen once, kept across restarts.
     _metrics_port: int | None = field(init=False, default=None)
@@ -218,9 +222,13 @@ class LocalStack(UpDown):
         }
 
     def _start_operator(self) -> None:
-        log_path = self.state_dir / "operator.log"
         if self._metrics_port is None:
             self._metrics_port = free_port()
+        self._operator = self._spawn_operator([], self.state_dir / "operator.log")
+
+    def _spawn_operator(
+        self, extra: list[str], log_path: Path, metrics_port: int | None = None
+    ) -> subprocess.Popen[bytes]:
         env = {
             **os.environ,
             "KUBECONFIG": str(self.kubeconfig),
@@ -229,15 +237,63 @@ class LocalStack(UpDown):
             METRICS_PORT_ENV: str(self._metrics_port),
             **self.operator_env,
         }
-        argv = [weightlift_exe(), "operator", "--namespace", self.namespace]
+        if metrics_port is not None:  # a candidate of several on this host: its own port
+            env[METRICS_PORT_ENV] = str(metrics_port)
+        argv = [weightlift_exe(), "operator", "--namespace", self.namespace, *extra]
         for prefix in self.model_path_prefixes:
             argv += ["--model-path-prefix", str(Path(prefix).resolve())]
         if self.operator_verbose:
             argv.append("--verbose")
         with log_path.open("ab") as out:
-            self._operator = subprocess.Popen(
-                argv, **child_options(out, env=env, die_with=signal.SIGTERM)
-            )
+            return subprocess.Popen(argv, **child_options(out, env=env, die_with=signal.SIGTERM))
+
+    # -- leader election: several operators, one active (what the chart's replicas do)
+    def use_leader_election(self, election: LeaderElection | None, replicas: int = 2) -> None:
+        """Replace the operator(s): `replicas` candidates for `election`'s Lease (identities
+        operator-0, operator-1, ...), or, with None, the one plain operator again. Those running
+        are stopped gracefully first (a leader hands its Lease on)."""
+        self._stop_operators()
+        self.election = election
+        if election is None:
+            self._start_operator()
+            return
+        for i in range(replicas):
+            self.start_candidate(f"operator-{i}")
+
+    def start_candidate(self, identity: str) -> None:
+        """One more operator with leader election (a standby unless the Lease is free)."""
+        e = self.election
+        assert e is not None, "use_leader_election first"
+        extra = [
+            "--leader-elect",
+            f"--lease-name={e.lease_name}",
+            f"--lease-namespace={e.namespace}",
+            f"--lease-identity={identity}",
+            f"--lease-duration={e.lease_duration}",
+            f"--renew-deadline={e.renew_deadline}",
+            f"--retry-period={e.retry_period}",
+        ]
+        self._elected[identity] = self._spawn_operator(
+            extra, self.candidate_log(identity), metrics_port=free_port()
+        )
+
+    def candidate_log(self, identity: str) -> Path:
+        return self.state_dir / f"operator-{identity}.log"
+
+    def candidate_pids(self) -> dict[str, int]:
+        return {identity: proc.pid for identity, proc in self._elected.items()}
+
+    def kill_candidate(self, identity: str) -> None:
+        """SIGKILL one elected operator (a node crash): its Lease runs out, nobody hands it on."""
+        proc = self._elected.pop(identity)
+        stop_group(proc, grace=0.0, first=signal.SIGKILL)
+
+    def _stop_operators(self) -> None:
+        if self._operator is not None:
+            stop_group(self._operator, grace=15.0)
+            self._operator = None
+        for identity in list(self._elected):
+            stop_group(self._elected.pop(identity), grace=15.0)
 
     def operator_metrics_url(self) -> str | None:
         """The operator's /metrics: the process's loopback port, or the chart's pod's address
@@ -262,6 +318,8 @@ class LocalStack(UpDown):
             self._operator = None
 
     def restart_operator(self) -> None:
+        if self.election is not None:
+            raise RuntimeError("operators run with leader election: kill or start candidates")
         if self._operator is not None:
             stop_group(self._operator, grace=15.0)
         self._start_operator()
@@ -355,13 +413,15 @@ class LocalStack(UpDown):
             raise RuntimeError(
                 f"operator exited with {self._operator.returncode}:\n{self.operator_log_tail()}"
             )
+        for identity, proc in self._elected.items():
+            if proc.poll() is not None:  # e.g. a leader that could not renew its Lease
+                tail = self.candidate_log(identity).read_text(errors="replace")[-3000:]
+                raise RuntimeError(f"operator {identity} exited with {proc.returncode}:\n{tail}")
 
     # -- down
     def down(self) -> None:
         """Operator first (so nothing is recreated), then every worker process, then the cluster."""
-        if self._operator is not None:
-            stop_group(self._operator, grace=15.0)
-            self._operator = None
+        self._stop_operators()
         if self._node_started:
             self.node.stop(timeout=20.0)
             self._node_started = False

@@ -1,0 +1,208 @@
+"""Chaos scenario: the active operator dies mid-rollout and its standby takes over.
+
+Two operators run with leader election, as the chart's two replicas do (one holds the Lease and
+reconciles, the other waits without starting kopf). Three replicas are deployed; the source's
+worker is stopped (SIGSTOP) as soon as it exists, so both Targets wait in Standby. Then the
+leader is SIGKILLed (a node crash: no hand-off, its Lease has to run out) and the source resumes
+at once, so that replicas load while nobody leads. The scenario converges when the standby has
+taken the Lease, handed the Targets their peer and all three are Ready. `verify` checks what a
+takeover must not do: create a replica pod twice (every pod's uid, from a pod watch that began
+before the deployment), lose status (conditions' times, restarts, rows) or give a pod another
+role; and it measures the takeover: the kill -> the new leader's acquireTime -> its first
+reconcile pass (both stamped on the Lease by the new leader).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from kubernetes import client, watch
+
+from weightlift.api.labels import DEPLOYMENT_LABEL, FIRST_RECONCILE_ANNOTATION, ROLE_LABEL
+from weightlift.bench.chaos_standby import FrozenSource, wait_standby
+from weightlift.local.kube import KUBE_ERRORS, Kube, call, get_or_none
+from weightlift.local.stack import LocalStack
+from weightlift.operator.leader import ACQUIRE_JITTER
+from weightlift.operator.settings import LeaderElection
+
+if TYPE_CHECKING:
+    from weightlift.bench.chaos import Run
+
+JSON = dict[str, Any]
+CANDIDATES = ("operator-0", "operator-1")
+# What a takeover may take beyond the Lease's own bound (a loaded 2-core machine: the API
+# server's answers and the new leader's first requests).
+SLACK_SECONDS = 5.0
+
+
+def election(stack: LocalStack) -> LeaderElection:
+    """The chart's defaults (15 s lease, 10 s renew deadline, 2 s retry): the takeover measured
+    is the one users get."""
+    return LeaderElection(lease_name="weightlift-chaos", namespace=stack.namespace, identity="-")
+
+
+def read_lease(stack: LocalStack) -> JSON | None:
+    e = stack.election
+    assert e is not None
+    api = client.CoordinationV1Api(stack.kube.api)
+    return get_or_none(api.read_namespaced_lease, e.lease_name, e.namespace)
+
+
+def micro(text: str) -> float:
+    """A Lease's MicroTime as seconds since the epoch."""
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+class PodLedger(threading.Thread):
+    """Every pod of a deployment the API server ever had, by name: the uids (a pod created twice
+    has two) and the role labels it carried, from one list+watch stream."""
+
+    def __init__(self, kubeconfig: Any, namespace: str, name: str) -> None:
+        super().__init__(name=f"pod-ledger-{name}", daemon=True)
+        self.kube = Kube(kubeconfig, "chaos-pod-ledger")
+        self.namespace, self.selector = namespace, f"{DEPLOYMENT_LABEL}={name}"
+        self.uids: dict[str, set[str]] = {}
+        self.roles: dict[str, set[str]] = {}
+        self._halt = threading.Event()
+        self.ready = threading.Event()
+
+    def _see(self, pod: JSON) -> None:
+        meta = pod["metadata"]
+        self.uids.setdefault(meta["name"], set()).add(meta["uid"])
+        role = (meta.get("labels") or {}).get(ROLE_LABEL)
+        if role:
+            self.roles.setdefault(meta["name"], set()).add(role)
+
+    def run(self) -> None:
+        core = self.kube.core
+        plain = client.ApiClient()  # turns the watch's model objects back into wire JSON
+        while not self._halt.is_set():
+            with contextlib.suppress(*KUBE_ERRORS):
+                listing = call(
+                    core.list_namespaced_pod, self.namespace, label_selector=self.selector
+                )
+                for pod in listing["items"]:
+                    self._see(pod)
+                self.ready.set()
+                version = listing["metadata"]["resourceVersion"]
+                stream = watch.Watch().stream(
+                    core.list_namespaced_pod,
+                    self.namespace,
+                    label_selector=self.selector,
+                    resource_version=version,
+                    timeout_seconds=5,
+                    _request_timeout=15,
+                )
+                for event in stream:
+                    self._see(plain.sanitize_for_serialization(event["object"]))
+                    if self._halt.is_set():
+                        break
+
+    def stop(self) -> None:
+        self._halt.set()
+        self.join(timeout=30)
+        self.kube.close()
+
+
+def leader_killed(run: Run) -> None:
+    stack = run.stack
+    stack.use_leader_election(election(stack), replicas=len(CANDIDATES))
+    run.wait("a leader", lambda: _holder(stack) in CANDIDATES)
+    ledger = PodLedger(stack.kubeconfig, stack.namespace, run.name)
+    ledger.start()
+    ledger.ready.wait(30)
+    run.notes["ledger"] = ledger
+    run.deploy(replicas=3)
+    with FrozenSource(run) as source:
+        wait_standby(run, 2)
+        lease = read_lease(stack) or {}
+        md = stack.get_md(run.name) or {}
+        run.notes.update(
+            source=source.pod,
+            leader=lease["spec"]["holderIdentity"],
+            transitions=int(lease["spec"].get("leaseTransitions") or 0),
+            status=md.get("status") or {},
+            uids={p["metadata"]["name"]: p["metadata"]["uid"] for p in stack.pods(run.name)},
+        )
+        run.fault_at = time.monotonic()
+        run.notes["killed_at"] = time.time()
+        stack.kill_candidate(run.notes["leader"])
+    # The source resumes here: replicas load while the Lease runs out.
+    survivor = next(c for c in CANDIDATES if c != run.notes["leader"])
+    run.wait(f"{survivor} leading", lambda: _holder(stack) == survivor)
+
+
+def _holder(stack: LocalStack) -> str:
+    spec = (read_lease(stack) or {}).get("spec") or {}
+    return str(spec.get("holderIdentity") or "")
+
+
+def verify_leader_killed(run: Run) -> str:
+    stack, notes = run.stack, run.notes
+    ledger: PodLedger = notes["ledger"]
+    try:
+        return _verify(run, stack, notes, ledger)
+    finally:
+        ledger.stop()
+        stack.use_leader_election(None)  # the plain operator again, for the next scenario
+
+
+def _verify(run: Run, stack: LocalStack, notes: JSON, ledger: PodLedger) -> str:
+    e = stack.election
+    assert e is not None
+    # The takeover, from the new leader's own stamps on the Lease.
+    run.wait("the first reconcile stamped", lambda: _annotation(stack) is not None)
+    lease = read_lease(stack) or {}
+    spec = lease["spec"]
+    survivor = spec["holderIdentity"]
+    assert survivor != notes["leader"], f"{notes['leader']} still holds the Lease"
+    assert int(spec["leaseTransitions"]) == notes["transitions"] + 1, spec
+    acquired = micro(spec["acquireTime"]) - notes["killed_at"]
+    first = micro(str(_annotation(stack))) - notes["killed_at"]
+    bound = e.lease_duration + e.retry_period * (1 + ACQUIRE_JITTER) + SLACK_SECONDS
+    assert acquired <= bound, f"the Lease changed hands {acquired:.1f}s after the kill (> {bound})"
+    notes["takeover"] = {"acquired": round(acquired, 2), "firstReconcile": round(first, 2)}
+    # No replica pod created twice, none replaced: the pods at the kill are the pods now.
+    now = {p["metadata"]["name"]: p["metadata"]["uid"] for p in stack.pods(run.name)}
+    twice = {n: sorted(u) for n, u in ledger.uids.items() if len(u) > 1}
+    assert not twice, f"pods created more than once: {twice}"
+    assert now == notes["uids"], f"pods at the kill {notes['uids']}, now {now}"
+    # No wrong role: the source stayed Source, the Targets Targets (labels and status), and
+    # the Targets pulled from it.
+    rows = {r["name"]: r for r in run.replicas()}
+    for name, uid in now.items():
+        want = "Source" if name == notes["source"] else "Target"
+        assert ledger.roles.get(name) == {want}, (
+            f"{name} ({uid}) had roles {ledger.roles.get(name)}"
+        )
+        assert rows[name]["role"] == want, f"{name}: status role {rows[name]['role']}"
+        if want == "Target":
+            got = rows[name].get("loadedFrom")
+            assert got == f"peer:{notes['source']}", f"{name} loaded from {got}"
+    # No status lost: what the old leader wrote is still there (same Scheduled time, no restart).
+    before, after = notes["status"], (stack.get_md(run.name) or {}).get("status") or {}
+    times = {c["type"]: c.get("lastTransitionTime") for c in after.get("conditions") or []}
+    for cond in before.get("conditions") or []:
+        if cond["type"] == "Scheduled" and cond["status"] == "True":
+            assert times.get("Scheduled") == cond.get("lastTransitionTime"), (cond, times)
+    assert int(after.get("restarts") or 0) == 0, f"restarts {after.get('restarts')}"
+    assert {r["name"] for r in before.get("replicaStatuses") or []} <= set(rows), before
+    # The old leader comes back (its pod restarted): it waits, the Lease stays where it is.
+    stack.start_candidate(notes["leader"])
+    time.sleep(3 * e.retry_period)
+    assert _holder(stack) == survivor, f"the restarted {notes['leader']} took the Lease back"
+    assert run.converged(3), "not converged after the old leader came back"
+    return (
+        f"takeover {first:.1f}s (Lease taken {acquired:.1f}s after the kill, lease "
+        f"{e.lease_duration:g}s); {len(now)} pods, each created once; roles kept"
+    )
+
+
+def _annotation(stack: LocalStack) -> str | None:
+    meta = (read_lease(stack) or {}).get("metadata") or {}
+    value = (meta.get("annotations") or {}).get(FIRST_RECONCILE_ANNOTATION)
+    return str(value) if value else None
