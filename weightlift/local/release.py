@@ -1,9 +1,11 @@
 """The chart installed for real: `helm install helm/weightlift` into the local control plane.
 
-The operator then runs as the chart's Deployment's pod on the process node (a `weightlift
+The operator then runs as the chart's Deployment's pods on the process node (each a `weightlift
 operator` process started with the pod's command, args and env), under the chart's
 ServiceAccount: its token and the cluster CA at /var/run/secrets/kubernetes.io/serviceaccount
-(podidentity.py), no kubeconfig. Helm itself runs with the admin kubeconfig, as an admin's would.
+(podidentity.py), no kubeconfig. Of its replicas (two by default) the one holding the chart's
+Lease reconciles: that is "the operator pod" here. Helm itself runs with the admin kubeconfig,
+as an admin's would.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import json
 import subprocess
 import time
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -73,8 +76,8 @@ class HelmRelease:
         return res.stdout
 
     def install(self, wait_for: str | None = None) -> JSON:
-        """`helm install` (the release's namespace created), then wait until the operator pod
-        runs; returns that pod. `wait_for`: a pod name the new pod must differ from."""
+        """`helm install` (the release's namespace created), then wait until the operator pods
+        run; returns the leader's. `wait_for`: a pod name the new pods must differ from."""
         self.helm(
             "install",
             self.name,
@@ -84,20 +87,21 @@ class HelmRelease:
             "--create-namespace",
             values=self.values,
         )
-        return self.wait_operator(replacing=wait_for)
+        return self.wait_operator(replacing=(wait_for,) if wait_for else ())
 
     def upgrade(self, values: dict[str, Any], chart: Path | None = None) -> JSON:
         """`helm upgrade` with these values (the chart's defaults beneath them) and this chart
-        (default: the release's); waits for the operator pod the new revision rolls out, or,
-        when the pod template did not change (RBAC only), for the pod that runs."""
-        before = self.operator_pod()
+        (default: the release's); waits for the operator pods the new revision rolls out (none
+        of the old ones left), or, when the pod template did not change (RBAC only), for the pods
+        that run; returns the leader's."""
+        before = {p["metadata"]["name"] for p in self.operator_pods()}
         generation = self.deployment_generation()
         self.values = values
         chart_dir = str(chart or self.chart)
         self.helm("upgrade", self.name, chart_dir, "--namespace", self.namespace, values=values)
-        if before is None or self.deployment_generation() == generation:
+        if not before or self.deployment_generation() == generation:
             return self.wait_operator()
-        return self.wait_operator(replacing=before["metadata"]["name"])
+        return self.wait_operator(replacing=before)
 
     def deployment_generation(self) -> int:
         read = client.AppsV1Api(self.kube.api).read_namespaced_deployment
@@ -121,27 +125,65 @@ class HelmRelease:
         pods: list[JSON] = listing["items"]
         return pods
 
-    def operator_pod(self) -> JSON | None:
-        """The release's live operator pod (not being deleted), if any."""
-        live = [p for p in self.operator_pods() if not p["metadata"].get("deletionTimestamp")]
-        return live[0] if live else None
+    def live_operator_pods(self) -> list[JSON]:
+        """The release's operator pods not being deleted."""
+        return [p for p in self.operator_pods() if not p["metadata"].get("deletionTimestamp")]
 
-    def wait_operator(self, replacing: str | None = None) -> JSON:
-        """Until exactly one operator pod exists, is not `replacing`, and its container runs
-        and is ready; ReleaseError with the pod's state when not within the timeout."""
+    def operator_pod(self) -> JSON | None:
+        """The live operator pod that holds the Lease (the one reconciling); without leader
+        election, or while nobody holds it, the first live one; None when there is none."""
+        live = self.live_operator_pods()
+        holder = self.lease_holder()
+        return next((p for p in live if p["metadata"]["name"] == holder), live[0] if live else None)
+
+    @property
+    def leader_election(self) -> bool:
+        return bool((self.values.get("leaderElection") or {}).get("enabled", True))
+
+    @property
+    def lease_name(self) -> str:
+        return str((self.values.get("leaderElection") or {}).get("leaseName") or self.fullname)
+
+    def lease_holder(self) -> str | None:
+        """The chart's Lease's holderIdentity (a pod name), if leader election is on."""
+        if not self.leader_election:
+            return None
+        read = client.CoordinationV1Api(self.kube.api).read_namespaced_lease
+        lease = get_or_none(read, self.lease_name, self.namespace)
+        return ((lease or {}).get("spec") or {}).get("holderIdentity") or None
+
+    def wait_operator(self, replacing: Collection[str] = ()) -> JSON:
+        """Until the Deployment's replicas all exist, none of them `replacing`, their containers
+        run and are ready, and (with leader election) one of them holds the Lease; returns that
+        one. ReleaseError with the pods' state when not within the timeout."""
         deadline = time.monotonic() + self.timeout
-        last: JSON | None = None
+        pods: list[JSON] = []
         while time.monotonic() < deadline:
             pods = self.operator_pods()
-            if len(pods) == 1 and pods[0]["metadata"]["name"] != replacing:
-                last = pods[0]
-                if _running_and_ready(last):
-                    return last
+            names = {p["metadata"]["name"] for p in pods}
+            if (
+                len(pods) == max(1, self.desired_replicas())
+                and not names & set(replacing)
+                and all(_running_and_ready(p) for p in pods)
+                and (not self.leader_election or self.lease_holder() in names)
+            ):
+                pod = self.operator_pod()
+                assert pod is not None
+                return pod
             time.sleep(0.2)
-        state = json.dumps((last or {}).get("status", {}).get("containerStatuses"), indent=1)
-        raise ReleaseError(
-            f"operator pod of release {self.name} not running after {self.timeout:.0f}s: {state}"
+        state = json.dumps(
+            {p["metadata"]["name"]: p.get("status", {}).get("containerStatuses") for p in pods},
+            indent=1,
         )
+        raise ReleaseError(
+            f"operator pods of release {self.name} not running after {self.timeout:.0f}s "
+            f"(Lease holder {self.lease_holder()}): {state}"
+        )
+
+    def desired_replicas(self) -> int:
+        read = client.AppsV1Api(self.kube.api).read_namespaced_deployment
+        deployment = get_or_none(read, self.fullname, self.namespace) or {}
+        return int((deployment.get("spec") or {}).get("replicas") or 0)
 
 
 def _running_and_ready(pod: JSON) -> bool:

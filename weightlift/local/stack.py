@@ -402,13 +402,15 @@ class LocalStack(UpDown):
     def check_operator(self) -> None:
         if self.release is not None:
             # No pod: the release is rolling (upgrade) or uninstalled; its own waits report.
-            pod = self.release.operator_pod()
-            statuses = ((pod or {}).get("status") or {}).get("containerStatuses") or [{}]
-            state = statuses[0].get("state") or {}
-            if "terminated" in state or statuses[0].get("restartCount"):
-                raise RuntimeError(
-                    f"operator pod is not running ({state}):\n{self.operator_log_tail()}"
-                )
+            # Every replica counts: a standby that restarts is as wrong as a leader that does.
+            for pod in self.release.live_operator_pods():
+                statuses = (pod.get("status") or {}).get("containerStatuses") or [{}]
+                state = statuses[0].get("state") or {}
+                if "terminated" in state or statuses[0].get("restartCount"):
+                    raise RuntimeError(
+                        f"operator pod {pod['metadata']['name']} is not running ({state}):\n"
+                        f"{self.operator_log_tail()}"
+                    )
         if self._operator is not None and self._operator.poll() is not None:
             raise RuntimeError(
                 f"operator exited with {self._operator.returncode}:\n{self.operator_log_tail()}"
