@@ -33,7 +33,6 @@ if TYPE_CHECKING:
     from weightlift.bench.chaos import Run
 
 JSON = dict[str, Any]
-CANDIDATES = ("operator-0", "operator-1")
 # What a takeover may take beyond the Lease's own bound (a loaded 2-core machine: the API
 # server's answers and the new leader's first requests).
 SLACK_SECONDS = 5.0
@@ -110,8 +109,12 @@ class PodLedger(threading.Thread):
 
 def leader_killed(run: Run) -> None:
     stack = run.stack
-    stack.use_leader_election(election(stack), replicas=len(CANDIDATES))
-    run.wait("a leader", lambda: _holder(stack) in CANDIDATES)
+    # Identities of this run only: a Lease left by an earlier run names none of them.
+    stamp = int(time.time())
+    candidates = (f"operator-a-{stamp}", f"operator-b-{stamp}")
+    run.notes["candidates"] = candidates
+    stack.use_leader_election(election(stack), candidates)
+    run.wait("a leader", lambda: _holder(stack) in candidates)
     ledger = PodLedger(stack.kubeconfig, stack.namespace, run.name)
     ledger.start()
     ledger.ready.wait(30)
@@ -132,7 +135,7 @@ def leader_killed(run: Run) -> None:
         run.notes["killed_at"] = time.time()
         stack.kill_candidate(run.notes["leader"])
     # The source resumes here: replicas load while the Lease runs out.
-    survivor = next(c for c in CANDIDATES if c != run.notes["leader"])
+    survivor = next(c for c in candidates if c != run.notes["leader"])
     run.wait(f"{survivor} leading", lambda: _holder(stack) == survivor)
 
 

@@ -248,17 +248,21 @@ class LocalStack(UpDown):
             return subprocess.Popen(argv, **child_options(out, env=env, die_with=signal.SIGTERM))
 
     # -- leader election: several operators, one active (what the chart's replicas do)
-    def use_leader_election(self, election: LeaderElection | None, replicas: int = 2) -> None:
-        """Replace the operator(s): `replicas` candidates for `election`'s Lease (identities
-        operator-0, operator-1, ...), or, with None, the one plain operator again. Those running
-        are stopped gracefully first (a leader hands its Lease on)."""
+    def use_leader_election(
+        self,
+        election: LeaderElection | None,
+        identities: tuple[str, ...] = ("operator-0", "operator-1"),
+    ) -> None:
+        """Replace the operator(s): one candidate for `election`'s Lease per identity, or, with
+        None, the one plain operator again. Those running are stopped gracefully first (a
+        leader hands its Lease on)."""
         self._stop_operators()
         self.election = election
         if election is None:
             self._start_operator()
             return
-        for i in range(replicas):
-            self.start_candidate(f"operator-{i}")
+        for identity in identities:
+            self.start_candidate(identity)
 
     def start_candidate(self, identity: str) -> None:
         """One more operator with leader election (a standby unless the Lease is free)."""
