@@ -79,7 +79,7 @@ class PodLedger(threading.Thread):
     def run(self) -> None:
         core = self.kube.core
         plain = client.ApiClient()  # turns the watch's model objects back into wire JSON
-        while not self._halt.is_set():
+        while not self._halt.wait(0.1):  # a pause before each (re)list, after an error too
             with contextlib.suppress(*KUBE_ERRORS):
                 listing = call(
                     core.list_namespaced_pod, self.namespace, label_selector=self.selector
