@@ -189,6 +189,8 @@ def test_a_stopped_leader_hands_the_lease_on_at_once(
     wait_for(lambda: holder(leases) == "a", 60, "a to take the Lease")
     b = candidates["start"]("b")
     wait_for(lambda: '"standby": true' in b.health(), 60, "b waiting")
+    # kopf runs (and handles SIGTERM) once a's own liveness endpoint answers.
+    wait_for(lambda: a.health() and "standby" not in a.health(), 60, "kopf's liveness on a")
     a.signal(signal.SIGTERM)  # a rollout or a drain: kopf stops, then the Lease is released
     stopped = time.monotonic()
     assert a.proc.wait(timeout=30) == 0, a.log()
