@@ -1,15 +1,15 @@
 """Chaos scenario: the active operator dies mid-rollout and its standby takes over.
 
 Two operators run with leader election, as the chart's two replicas do (one holds the Lease and
-reconciles, the other waits without starting kopf). Three replicas are deployed; the source's
-worker is stopped (SIGSTOP) as soon as it exists, so both Targets wait in Standby. Then the
-leader is SIGKILLed (a node crash: no hand-off, its Lease has to run out) and the source resumes
-at once, so that replicas load while nobody leads. The scenario converges when the standby has
-taken the Lease, handed the Targets their peer and all three are Ready. `verify` checks what a
-takeover must not do: create a replica pod twice (every pod's uid, from a pod watch that began
-before the deployment), lose status (conditions' times, restarts, rows) or give a pod another
-role; and it measures the takeover: the kill -> the new leader's acquireTime -> its first
-reconcile pass (both stamped on the Lease by the new leader).
+reconciles, the other waits without starting kopf). Three replicas are deployed (a Source and
+two Targets, all started at once); as soon as the status shows them starting, none Ready, the
+leader is SIGKILLed (a node crash: no hand-off, its Lease has to run out). The source loads and
+the Targets wait in Standby while nobody leads. The scenario converges when the standby has
+taken the Lease, probed the source, handed the Targets their peer and all three are Ready.
+`verify` checks what a takeover must not do: create a replica pod twice (every pod's uid, from a
+pod watch that began before the deployment), lose status (conditions' times, restarts, rows) or
+give a pod another role; and it measures the takeover: the kill -> the new leader's acquireTime
+-> its first reconcile pass (both stamped on the Lease by the new leader).
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING, Any
 from kubernetes import client, watch
 
 from weightlift.api.labels import DEPLOYMENT_LABEL, FIRST_RECONCILE_ANNOTATION, ROLE_LABEL
-from weightlift.bench.chaos_standby import FrozenSource, wait_standby
 from weightlift.local.kube import KUBE_ERRORS, Kube, call, get_or_none
 from weightlift.local.stack import LocalStack
 from weightlift.operator.leader import ACQUIRE_JITTER
@@ -120,23 +119,33 @@ def leader_killed(run: Run) -> None:
     ledger.ready.wait(30)
     run.notes["ledger"] = ledger
     run.deploy(replicas=3)
-    with FrozenSource(run) as source:
-        wait_standby(run, 2)
-        lease = read_lease(stack) or {}
-        md = stack.get_md(run.name) or {}
-        run.notes.update(
-            source=source.pod,
-            leader=lease["spec"]["holderIdentity"],
-            transitions=int(lease["spec"].get("leaseTransitions") or 0),
-            status=md.get("status") or {},
-            uids={p["metadata"]["name"]: p["metadata"]["uid"] for p in stack.pods(run.name)},
-        )
-        run.fault_at = time.monotonic()
-        run.notes["killed_at"] = time.time()
-        stack.kill_candidate(run.notes["leader"])
-    # The source resumes here: replicas load while the Lease runs out.
+    run.wait("3 replicas starting", lambda: _starting(run, 3))
+    lease = read_lease(stack) or {}
+    md = stack.get_md(run.name) or {}
+    rows = (md.get("status") or {}).get("replicaStatuses") or []
+    run.notes.update(
+        source=next(r["name"] for r in rows if r.get("role") == "Source"),
+        leader=lease["spec"]["holderIdentity"],
+        transitions=int(lease["spec"].get("leaseTransitions") or 0),
+        status=md.get("status") or {},
+        uids={p["metadata"]["name"]: p["metadata"]["uid"] for p in stack.pods(run.name)},
+        phases={r["name"]: r.get("phase") for r in rows},
+    )
+    run.fault_at = time.monotonic()
+    run.notes["killed_at"] = time.time()
+    stack.kill_candidate(run.notes["leader"])
+    # Replicas go on loading (Targets into Standby: no source is Ready) while the Lease runs out.
     survivor = next(c for c in candidates if c != run.notes["leader"])
     run.wait(f"{survivor} leading", lambda: _holder(stack) == survivor)
+
+
+def _starting(run: Run, replicas: int) -> bool:
+    """All replicas in the status, one at least past Scheduled, none Ready yet: mid-rollout."""
+    rows = run.replicas()
+    if any(r.get("ready") for r in rows):
+        raise AssertionError("a replica was Ready before the leader could be killed mid-rollout")
+    started = {"InitHooks", "Standby", "Loading", "Serving"}
+    return len(rows) == replicas and any(r.get("phase") in started for r in rows)
 
 
 def _holder(stack: LocalStack) -> str:

@@ -195,6 +195,10 @@ def _lead(election: LeaderElection, host: str, port: int | None) -> Elector:
     from weightlift.operator.lease_health import serve_standby_health
 
     elector = Elector(election, client.CoordinationV1Api(load_config()))
+    # What the leader's first steps import (the client's API classes build hundreds of pydantic
+    # models: 4 s of a takeover on a busy 2-core machine, 20 s when worker processes started
+    # beside it), imported while waiting instead.
+    _ = (client.CoreV1Api, client.CustomObjectsApi)
     health = serve_standby_health(host, port, elector.alive) if port else contextlib.nullcontext()
     with health:
         elector.acquire()
