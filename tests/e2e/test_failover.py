@@ -32,4 +32,5 @@ def test_standby_operator_takes_over_mid_rollout(
     assert result.converged, result
     assert result.orphans == 0 and result.wrong_weights == 0, result
     assert result.detail.startswith("takeover "), result
+    print(f"{sc.name}: {result.detail} (converged {result.seconds}s after the kill)")
     failover_stack.check_operator()
