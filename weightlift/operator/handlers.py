@@ -142,6 +142,7 @@ async def reconcile_loop(
                 started = time.perf_counter()
                 wake.clear()
                 pods = list(pods_index.get(uid, []))
+                leader.check_leading()  # a leader stalled past its deadline acts no more
                 delay = await reconcile(state, body, pods, sources_of, logger)
             state.metrics.reconciled(time.perf_counter() - started, ok=True)
             state.deployment(uid).error = None

@@ -113,6 +113,7 @@ class Elector:
         self.holder = ""  # the holder named by the last record read
         self.last_try = time.monotonic()  # the standby's liveness
         self.acquired_at: float | None = None  # monotonic start of the acquiring try
+        self.renewed_at = 0.0  # monotonic start of the last good renewal
         self._lease: Obj | None = None  # the last Lease read or written (its resourceVersion)
         self._first_reconcile: str | None = None
         self._stop = threading.Event()
@@ -237,6 +238,7 @@ class Elector:
     # -- leader
     def start_renewing(self) -> None:
         assert self.acquired_at is not None, "acquire first"
+        self.renewed_at = self.acquired_at
         global _ACTIVE
         _ACTIVE = self
         self._thread = threading.Thread(target=self._renew_loop, name="lease-renew", daemon=True)
@@ -244,10 +246,8 @@ class Elector:
 
     def _renew_loop(self) -> None:
         s = self.settings
-        assert self.acquired_at is not None
-        last_good = self.acquired_at
         while not self._stop.wait(s.retry_period):
-            deadline = last_good + s.renew_deadline
+            deadline = self.renewed_at + s.renew_deadline
             while True:
                 started = time.monotonic()
                 if started >= deadline:
@@ -257,12 +257,19 @@ class Elector:
                 if self._stop.is_set():
                     return
                 if outcome is Outcome.HELD:
-                    last_good = started
+                    self.renewed_at = started
                     break
                 if outcome is Outcome.TAKEN or self.holder not in ("", s.identity):
                     self._give_up(f"now held by {self.holder}")
                     return
                 self._stop.wait(min(s.retry_period, max(0.0, deadline - time.monotonic())))
+
+    def check(self) -> None:
+        """Give up now if the renew deadline has passed: a process that was stalled (stopped,
+        starved) past it may run a pass before its renew thread wakes to notice."""
+        s = self.settings
+        if not self._stop.is_set() and time.monotonic() > self.renewed_at + s.renew_deadline:
+            self._give_up(f"not renewed within {s.renew_deadline:g}s")
 
     def _give_up(self, why: str) -> None:
         self._lost = True
@@ -322,6 +329,12 @@ def _exit_lost(why: str) -> None:
 
 # The elector of this process while it leads: handlers tell it of their first pass.
 _ACTIVE: Elector | None = None
+
+
+def check_leading() -> None:
+    """Called before each reconcile pass: exits a leader past its renew deadline."""
+    if _ACTIVE is not None:
+        _ACTIVE.check()
 
 
 def reconciled() -> None:

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 import urllib.error
 import urllib.request
 
 import pytest
 
-from weightlift.operator.leader import Observation, next_spec
+from weightlift.operator.leader import Elector, Observation, next_spec
 from weightlift.operator.lease_health import serve_standby_health
 from weightlift.operator.settings import LeaderElection, default_identity
 
@@ -88,3 +89,18 @@ def test_standby_answers_liveness_while_it_tries_and_frees_the_port() -> None:
     with socket.socket() as s:  # kopf's own endpoint binds it next
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         s.bind(("127.0.0.1", port))
+
+
+def test_a_leader_past_its_renew_deadline_gives_up_before_a_pass() -> None:
+    """A process stalled past its deadline (stopped, starved) must not run one more pass: the
+    check before each pass gives up the same way the renew thread would."""
+    lost: list[str] = []
+    settings = LeaderElection(identity="a", lease_duration=4, renew_deadline=3, retry_period=1)
+    elector = Elector(settings, api=None, on_lost=lost.append)  # type: ignore[arg-type]
+    elector.acquired_at = time.monotonic()
+    elector.renewed_at = elector.acquired_at
+    elector.check()
+    assert lost == []
+    elector.renewed_at -= 3.5  # the last good renewal began 3.5 s ago
+    elector.check()
+    assert lost and "not renewed within 3s" in lost[0]
