@@ -41,7 +41,7 @@ class Candidate:
     """One `weightlift operator --leader-elect` process as the chart's ServiceAccount."""
 
     def __init__(self, identity: str, kubeconfig: Path, namespace: str, logs: Path) -> None:
-        self.identity, self.port = identity, _free_port()
+        self.identity, self.port, self.metrics_port = identity, _free_port(), _free_port()
         self.log_path = logs / f"candidate-{identity}.log"
         argv = [
             sys.executable, "-m", "weightlift", "operator", "-n", namespace,
@@ -57,7 +57,12 @@ class Candidate:
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                env={**os.environ, "KUBECONFIG": str(kubeconfig)},
+                env={
+                    **os.environ,
+                    "KUBECONFIG": str(kubeconfig),
+                    "WEIGHTLIFT_METRICS_HOST": "127.0.0.1",
+                    "WEIGHTLIFT_METRICS_PORT": str(self.metrics_port),
+                },
                 start_new_session=True,
             )
 
@@ -68,6 +73,14 @@ class Candidate:
         """The /healthz answer: the standby's own, or kopf's once it leads ("" if none)."""
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/healthz", timeout=2) as r:
+                return str(r.read().decode())
+        except OSError:
+            return ""
+
+    def metrics(self) -> str:
+        try:
+            url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+            with urllib.request.urlopen(url, timeout=2) as r:
                 return str(r.read().decode())
         except OSError:
             return ""
@@ -153,6 +166,7 @@ def test_one_reconciles_the_other_takes_over_when_it_dies(
     b = candidates["start"]("b")
     wait_for(lambda: '"standby": true' in b.health(), 60, "b's standby liveness endpoint")
     first = lease(leases)["spec"]
+    assert "weightlift_" in b.metrics(), "the standby serves no /metrics"  # scraped as well
     assert first["leaseTransitions"] == 0 and first["leaseDurationSeconds"] == 4
 
     # Only the leader reconciles: the MD's pods come from a, b never starts kopf.
@@ -172,6 +186,7 @@ def test_one_reconciles_the_other_takes_over_when_it_dies(
     spec = lease(leases)["spec"]
     assert spec["leaseTransitions"] == 1 and spec["acquireTime"] != first["acquireTime"]
     wait_for(lambda: "first reconcile pass" in b.log(), 60, "b's first reconcile")
+    wait_for(lambda: "weightlift_" in b.metrics(), 60, "the new leader's /metrics")
     assert _pods(core, ns, "solo") == pods, "a pod was made again after the takeover"
     kubectl("delete", "-n", ns, "md/solo", "--timeout=60s")  # b handles the finalizer
 

@@ -190,9 +190,11 @@ def _lead(election: LeaderElection, host: str, port: int | None) -> Elector:
     renewing it in a thread: kopf starts only after this returns."""
     from kubernetes import client
 
+    from weightlift.operator import metrics
     from weightlift.operator.kube import load_config
     from weightlift.operator.leader import Elector
     from weightlift.operator.lease_health import serve_standby_health
+    from weightlift.operator.settings import Settings
 
     elector = Elector(election, client.CoordinationV1Api(load_config()))
     # What the leader's first steps import (the client's API classes build hundreds of pydantic
@@ -200,7 +202,16 @@ def _lead(election: LeaderElection, host: str, port: int | None) -> Elector:
     # beside it), imported while waiting instead.
     _ = (client.CoreV1Api, client.CustomObjectsApi)
     health = serve_standby_health(host, port, elector.alive) if port else contextlib.nullcontext()
+    # The standby is scraped too (the metrics Service selects every replica): it serves the
+    # process's registry while it waits, and frees the port for the leader's own server.
+    wanted = Settings.from_environment()
+    scraped = None
+    if wanted.metrics_port is not None:
+        scraped = metrics.serve(wanted.metrics_host, wanted.metrics_port)
     with health:
         elector.acquire()
+    if scraped is not None:
+        scraped.shutdown()
+        scraped.server_close()
     elector.start_renewing()
     return elector
