@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from weightlift.bench.chaos import SCENARIOS, Models, run_scenario, scenario
+from weightlift.bench.chaos import SCENARIOS, run_scenario, scenario
+from weightlift.bench.chaos_models import Models
 from weightlift.local.stack import LocalStack
 
 FAST = [s.name for s in SCENARIOS if s.fast]

@@ -29,7 +29,7 @@ from weightlift.operator.leader import ACQUIRE_JITTER
 from weightlift.operator.settings import LeaderElection
 
 if TYPE_CHECKING:
-    from weightlift.bench.chaos import Run
+    from weightlift.bench.chaos_run import Run
 
 JSON = dict[str, Any]
 # What a takeover may take beyond the Lease's own bound (a loaded 2-core machine: the API

@@ -17,16 +17,14 @@ import os
 import signal
 import time
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import httpx
 
 from weightlift.api.labels import PEERS_ANNOTATION, REPLICA_LABEL
 from weightlift.api.worker import PeerCandidate, PeerHandoff
+from weightlift.bench.chaos_run import Run, pod_ports
 from weightlift.local.kube import KUBE_ERRORS, MERGE, call
-
-if TYPE_CHECKING:
-    from weightlift.bench.chaos import Run
 
 JSON = dict[str, Any]
 FREEZE_TIMEOUT = 240.0
@@ -93,10 +91,6 @@ def wait_standby(run: Run, count: int = 1) -> list[JSON]:
     rows = standby_rows(run)
     run.notes["standby"] = [r["name"] for r in rows]
     return rows
-
-
-def _row(run: Run, name: str) -> JSON:
-    return next((r for r in run.replicas() if r["name"] == name), {})
 
 
 def _loaded_from(run: Run) -> str:
@@ -176,7 +170,7 @@ def wait_expires(run: Run) -> None:
         run.fault_at = time.monotonic()
         run.wait(
             f"{target} Ready from storage while its source is stalled",
-            lambda: bool(_row(run, target).get("ready")),
+            lambda: bool(run.row(target).get("ready")),
         )
 
 
@@ -194,7 +188,7 @@ def _standby_before_expiry(run: Run) -> bool:
 
 def verify_wait_expires(run: Run) -> str:
     target = run.notes["target"]
-    row = _row(run, target)
+    row = run.row(target)
     assert row.get("role") == "Source", f"{target} is still a {row.get('role')}"
     got = str(row.get("loadedFrom"))
     assert got.startswith("storage:"), f"{target} loaded from {got}, not storage"
@@ -278,12 +272,10 @@ def _phase(run: Run, name: str) -> str:
 
 def _endpoint(run: Run, deployment: str, pod: str | None = None) -> PeerCandidate:
     """host:port of a pod's worker (the first Ready replica of `deployment` when no `pod`)."""
-    from weightlift.bench.chaos import _pod_ports
-
     md = run.stack.get_md(deployment) or {}
     rows = (md.get("status") or {}).get("replicaStatuses") or []
     row = next((r for r in rows if (r["name"] == pod if pod else r.get("ready"))), None)
-    ports = _pod_ports(run.stack.kube, run.stack.namespace, deployment)
+    ports = pod_ports(run.stack.kube, run.stack.namespace, deployment)
     assert row is not None and row.get("podIP"), f"{deployment}: no pod {pod or 'Ready'} with an IP"
     assert row["name"] in ports, f"{row['name']}: no container port"
     return PeerCandidate(pod=row["name"], address=f"{row['podIP']}:{ports[row['name']]}")
@@ -307,8 +299,7 @@ def verify_foreign_peer(run: Run) -> str:
     target, foreign, report = run.notes["target"], run.notes["foreign"], run.notes["report"]
     got = report.get("loadedFrom")
     assert report.get("phase") == "Serving" and str(got).startswith("storage:"), report
-    logs = run.stack.node.pod_logs(run.stack.namespace, target)
-    text = "\n".join(p.read_text(errors="replace") for p in logs)
+    text = run.pod_log(target)
     assert f"peer {foreign}" in text, f"{target} never tried the forged peer {foreign}"
     assert "falling back to storage" in text, f"{target}'s log shows no refusal of {foreign}"
     return f"{target} refused {foreign} (another identity), loaded from {got}"

@@ -11,7 +11,9 @@ import numpy as np
 import pytest
 from safetensors.torch import load_file
 
-from weightlift.bench.chaos import SCENARIOS, Models, Run, outputs_match
+from weightlift.bench.chaos import SCENARIOS
+from weightlift.bench.chaos_models import Models
+from weightlift.bench.chaos_run import Run, outputs_match
 from weightlift.bench.chaos_standby import SHORT_WAIT_SECONDS, _standby_before_expiry
 from weightlift.local.models import make_demo
 from weightlift.worker.engines.builtin.runtime import Pt2Runtime

@@ -140,6 +140,11 @@ class ProcessNode:
     def pids(self) -> dict[str, list[int]]:
         return {k: r.pids() for k, r in self.pods().items()}
 
+    @property
+    def fault_gate_dir(self) -> Path:
+        """Where the chaos harness arms holds on its workers' pulls (worker/p2p/faultgate.py)."""
+        return self.config.state_dir / "faultgate"
+
     def event(self, pod: JSON, kind: str, reason: str, message: str) -> None:
         """Post a core/v1 Event about a pod, as the kubelet would (best effort)."""
         meta = pod["metadata"]

@@ -46,6 +46,7 @@ from weightlift.local.processnode.base import (
     write_atomic,
 )
 from weightlift.local.procs import signal_group, stop_group
+from weightlift.worker.p2p import faultgate
 
 # PATH of a container of a mapped image (the OCI default; both Dockerfile targets use it).
 IMAGE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -432,7 +433,9 @@ class PodRunner(threading.Thread):
         env.setdefault("POD_IP", self.pod_ip)
         env.setdefault("WEIGHTLIFT_BIND_HOST", self.pod_ip)
         env.setdefault("WEIGHTLIFT_POD_IP", self.pod_ip)
-        env.setdefault("WEIGHTLIFT_PROCESS_NODE", self.node.config.name)
+        env.setdefault(faultgate.PROCESS_NODE_ENV, self.node.config.name)
+        # Where the chaos harness arms a hold on a pull (worker/p2p/faultgate.py): local only.
+        env.setdefault(faultgate.GATE_DIR_ENV, str(self.node.fault_gate_dir))
         return env
 
     def _field(self, pod: JSON, path: str) -> str:

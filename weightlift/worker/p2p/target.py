@@ -24,13 +24,13 @@ import uuid
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import httpx
 import torch
 
-from weightlift.worker.p2p import P2P_PREFIX, reserve
+from weightlift.worker.p2p import P2P_PREFIX, faultgate, reserve
 from weightlift.worker.p2p.expected import ExpectedTensor, ShapeMismatch, check_manifest
 from weightlift.worker.p2p.manifest import RankManifest, checksum, element_size
 from weightlift.worker.p2p.nixl_compat import nixl
@@ -338,14 +338,19 @@ def pull_from_peer(
     buffer laid out and faulting in), agent (NIXL agent ready, remote added, connected),
     transfer_done, verified; then close, whatever happened."""
     pull = _Pull(pod, address, identity, rank, device, opts, progress)
+    gate: faultgate.Claim | None = None
     try:
         pull.reserve_early(expected)
         manifest = pull.fetch_manifest(expected)
+        gate = faultgate.claim(reader)  # the local chaos harness only (faultgate.py)
+        if gate is not None:
+            n = gate.read_bytes(manifest.total_bytes)
+            pull.opts = replace(opts, batch_bytes=n, chunk_bytes=n, max_in_flight=1)
         pull.start_agent(reader)
         pull.alloc(manifest)
         pull.connect(manifest)
         pull.open_session(reader)
-        transfer = _Transfer(pull, manifest, on_batch)
+        transfer = _Transfer(pull, manifest, on_batch, gate)
         transfer.run()
         transfer.verify()
         pull.verified = True
@@ -361,6 +366,8 @@ def pull_from_peer(
             timings=pull.timings,
         )
     finally:
+        if gate is not None:
+            gate.close()
         pull.close()
 
 
@@ -524,10 +531,14 @@ class _Transfer:
     each tensor checksummed as soon as its bytes have landed."""
 
     def __init__(
-        self, pull: _Pull, manifest: RankManifest, on_batch: Callable[[int, int], None] | None
+        self,
+        pull: _Pull,
+        manifest: RankManifest,
+        on_batch: Callable[[int, int], None] | None,
+        gate: faultgate.Claim | None = None,
     ) -> None:
         assert pull.buf is not None
-        self.pull, self.manifest, self.on_batch = pull, manifest, on_batch
+        self.pull, self.manifest, self.on_batch, self.gate = pull, manifest, on_batch, gate
         self.pod = pull.pod
         buf = pull.buf
         self.batches = _plan_batches(
@@ -660,6 +671,27 @@ class _Transfer:
                 self.hashes[i] = self.pool.submit(checksum, self.views[i], self.kind)
         if self.on_batch is not None:
             self.on_batch(self.done, len(self.batches))
+        if self.gate is not None and not self.gate.held and self.pending:
+            self._hold(self.gate)
+
+    def _hold(self, gate: faultgate.Claim) -> None:
+        """Hold with READs still to go and none in flight (a gated pull has one at a time) while
+        the harness strikes; the peer's liveness is still checked meanwhile."""
+        left = sum(b.nbytes for b in self.pending)
+        gate.hold(
+            faultgate.Held(
+                pod=gate.pod,
+                peer=self.pod,
+                address=self.pull.address,
+                rank=self.pull.rank,
+                pid=os.getpid(),
+                done=self.done,
+                batches=len(self.batches),
+                bytes_done=self.manifest.total_bytes - left,
+                bytes_total=self.manifest.total_bytes,
+            )
+        )
+        self.last_progress = time.monotonic()  # the hold is no stall of the peer's
 
     def verify(self) -> None:
         """Every tensor's checksum against the manifest's, or PeerFailed naming the tensor."""

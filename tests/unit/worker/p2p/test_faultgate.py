@@ -1,0 +1,137 @@
+"""The fault gate (worker/p2p/faultgate.py): the chaos harness holds one real pull open
+mid-transfer, strikes, and releases it.
+
+Covers: the gate is ignored outside the process node; an arm is taken by one pod of its own
+deployment only; a pull that ends before it held puts the arm back; a held pull over real NIXL
+stops after its first READ with the rest to go, and then either finishes bit-equal once released
+or, with its source SIGKILLed while held, fails naming that source (the worker's storage
+fallback follows).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from tests.support.p2p import needs_nixl, source_process
+from weightlift.api.model import Role
+from weightlift.local.sharded import make_plan
+from weightlift.worker.loaders.p2p import PeerToPeerLoader
+from weightlift.worker.p2p import faultgate
+from weightlift.worker.p2p.target import PullOptions
+from weightlift.worker.weights.progress import LoadError, LoadProgress
+
+CPU = torch.device("cpu")
+OPTS = PullOptions(transfer_timeout_s=5, stall_seconds=3, liveness_interval_s=0.25)
+
+
+@pytest.fixture
+def gate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    folder = tmp_path / "gate"
+    monkeypatch.setenv(faultgate.GATE_DIR_ENV, str(folder))
+    monkeypatch.setenv(faultgate.PROCESS_NODE_ENV, "test-node")
+    return folder
+
+
+def test_ignored_outside_the_process_node(gate: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    faultgate.arm(gate, "md")
+    monkeypatch.delenv(faultgate.PROCESS_NODE_ENV)
+    assert faultgate.claim("md-abc-1") is None
+    assert (gate / "arm.md").exists()
+
+
+def test_one_pod_of_the_armed_deployment_claims_it(gate: Path) -> None:
+    faultgate.arm(gate, "md")
+    assert faultgate.claim("md2-abc-1") is None  # another deployment's pod
+    first = faultgate.claim("md-abc-1")
+    assert first is not None and first.deployment == "md"
+    assert faultgate.claim("md-abc-2") is None  # taken
+    first.close()  # ended before it held: armed again for the next pull
+    second = faultgate.claim("md-abc-2")
+    assert second is not None
+    faultgate.disarm(gate, "md")
+    assert not list(gate.iterdir())
+
+
+def _pull_in_thread(
+    model_dir: Path, pod: str, address: str
+) -> tuple[threading.Thread, dict[str, object], PeerToPeerLoader]:
+    from weightlift.api.worker import PeerCandidate
+
+    plan = make_plan(
+        model_dir,
+        pod="md-abc-1",
+        role=Role.TARGET,
+        peers=[PeerCandidate(pod=pod, address=address)],
+        identity="ident-test",
+    )
+    loader = PeerToPeerLoader(options=OPTS)
+    out: dict[str, object] = {}
+
+    def run() -> None:
+        try:
+            out["tensors"] = loader.load(plan, 0, CPU, LoadProgress())
+        except LoadError as exc:
+            out["error"] = exc
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, out, loader
+
+
+def _held(gate: Path, alive: Callable[[], bool]) -> faultgate.Held:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and alive():
+        held = faultgate.holding(gate, "md")
+        if held is not None:
+            return held
+        time.sleep(0.01)
+    raise AssertionError("no pull held")
+
+
+@needs_nixl
+@pytest.mark.timeout(120)
+def test_a_held_pull_waits_mid_transfer_then_finishes(
+    gate: Path, model_dir: Path, tmp_path: Path
+) -> None:
+    with source_process(model_dir, tmp_path) as (_, cand):
+        faultgate.arm(gate, "md")
+        thread, out, loader = _pull_in_thread(model_dir, cand.pod, cand.address)
+        held = _held(gate, thread.is_alive)
+        assert held.pod == "md-abc-1" and held.peer == cand.pod and held.in_flight
+        assert held.done == 1 and held.batches >= faultgate.GATED_READS
+        time.sleep(1.0)  # held: longer than a stall would be allowed, nothing moves
+        assert thread.is_alive() and faultgate.holding(gate, "md") == held
+        faultgate.release(gate, held.pod)
+        thread.join(60)
+    want = load_file(str(model_dir / "rank-0-of-2.safetensors"))
+    got = out["tensors"]
+    assert isinstance(got, dict) and got.keys() == want.keys()
+    assert all(torch.equal(got[k], want[k]) for k in want)
+    assert loader.last_result is not None and loader.last_result.batches == held.batches
+    assert not list(gate.iterdir())  # the one arm is used up
+
+
+@needs_nixl
+@pytest.mark.timeout(120)
+def test_a_source_killed_while_held_fails_the_pull(
+    gate: Path, model_dir: Path, tmp_path: Path
+) -> None:
+    with source_process(model_dir, tmp_path, pod="doomed-0") as (proc, cand):
+        faultgate.arm(gate, "md")
+        thread, out, loader = _pull_in_thread(model_dir, cand.pod, cand.address)
+        held = _held(gate, thread.is_alive)
+        assert held.in_flight
+        proc.kill()
+        faultgate.release(gate, held.pod)
+        thread.join(60)
+    assert not thread.is_alive()
+    assert isinstance(out.get("error"), LoadError), out
+    assert "peer doomed-0" in str(out["error"])
+    assert loader.failures[0].kind in ("dead", "transfer", "stall")

@@ -1,0 +1,265 @@
+"""What every `weightlift bench chaos` scenario runs on: `Run` (one scenario's deployment, its
+waits and its convergence check), the wrong-weights watcher and the count of worker processes.
+The scenario modules (chaos.py, chaos_pull.py, chaos_standby.py) import this one, never each
+other's runner."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from weightlift.api.labels import DEPLOYMENT_LABEL
+from weightlift.api.model import GROUP, PLURAL, VERSION
+from weightlift.bench.chaos_models import Models
+from weightlift.local.kube import KUBE_ERRORS, Kube, call, get_or_none
+from weightlift.local.stack import LocalStack, model_deployment
+
+JSON = dict[str, Any]
+# Deadlines, not speed checks: a loaded 2-core CI box took 215 s for the operator scenario.
+CONVERGE_TIMEOUT = 420.0
+
+
+def _ppids() -> dict[int, int]:
+    out: dict[int, int] = {}
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            stat = (d / "stat").read_text()
+            fields = stat.rsplit(")", 1)[1].split()
+            if fields[0] != "Z":
+                out[int(d.name)] = int(fields[1])
+    return out
+
+
+def worker_processes(root: int) -> set[int]:
+    """Live `weightlift worker` processes below `root` (this process): other people's stacks on
+    the same machine are not ours to count."""
+    ppids = _ppids()
+    found: set[int] = set()
+    for pid in ppids:
+        p, hops = pid, 0
+        while p in ppids and p != root and hops < 64:
+            p, hops = ppids[p], hops + 1
+        if p != root:
+            continue
+        with contextlib.suppress(OSError):
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            if b"worker" in argv and any(a.endswith(b"weightlift") for a in argv):
+                found.add(pid)
+    return found
+
+
+# ---------------------------------------------------------------------------- wrong weights
+
+
+def outputs_match(outputs: list[JSON], probe: JSON) -> bool:
+    """The replica's answer equals the expected output of the right weights (within tolerance)."""
+    by_name = {o.get("name"): o for o in outputs}
+    for expected in probe["expectedOutputs"]:
+        got = by_name.get(expected["name"])
+        if got is None or list(got.get("shape", [])) != list(expected["shape"]):
+            return False
+        data = got.get("data") or []
+        if len(data) != len(expected["data"]):
+            return False
+        for a, b in zip(data, expected["data"], strict=True):
+            if not isinstance(a, int | float) or not math.isfinite(float(a)):
+                return False
+            if abs(float(a) - float(b)) > float(probe["tolerance"]):
+                return False
+    return True
+
+
+class WeightsWatch(threading.Thread):
+    """Infers through every replica the status calls Ready; remembers the pods that answered
+    with anything but the right weights' output (or that were Ready at all, when `never_ready`,
+    or Ready with a model identity in `banned`: a revision the spec has left). A scenario that
+    changes the model sets `probe` to the new weights' probe."""
+
+    def __init__(self, kubeconfig: Path, namespace: str, name: str, probe: JSON) -> None:
+        super().__init__(name=f"weights-watch-{name}", daemon=True)
+        self.kubeconfig, self.namespace, self.name, self.probe = kubeconfig, namespace, name, probe
+        self.never_ready = False
+        self.banned: set[str] = set()
+        self.wrong: set[str] = set()
+        self.checked: set[str] = set()
+        self._halt = threading.Event()
+
+    def stop(self) -> None:
+        self._halt.set()
+        self.join(timeout=30)
+
+    def run(self) -> None:
+        kube = Kube(self.kubeconfig, "chaos-weights-watch")
+        try:
+            with httpx.Client(timeout=10.0) as http:
+                while not self._halt.wait(0.3):
+                    with contextlib.suppress(*KUBE_ERRORS, httpx.HTTPError, OSError, ValueError):
+                        self._check(kube, http)
+        finally:
+            kube.close()
+
+    def _check(self, kube: Kube, http: httpx.Client) -> None:
+        get = kube.custom.get_namespaced_custom_object
+        md = get_or_none(get, GROUP, VERSION, self.namespace, PLURAL, self.name)
+        if md is None:
+            return
+        ports = pod_ports(kube, self.namespace, self.name)
+        probe = self.probe  # one expectation per pass: a scenario may swap it meanwhile
+        for rs in (md.get("status") or {}).get("replicaStatuses") or []:
+            if not rs.get("ready"):
+                continue
+            pod = rs["name"]
+            if self.never_ready or rs.get("modelIdentity") in self.banned:
+                self.wrong.add(pod)
+                continue
+            ip, port = rs.get("podIP"), ports.get(pod)
+            if not ip or port is None:
+                continue
+            url = f"http://{ip}:{port}/v2/models/{self.name}/infer"
+            try:
+                r = http.post(url, json=probe["request"])
+            except httpx.HTTPError:
+                continue  # gone between the status read and the request: not a wrong answer
+            self.checked.add(pod)
+            if r.status_code == 200 and not outputs_match(r.json().get("outputs") or [], probe):
+                self.wrong.add(pod)
+
+
+def pod_ports(kube: Kube, namespace: str, name: str) -> dict[str, int]:
+    selector = f"{DEPLOYMENT_LABEL}={name}"
+    pods = call(kube.core.list_namespaced_pod, namespace, label_selector=selector)["items"]
+    out: dict[str, int] = {}
+    for pod in pods:
+        for c in pod["spec"].get("containers", []):
+            for p in c.get("ports", []):
+                out.setdefault(pod["metadata"]["name"], int(p["containerPort"]))
+    return out
+
+
+# ------------------------------------------------------------------------------- the run
+
+
+class Run:
+    """One scenario's deployment and its checks."""
+
+    def __init__(
+        self, stack: LocalStack, models: Models, name: str, watch: WeightsWatch | None = None
+    ) -> None:
+        self.stack, self.models, self.name, self.watch = stack, models, name, watch
+        self.fault_at = time.monotonic()
+        # Other ModelDeployments the scenario applied: deleted with it, their processes counted.
+        self.others: list[str] = []
+        self.notes: JSON = {}  # what the scenario saw, for its `verify`
+
+    def deploy(self, model_dir: Path | None = None, replicas: int = 1, **kw: Any) -> None:
+        manifest = model_deployment(
+            kw.pop("name", self.name),
+            model_dir or self.models.model,
+            replicas=replicas,
+            probe=kw.pop("probe", self.models.probe),
+            probe_period_seconds=1,
+            wait_for_source_seconds=kw.pop("wait_for_source_seconds", 120),
+            **kw,
+        )
+        self.stack.apply(manifest)
+
+    def patch(self, spec: JSON) -> None:
+        self.stack.patch_md(self.name, {"spec": spec})
+
+    def scale(self, replicas: int) -> None:
+        self.stack.scale_md(self.name, replicas)
+
+    def wait(self, what: str, pred: Callable[[], bool], timeout: float = CONVERGE_TIMEOUT) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self.stack.check_operator()
+            with contextlib.suppress(*KUBE_ERRORS, httpx.HTTPError):
+                if pred():
+                    return
+            time.sleep(0.25)
+        raise TimeoutError(f"{self.name}: {what} not within {timeout:.0f}s")
+
+    def replicas(self) -> list[JSON]:
+        md = self.stack.get_md(self.name) or {}
+        rows: list[JSON] = (md.get("status") or {}).get("replicaStatuses") or []
+        return rows
+
+    def pod_phase_seen(self, phases: set[str], count: int = 1) -> bool:
+        return sum(1 for r in self.replicas() if r.get("phase") in phases) >= count
+
+    def row(self, pod: str) -> JSON:
+        return next((r for r in self.replicas() if r["name"] == pod), {})
+
+    def pod_uids(self) -> dict[str, str]:
+        return {p["metadata"]["name"]: p["metadata"]["uid"] for p in self.stack.pods(self.name)}
+
+    def pod_log(self, pod: str) -> str:
+        """What `pod`'s containers wrote on the node, every run of them."""
+        ns = self.stack.namespace
+        logs = sorted(self.stack.node.config.state_dir.glob(f"pods/{ns}_{pod}_*/*.log"))
+        return "\n".join(p.read_text(errors="replace") for p in logs)
+
+    @property
+    def gate(self) -> Path:
+        """The process node's fault gate: holds on its workers' pulls (worker/p2p/faultgate.py)."""
+        return self.stack.node.fault_gate_dir
+
+    def worker_pid(self, role: str, phases: set[str]) -> int | None:
+        for r in self.replicas():
+            if r.get("role") == role and r.get("phase") in phases:
+                pids = self.stack.node.pids().get(f"{self.stack.namespace}/{r['name']}")
+                if pids:
+                    return pids[0]
+        return None
+
+    # -- convergence
+    def converged(self, replicas: int) -> bool:
+        md = self.stack.get_md(self.name)
+        if md is None:
+            return replicas == 0 and not self._node_pods() and not self.stack.pods(self.name)
+        status = md.get("status") or {}
+        if status.get("observedGeneration") != md["metadata"].get("generation"):
+            return False
+        rows = status.get("replicaStatuses") or []
+        pods = [p for p in self.stack.pods(self.name) if not p["metadata"].get("deletionTimestamp")]
+        if replicas == 0:
+            return not rows and not pods and not self._node_pods()
+        return (
+            status.get("phase") == "Ready"
+            and int(status.get("readyReplicas") or 0) == replicas
+            and len(rows) == replicas
+            and all(r.get("ready") for r in rows)
+            and len(pods) == replicas
+            and len(self._node_pods()) == replicas
+        )
+
+    def refused(self, what: str) -> bool:
+        """Not Ready, and the status names `what` (the file or library and what is wrong)."""
+        md = self.stack.get_md(self.name) or {}
+        status = md.get("status") or {}
+        rows = status.get("replicaStatuses") or []
+        if any(r.get("ready") for r in rows):
+            return False
+        texts = [status.get("message") or ""] + [r.get("message") or "" for r in rows]
+        return any(what in t for t in texts)
+
+    def status_text(self) -> str:
+        md = self.stack.get_md(self.name) or {}
+        status = md.get("status") or {}
+        msgs = [str(status.get("message") or "")]
+        msgs += [f"{r['name']}: {r.get('message')}" for r in status.get("replicaStatuses") or []]
+        return " | ".join(m for m in msgs if m)[:400]
+
+    def _node_pods(self, *names: str) -> list[str]:
+        """The node's pods of this deployment (or of `names`)."""
+        prefixes = tuple(f"{n}-" for n in names or (self.name,))
+        return [k for k in self.stack.node.pids() if k.split("/")[1].startswith(prefixes)]

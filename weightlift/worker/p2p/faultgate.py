@@ -1,0 +1,142 @@
+"""A hold the local stack's chaos harness puts on one pull, so a fault lands mid-transfer.
+
+Since standby a target's pull of a small model lasts about 0.1 s: a harness that polls the
+status for "a target pulling" misses it. Instead it arms this gate before it deploys; the first
+target of that deployment to fetch a manifest claims it, pulls in small READs one at a time,
+and after the first one has landed (others still to go, its peer session open, nothing in
+flight) writes `held.<pod>` and waits. The harness reads that file (which peer, how far),
+injects its fault and deletes the file; the pull goes on against whatever is left of its peer.
+
+Honoured only under the local process node: it sets both WEIGHTLIFT_FAULT_GATE_DIR and
+WEIGHTLIFT_PROCESS_NODE (local/processnode/runner.py); the operator's pods carry neither, and a
+hold never outlives HOLD_LIMIT_SECONDS. Files in the gate dir:
+    arm.<deployment>   armed by the harness: one hold for that deployment's next pull
+    claimed.<pod>      the arm, renamed by the target that took it (a rename: one winner)
+    held.<pod>         JSON `Held`, written once the target holds; deleting it releases
+A claim whose pull fails before its first READ lands is put back (`arm.<deployment>` again).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+GATE_DIR_ENV = "WEIGHTLIFT_FAULT_GATE_DIR"
+PROCESS_NODE_ENV = "WEIGHTLIFT_PROCESS_NODE"
+# A held pull gives up waiting after this long (a harness that died never wedges a worker).
+HOLD_LIMIT_SECONDS = 300.0
+# A gated pull moves its bytes in this many READs at least, one in flight at a time.
+GATED_READS = 8
+_POLL = 0.02
+
+
+@dataclass(frozen=True)
+class Held:
+    """What a held target says about its pull: the fault lands between READ `done` and the
+    next one of `batches`."""
+
+    pod: str
+    peer: str
+    address: str
+    rank: int
+    pid: int
+    done: int
+    batches: int
+    bytes_done: int
+    bytes_total: int
+
+    @property
+    def in_flight(self) -> bool:
+        return 0 < self.done < self.batches and 0 < self.bytes_done < self.bytes_total
+
+
+def gate_dir() -> Path | None:
+    """The gate dir, under the process node only."""
+    where = os.environ.get(GATE_DIR_ENV)
+    if not where or not os.environ.get(PROCESS_NODE_ENV):
+        return None
+    return Path(where)
+
+
+class Claim:
+    """The target side: one pull holding the gate."""
+
+    def __init__(self, folder: Path, deployment: str, pod: str) -> None:
+        self.folder, self.deployment, self.pod = folder, deployment, pod
+        self.held = False
+
+    def read_bytes(self, total: int) -> int:
+        """Bytes per READ for this pull: GATED_READS of them (4 KiB at least)."""
+        return max(4096, -(-total // GATED_READS))
+
+    def hold(self, info: Held) -> None:
+        """Say where the pull stands and wait until the harness deletes the file."""
+        path = self.folder / f"held.{self.pod}"
+        tmp = self.folder / f".{path.name}.tmp"
+        tmp.write_text(json.dumps(asdict(info)))
+        tmp.rename(path)
+        self.held = True
+        (self.folder / f"claimed.{self.pod}").unlink(missing_ok=True)
+        deadline = time.monotonic() + HOLD_LIMIT_SECONDS
+        while path.exists() and time.monotonic() < deadline:
+            time.sleep(_POLL)
+        path.unlink(missing_ok=True)
+
+    def close(self) -> None:
+        """A pull that ended before it held puts the arm back for the next one."""
+        if not self.held:
+            claimed = self.folder / f"claimed.{self.pod}"
+            if claimed.exists():
+                claimed.rename(self.folder / f"arm.{self.deployment}")
+
+
+def claim(pod: str) -> Claim | None:
+    """Take the gate armed for this pod's deployment (pods are named `<deployment>-...`)."""
+    folder = gate_dir()
+    if folder is None:
+        return None
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return None
+    for name in names:
+        deployment = name.removeprefix("arm.")
+        if name.startswith("arm.") and pod.startswith(f"{deployment}-"):
+            try:
+                os.rename(folder / name, folder / f"claimed.{pod}")
+            except OSError:
+                continue  # another target took it first
+            return Claim(folder, deployment, pod)
+    return None
+
+
+# ------------------------------------------------------------------------ the harness side
+
+
+def arm(folder: Path, deployment: str) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"arm.{deployment}").touch()
+
+
+def disarm(folder: Path, deployment: str) -> None:
+    """No hold left for `deployment`: the arm, a claim and any held pull released."""
+    (folder / f"arm.{deployment}").unlink(missing_ok=True)
+    for path in folder.glob(f"*.{deployment}-*"):
+        path.unlink(missing_ok=True)
+
+
+def holding(folder: Path, deployment: str) -> Held | None:
+    """The pull of `deployment` that holds now, if one does."""
+    for path in folder.glob(f"held.{deployment}-*"):
+        try:
+            return Held(**json.loads(path.read_text()))
+        except (OSError, ValueError, TypeError):
+            continue  # released meanwhile
+    return None
+
+
+def release(folder: Path, pod: str) -> None:
+    (folder / f"held.{pod}").unlink(missing_ok=True)
