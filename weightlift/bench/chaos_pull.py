@@ -18,7 +18,7 @@ import contextlib
 import os
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from weightlift.bench.chaos_run import Run
 from weightlift.worker.p2p import faultgate
@@ -42,6 +42,20 @@ def held_pull(run: Run) -> faultgate.Held:
     return held
 
 
+@contextlib.contextmanager
+def pulling(run: Run, replicas: int) -> Iterator[faultgate.Held]:
+    """Deploy `replicas` with the gate armed; inside the block a Target holds its pull open
+    mid-transfer (the fault goes there); leaving the block releases it."""
+    faultgate.arm(run.gate, run.name)
+    try:
+        run.deploy(replicas=replicas)
+        held = held_pull(run)
+        run.fault_at = time.monotonic()
+        yield held
+    finally:
+        faultgate.disarm(run.gate, run.name)
+
+
 def _signal_pod(run: Run, pod: str, sig: signal.Signals) -> None:
     pids = run.stack.node.pids().get(f"{run.stack.namespace}/{pod}")
     assert pids, f"{pod} has no process on the node"
@@ -55,17 +69,12 @@ def peer_signalled(sig: signal.Signals, stopped_for: float) -> Callable[[Run], N
     `stopped_for` seconds, the pull held meanwhile so its liveness check sees the peer frozen)."""
 
     def inject(run: Run) -> None:
-        faultgate.arm(run.gate, run.name)
-        run.deploy(replicas=3)
-        held = held_pull(run)
-        run.fault_at = time.monotonic()
-        _signal_pod(run, held.peer, sig)
+        with pulling(run, 3) as held:
+            _signal_pod(run, held.peer, sig)
+            if sig == signal.SIGSTOP:
+                time.sleep(stopped_for)
         if sig == signal.SIGSTOP:
-            time.sleep(stopped_for)
-            faultgate.release(run.gate, held.pod)
             _signal_pod(run, held.peer, signal.SIGCONT)
-        else:
-            faultgate.release(run.gate, held.pod)
 
     return inject
 
@@ -90,14 +99,8 @@ def verify_peer_fault(run: Run) -> str:
 def node_lost(run: Run) -> None:
     """Two replicas; the node is lost (every worker process killed, the Node deleted) while the
     Target pulls, and a fresh one rejoins under the same name."""
-    faultgate.arm(run.gate, run.name)
-    run.deploy(replicas=2)
-    held_pull(run)
-    run.fault_at = time.monotonic()
-    try:
+    with pulling(run, 2):
         run.stack.replace_node(down_seconds=3.0)
-    finally:
-        faultgate.disarm(run.gate, run.name)  # the held process died with the node
 
 
 def verify_node_lost(run: Run) -> str:
