@@ -100,14 +100,17 @@ def node_lost(run: Run) -> None:
     """Two replicas; the node is lost (every worker process killed, the Node deleted) while the
     Target pulls, and a fresh one rejoins under the same name."""
     with pulling(run, 2):
+        run.notes["pids"] = run.worker_pids()
         run.stack.replace_node(down_seconds=3.0)
 
 
 def verify_node_lost(run: Run) -> str:
-    """The pods that were pulling and serving when the node went were replaced."""
+    """Every worker process that was pulling or serving when the node went died with it; the
+    rejoined node runs the pods again (as a rebooted kubelet does: same pods, new processes)."""
     held: faultgate.Held = run.notes["held"]
-    uids = set(run.pod_uids().values())
-    for what in ("held_uid", "peer_uid"):
-        assert run.notes[what] not in uids, f"{what} {run.notes[what]} outlived the node"
+    before: set[int] = run.notes["pids"]
+    assert held.pid in before, f"the held worker {held.pid} was not {held.pod}'s process"
+    survivors = before & run.worker_pids()
+    assert not survivors, f"worker processes {sorted(survivors)} outlived the node"
     loaded = ", ".join(f"{r['name']}<-{r.get('loadedFrom')}" for r in run.replicas())
-    return f"{held.pod} held at READ {held.done}/{held.batches}; replaced: {loaded}"
+    return f"{held.pod} held at READ {held.done}/{held.batches}; after the node: {loaded}"

@@ -213,6 +213,11 @@ class Run:
         """The process node's fault gate: holds on its workers' pulls (worker/p2p/faultgate.py)."""
         return self.stack.node.fault_gate_dir
 
+    def worker_pids(self) -> set[int]:
+        """The processes of this deployment's pods on the node now."""
+        pids = self.stack.node.pids()
+        return {pid for key in self._node_pods() for pid in pids.get(key, [])}
+
     def worker_pid(self, role: str, phases: set[str]) -> int | None:
         for r in self.replicas():
             if r.get("role") == role and r.get("phase") in phases:
