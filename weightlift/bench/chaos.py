@@ -171,6 +171,7 @@ SCENARIOS: tuple[Scenario, ...] = (
         "source-sigkill-while-pulling",
         pull.peer_signalled(signal.SIGKILL, 0),
         replicas=3,
+        fast=True,  # about 25 s here: `make test` sees a fault strike a pull mid-transfer
         verify=pull.verify_peer_fault,
     ),
     Scenario(

@@ -85,3 +85,19 @@ def test_standby_scenarios_end_serving_and_check_what_they_are_about() -> None:
         assert s.refuses is None and s.replicas >= 2 and s.verify is not None, s.name
     names = [s.name for s in SCENARIOS]
     assert len(names) == len(set(names))
+
+
+def test_mid_pull_faults_strike_a_held_pull_and_check_it() -> None:
+    """The faults that must land mid-pull wait on the fault gate, not on a status poll, and
+    check afterwards that they hit that pull; `make test` runs one of them."""
+    from weightlift.bench import chaos_pull
+
+    mid_pull = {
+        "source-sigkill-while-pulling": chaos_pull.verify_peer_fault,
+        "source-sigstop-while-pulling": chaos_pull.verify_peer_fault,
+        "node-lost-and-back": chaos_pull.verify_node_lost,
+    }
+    by_name = {s.name: s for s in SCENARIOS}
+    for name, verify in mid_pull.items():
+        assert by_name[name].verify is verify and by_name[name].replicas >= 2, name
+    assert by_name["source-sigkill-while-pulling"].fast
