@@ -96,36 +96,31 @@ class Scenario:
     verify: Callable[[Run], str] | None = None
 
 
+# Faults mid-rollout strike while a Target holds its pull open (chaos_pull.pulling): a poll of
+# the status for a replica "loading" can miss a load that lasts 0.1 s.
 def _operator_killed(run: Run) -> None:
-    run.deploy(replicas=2)
-    run.wait("a replica loading", lambda: run.pod_phase_seen({"InitHooks", "Loading", "Serving"}))
-    run.stack.kill_operator()
-    time.sleep(2.0)
-    run.fault_at = time.monotonic()
-    run.stack.restart_operator()
+    with pull.pulling(run, 2):
+        run.stack.kill_operator()
+        time.sleep(2.0)
+        run.fault_at = time.monotonic()
+        run.stack.restart_operator()
 
 
 def _apiserver_restarted(run: Run) -> None:
-    run.deploy(replicas=3)
-    run.wait("replicas loading", lambda: run.pod_phase_seen({"InitHooks", "Loading"}))
-    run.fault_at = time.monotonic()
-    run.stack.restart_apiserver(down_seconds=3.0)
+    with pull.pulling(run, 3):
+        run.stack.restart_apiserver(down_seconds=3.0)
 
 
 def _deleted_mid_load(run: Run) -> None:
-    run.deploy(replicas=3)
-    run.wait("replicas loading", lambda: run.pod_phase_seen({"InitHooks", "Loading"}))
-    run.fault_at = time.monotonic()
-    run.stack.delete_md(run.name)
+    with pull.pulling(run, 3):
+        run.stack.delete_md(run.name)
 
 
 def _scale_flap(run: Run) -> None:
-    run.deploy(replicas=3)
-    run.wait("a replica loading", lambda: run.pod_phase_seen({"InitHooks", "Loading", "Serving"}))
-    run.fault_at = time.monotonic()
-    run.scale(0)
-    time.sleep(1.5)
-    run.scale(3)
+    with pull.pulling(run, 3):
+        run.scale(0)
+        time.sleep(1.5)
+        run.scale(3)
 
 
 def _revision_twice(run: Run) -> None:

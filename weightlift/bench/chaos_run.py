@@ -193,9 +193,6 @@ class Run:
         rows: list[JSON] = (md.get("status") or {}).get("replicaStatuses") or []
         return rows
 
-    def pod_phase_seen(self, phases: set[str], count: int = 1) -> bool:
-        return sum(1 for r in self.replicas() if r.get("phase") in phases) >= count
-
     def row(self, pod: str) -> JSON:
         return next((r for r in self.replicas() if r["name"] == pod), {})
 
@@ -217,14 +214,6 @@ class Run:
         """The processes of this deployment's pods on the node now."""
         pids = self.stack.node.pids()
         return {pid for key in self._node_pods() for pid in pids.get(key, [])}
-
-    def worker_pid(self, role: str, phases: set[str]) -> int | None:
-        for r in self.replicas():
-            if r.get("role") == role and r.get("phase") in phases:
-                pids = self.stack.node.pids().get(f"{self.stack.namespace}/{r['name']}")
-                if pids:
-                    return pids[0]
-        return None
 
     # -- convergence
     def converged(self, replicas: int) -> bool:
