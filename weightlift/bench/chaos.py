@@ -160,8 +160,11 @@ def _swapped_program(run: Run) -> None:
 
 
 SCENARIOS: tuple[Scenario, ...] = (
-    Scenario("operator-sigkill-mid-rollout", _operator_killed, replicas=2, fast=True),
-    # Faults while a Target pulls (held open mid-transfer by the node's fault gate).
+    # Up to node-lost-and-back (revision-changed-twice aside): faults that strike a Target's pull
+    # held open mid-transfer by the node's fault gate (chaos_pull.py).
+    Scenario(
+        "operator-sigkill-mid-rollout", _operator_killed, 2, fast=True, verify=pull.verify_held
+    ),
     Scenario(
         "source-sigkill-while-pulling",
         pull.peer_signalled(signal.SIGKILL, 0),
@@ -175,9 +178,9 @@ SCENARIOS: tuple[Scenario, ...] = (
         replicas=3,
         verify=pull.verify_peer_fault,
     ),
-    Scenario("apiserver-restart-while-loading", _apiserver_restarted, replicas=3),
-    Scenario("deleted-mid-load", _deleted_mid_load, replicas=0, fast=True),
-    Scenario("scale-3-0-3", _scale_flap, replicas=3),
+    Scenario("apiserver-restart-while-loading", _apiserver_restarted, 3, verify=pull.verify_held),
+    Scenario("deleted-mid-load", _deleted_mid_load, 0, fast=True, verify=pull.verify_held),
+    Scenario("scale-3-0-3", _scale_flap, replicas=3, verify=pull.verify_held),
     Scenario("revision-changed-twice", _revision_twice, replicas=2),
     Scenario("node-lost-and-back", pull.node_lost, replicas=2, verify=pull.verify_node_lost),
     Scenario("hook-segfaults", _hook(SEGFAULT_HOOK, "libsegv.so"), 0, "libsegv.so"),

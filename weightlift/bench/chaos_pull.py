@@ -96,6 +96,12 @@ def verify_peer_fault(run: Run) -> str:
     )
 
 
+def verify_held(run: Run) -> str:
+    """Where the pull stood when the fault struck (the mid-rollout faults check no more)."""
+    held: faultgate.Held = run.notes["held"]
+    return f"struck while {held.pod} held at READ {held.done}/{held.batches} from {held.peer}"
+
+
 def node_lost(run: Run) -> None:
     """Two replicas; the node is lost (every worker process killed, the Node deleted) while the
     Target pulls, and a fresh one rejoins under the same name."""
