@@ -38,7 +38,7 @@ def held_pull(run: Run) -> faultgate.Held:
     held = found[-1]
     assert held.in_flight, f"{held.pod} holds outside a transfer: {held}"
     uids = run.pod_uids()
-    run.notes.update(held=held, held_uid=uids.get(held.pod), peer_uid=uids.get(held.peer))
+    run.notes.update(held=held, held_uid=uids.get(held.pod))
     return held
 
 
@@ -83,12 +83,12 @@ def verify_peer_fault(run: Run) -> str:
     """The held Target let go of its peer mid-pull and loaded elsewhere (verified weights: its
     own checksums, then the watcher's probes)."""
     held: faultgate.Held = run.notes["held"]
-    log = run.pod_log(held.pod)
+    log = run.pod_log(held.pod, run.notes["held_uid"])
     assert f"peer {held.peer}:" in log, f"{held.pod}'s log names no failure of {held.peer}"
     row = run.row(held.pod)
     got = str(row.get("loadedFrom"))
     assert got != f"peer:{held.peer}", f"{held.pod} still loaded from {held.peer} ({got})"
-    failure = next(line for line in log.splitlines() if f"peer {held.peer}:" in line)
+    failure = [line for line in log.splitlines() if f"peer {held.peer}:" in line][-1]
     why = failure.split(f"peer {held.peer}:", 1)[1].split(";")[0].strip()
     return (
         f"{held.pod} held at READ {held.done}/{held.batches} from {held.peer}; "

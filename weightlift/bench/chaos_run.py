@@ -199,11 +199,14 @@ class Run:
     def pod_uids(self) -> dict[str, str]:
         return {p["metadata"]["name"]: p["metadata"]["uid"] for p in self.stack.pods(self.name)}
 
-    def pod_log(self, pod: str) -> str:
-        """What `pod`'s containers wrote on the node, every run of them."""
+    def pod_log(self, pod: str, uid: str | None = None) -> str:
+        """What `pod`'s containers wrote on the node, every run of them: the pod of that uid
+        (the live one by default); an earlier scenario's pod of the same name is another."""
+        uid = uid or self.pod_uids().get(pod, "")
+        assert uid, f"{pod}: no such pod"
         ns = self.stack.namespace
-        logs = sorted(self.stack.node.config.state_dir.glob(f"pods/{ns}_{pod}_*/*.log"))
-        return "\n".join(p.read_text(errors="replace") for p in logs)
+        where = self.stack.node.config.state_dir / "pods" / f"{ns}_{pod}_{uid[:8]}"
+        return "\n".join(p.read_text(errors="replace") for p in sorted(where.glob("*.log")))
 
     @property
     def gate(self) -> Path:
