@@ -19,6 +19,7 @@ from weightlift.api.labels import DEPLOYMENT_LABEL
 from weightlift.api.model import GROUP, PLURAL, VERSION
 from weightlift.bench.chaos_models import Models
 from weightlift.local.kube import KUBE_ERRORS, Kube, call, get_or_none
+from weightlift.local.processnode import ProcessNode
 from weightlift.local.stack import LocalStack, model_deployment
 
 JSON = dict[str, Any]
@@ -204,14 +205,18 @@ class Run:
         (the live one by default); an earlier scenario's pod of the same name is another."""
         uid = uid or self.pod_uids().get(pod, "")
         assert uid, f"{pod}: no such pod"
-        ns = self.stack.namespace
-        where = self.stack.node.config.state_dir / "pods" / f"{ns}_{pod}_{uid[:8]}"
-        return "\n".join(p.read_text(errors="replace") for p in sorted(where.glob("*.log")))
+        logs = self.stack.node.pod_logs(self.stack.namespace, pod)
+        mine = [
+            p for p in logs if uid[:8] in p.parent.name
+        ] or logs  # process node: <ns>_<pod>_<uid8>
+        return "\n".join(p.read_text(errors="replace") for p in mine)
 
     @property
     def gate(self) -> Path:
         """The process node's fault gate: holds on its workers' pulls (worker/p2p/faultgate.py)."""
-        return self.stack.node.fault_gate_dir
+        node = self.stack.node
+        assert isinstance(node, ProcessNode), "the fault gate is the process node's only"
+        return node.fault_gate_dir
 
     def worker_pids(self) -> set[int]:
         """The processes of this deployment's pods on the node now."""
