@@ -151,6 +151,10 @@ class NodeNetwork:
         and the host end if the kernel has not removed it yet."""
         if self.netns_path.exists():
             ip("netns", "del", self.netns, check=False)
+        if _empty_netns_mount():
+            # `ip netns add` bind-mounts /run/netns onto itself (shared) the first time; with no
+            # namespace left in it, that mount is ours to undo (the next `add` makes it again).
+            subprocess.run(["umount", str(NETNS_DIR)], check=False, capture_output=True)
         if Path(f"/sys/class/net/{self.host_link}").exists():
             ip("link", "del", self.host_link, check=False)
         with contextlib.suppress(FileNotFoundError):
@@ -160,6 +164,8 @@ class NodeNetwork:
         out = []
         if self.netns_path.exists():
             out.append(f"network namespace {self.netns}")
+        if _empty_netns_mount():
+            out.append(f"mount {NETNS_DIR} (holds no namespace)")
         if Path(f"/sys/class/net/{self.host_link}").exists():
             out.append(f"link {self.host_link}")
         routes = ip("route", "show", self.pod_cidr, check=False).stdout.strip()
@@ -213,3 +219,12 @@ def allocate(
 def set_owner(net: NodeNetwork, pid: int, state_dir: Path) -> None:
     """Hand the slot to another process (`cluster up`: the node outlives the command)."""
     net.owner_file.write_text(f"{pid} {state_dir}\n")
+
+
+def _empty_netns_mount() -> bool:
+    """/run/netns is still the mount `ip netns add` made, though no namespace is left in it."""
+    mounted = any(
+        line.split()[1] == str(NETNS_DIR)
+        for line in Path("/proc/self/mounts").read_text().splitlines()
+    )
+    return mounted and NETNS_DIR.is_dir() and not any(NETNS_DIR.iterdir())
