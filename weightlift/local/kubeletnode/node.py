@@ -395,8 +395,13 @@ def clear(net: NodeNetwork, state_dir: Path, cgroup_root: str) -> None:
     host files, then the network namespace. Also a crashed run's (network.allocate)."""
     cgroups = teardown.cgroup_dirs(cgroup_root)
     teardown.kill_all(teardown.processes_in(net.netns_path, cgroups, _markers(net, state_dir)))
-    teardown.unmount_all(config.layout(state_dir, net).mount_roots())
+    lay = config.layout(state_dir, net)
+    teardown.unmount_all(lay.mount_roots())
     shutil.rmtree(net.run_dir, ignore_errors=True)
+    # The node's image store: the worker image unpacked is ~9 GB (content + snapshot); a kept
+    # state dir (pytest keeps three runs') must not keep it, or the next run's node meets
+    # DiskPressure. The registry keeps the pushed images.
+    shutil.rmtree(lay.containerd_root, ignore_errors=True)
     teardown.remove_cgroups(cgroup_root)
     teardown.restore_sysctls(state_dir / "sysctls.json")
     for path in teardown.host_files(state_dir, config.cni_network(net)):
@@ -415,6 +420,8 @@ def leftovers(net: NodeNetwork, state_dir: Path, cgroup_root: str) -> list[str]:
         f"mount {m}" for m in teardown.mounts_under(config.layout(state_dir, net).mount_roots())
     ]
     out += [f"dir {net.run_dir}"] if net.run_dir.exists() else []
+    store = config.layout(state_dir, net).containerd_root
+    out += [f"dir {store}"] if store.exists() else []
     out += [f"cgroup {d}" for d in cgroups if d.exists()]
     out += [f"file {p}" for p in teardown.host_files(state_dir, config.cni_network(net))]
     out += [f"dir {p}" for p in teardown.made_dirs(state_dir / "made-dirs.json") if p.exists()]
