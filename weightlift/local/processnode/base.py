@@ -12,13 +12,14 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Protocol
 
-from weightlift.local.kube import JSON
+from weightlift.local.kube import JSON, Kube
 from weightlift.local.procs import child_options
 
 log = logging.getLogger("weightlift.processnode")
@@ -109,6 +110,24 @@ class ContainerRun:
     @property
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
+
+
+class PodHost(Protocol):
+    """What a pod's runner needs of its node (node.py's ProcessNode): the node owns its
+    runners, so the runner sees it only through this, and neither module imports the other."""
+
+    config: NodeConfig
+    kube: Kube
+    host_ip: str
+    stopping: threading.Event
+
+    @property
+    def fault_gate_dir(self) -> Path: ...
+
+    def event(self, pod: JSON, kind: str, reason: str, message: str) -> None: ...
+
+    def runner_done(self, uid: str, runner: object, finished: bool) -> None:
+        """The runner's thread ended; `finished`: its pod is gone or was deleted by it."""
 
 
 class ConfigError(Exception):

@@ -377,13 +377,11 @@ class ProcessNode:
         if runner is not None:
             runner.gone()
 
-    def _runner_done(self, runner: PodRunner) -> None:
+    def runner_done(self, uid: str, runner: object, finished: bool) -> None:
         with self._lock:
-            if self._runners.get(runner.uid) is runner and (
-                runner._gone.is_set() or runner.deleted
-            ):
-                del self._runners[runner.uid]
-                self._ips.pop(runner.uid, None)
+            if finished and self._runners.get(uid) is runner:
+                del self._runners[uid]
+                self._ips.pop(uid, None)
 
     def _ip_candidates(self) -> Iterator[str]:
         lo, hi = self.config.ip_octets

@@ -16,7 +16,7 @@ import subprocess
 import threading
 import time
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, Any
 
 import httpx
 from kubernetes.client.exceptions import ApiException
@@ -38,6 +38,7 @@ from weightlift.local.processnode.base import (
     RUNTIME_VERSION,
     ConfigError,
     ContainerRun,
+    PodHost,
     ProbeState,
     expand,
     map_strings,
@@ -51,16 +52,13 @@ from weightlift.worker.p2p import faultgate
 # PATH of a container of a mapped image (the OCI default; both Dockerfile targets use it).
 IMAGE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
-if TYPE_CHECKING:
-    from weightlift.local.processnode.node import ProcessNode
-
 log = logging.getLogger("weightlift.processnode")
 
 
 class PodRunner(threading.Thread):
     """Owns one pod (by uid): starts its containers, probes them, writes status, tears down."""
 
-    def __init__(self, node: ProcessNode, pod: JSON, pod_ip: str) -> None:
+    def __init__(self, node: PodHost, pod: JSON, pod_ip: str) -> None:
         meta = pod["metadata"]
         super().__init__(name=f"pod-{meta['namespace']}-{meta['name']}", daemon=True)
         self.node = node
@@ -112,7 +110,7 @@ class PodRunner(threading.Thread):
             self._kill_all(grace=2.0)
         finally:
             self.finished.set()
-            self.node._runner_done(self)
+            self.node.runner_done(self.uid, self, self._gone.is_set() or self.deleted)
 
     def _run(self) -> None:
         pod = self.pod
