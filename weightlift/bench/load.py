@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import Any
 
 import click
-import numpy as np
 import torch
 
 from weightlift.bench.measure import Tensors, memcpy_gbps, touch
@@ -333,31 +332,6 @@ def print_table(doc: dict[str, Any]) -> None:
         console.print(f"- {note}", highlight=False)
 
 
-def plot(doc: dict[str, Any], png: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    names = list(dict.fromkeys(r["loader"] for r in doc["results"]))
-    get = {(r["loader"], r["cache"]): r["gbps"] for r in doc["results"]}
-    x = np.arange(len(names))
-    fig, ax = plt.subplots(figsize=(9, 4.5))
-    ax.bar(x - 0.2, [get[(n, "warm")] for n in names], 0.4, label="warm cache")
-    ax.bar(x + 0.2, [get[(n, "cold")] for n in names], 0.4, label="cold cache")
-    lim = doc["limits"]
-    ax.axhline(lim["memcpy_gbps"], color="k", ls="--", lw=1, label="memcpy (threads)")
-    if lim["odirect_read_gbps"]:
-        ax.axhline(lim["odirect_read_gbps"], color="r", ls=":", lw=1, label="O_DIRECT read")
-    ax.set_xticks(x, names, rotation=15)
-    ax.set_ylabel("GB/s")
-    ax.set_title(f"Load throughput, {doc['bytes'] / 1e6:.0f} MB, median of {doc['repeat']}")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(png, dpi=120)
-    plt.close(fig)
-
-
 @click.command("load")
 @click.option("--size-mb", type=float, default=512, show_default=True)
 @click.option(
@@ -365,7 +339,14 @@ def plot(doc: dict[str, Any], png: Path) -> None:
     "json_path",
     type=click.Path(dir_okay=False, path_type=Path),
     required=True,
-    help="Write results here; the PNG goes next to it.",
+    help="Write results here; the PNG goes next to it unless --plot says where.",
+)
+@click.option(
+    "--plot",
+    "png",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Draw ours vs the peers vs the machine's limits here (PNG).",
 )
 @click.option(
     "--dir",
@@ -396,6 +377,7 @@ def plot(doc: dict[str, Any], png: Path) -> None:
 def load_command(
     size_mb: float,
     json_path: Path,
+    png: Path | None,
     model_dir: Path | None,
     parts: int,
     repeat: int,
@@ -437,11 +419,17 @@ def load_command(
     json_path.parent.mkdir(parents=True, exist_ok=True)
     json_path.write_text(json.dumps(doc, indent=2) + "\n")
     print_table(doc)
-    png = json_path.with_suffix(".png")
-    plot(doc, png)
+    png = plot_load(doc, png or json_path.with_suffix(".png"))
     click.echo(f"wrote {json_path} and {png}")
     if not all(r["verified"] for r in doc["results"]):
         raise click.ClickException("some loader's output differs from safetensors.load_file")
+
+
+def plot_load(doc: dict[str, Any], png: Path) -> Path:
+    from weightlift.bench.charts import load_panels, plot
+
+    title = f"weightlift bench load: {doc['bytes'] / 1e6:.0f} MB, median of {doc['repeat']}"
+    return plot(load_panels(doc), title, png)
 
 
 def _remote_command(

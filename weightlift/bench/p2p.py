@@ -493,6 +493,12 @@ def _breakdown(phases: dict[str, float]) -> tuple[float, str]:
 @click.option("--size-mb", type=float, default=256.0, show_default=True, help="Model size.")
 @click.option("--json", "json_path", type=click.Path(path_type=Path), help="Write results here.")
 @click.option(
+    "--plot",
+    "png",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Draw the pulls vs storage vs memcpy here (PNG).",
+)
+@click.option(
     "--repeat", type=int, default=5, show_default=True, help="Pulls (median of all but the first)."
 )
 @click.option("--ucx-tls", default=None, help="UCX_TLS for both processes (default: UCX's choice).")
@@ -515,6 +521,7 @@ def _breakdown(phases: dict[str, float]) -> tuple[float, str]:
 def p2p_command(
     size_mb: float,
     json_path: Path | None,
+    png: Path | None,
     repeat: int,
     ucx_tls: str | None,
     throttle_s: float,
@@ -550,3 +557,8 @@ def p2p_command(
     if json_path is not None:
         json_path.write_text(json.dumps(summary, indent=2) + "\n")
         click.echo(f"wrote {json_path}")
+    if png is not None:
+        from weightlift.bench.charts import p2p_panels, plot
+
+        title = f"weightlift bench p2p: {summary['model']['size_mb']:g} MB, one host"
+        click.echo(f"wrote {plot(p2p_panels(summary), title, png)}")

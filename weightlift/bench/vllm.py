@@ -269,6 +269,12 @@ def run_standby(
 )
 @click.option("--timeout", type=float, default=600.0, show_default=True)
 @click.option("--json", "json_out", type=click.Path(dir_okay=False, path_type=Path))
+@click.option(
+    "--plot",
+    "png",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Draw the contenders' seconds to ready and load GB/s here (PNG).",
+)
 @click.option("--workdir", type=click.Path(file_okay=False, path_type=Path), default=None)
 def vllm_command(
     hidden: int,
@@ -277,6 +283,7 @@ def vllm_command(
     gen_tokens: int,
     timeout: float,
     json_out: Path | None,
+    png: Path | None,
     workdir: Path | None,
 ) -> None:
     """vLLM seconds-to-ready, compile and tokens/s: --load-format auto vs weightlift preload vs
@@ -337,9 +344,14 @@ def vllm_command(
     _print(rows, size, hidden, layers, "eager" if enforce_eager else "compiled")
     same = len(set(texts.values())) == 1 and probe["expectedText"] in texts.values()
     click.echo(f"greedy completions: {'identical, as transformers' if same else texts}")
+    doc = {"bytes": size, "mode": "eager" if enforce_eager else "compiled", "rows": rows}
     if json_out:
-        doc = {"bytes": size, "mode": "eager" if enforce_eager else "compiled", "rows": rows}
         json_out.write_text(json.dumps({**doc, "texts": texts}, indent=1))
+    if png:
+        from weightlift.bench.charts import plot, vllm_panels
+
+        title = f"weightlift bench vllm: {size / 1e6:.0f} MB Llama, {doc['mode']}"
+        click.echo(f"wrote {plot(vllm_panels(doc), title, png)}")
 
 
 def _print(rows: dict[str, JSON], size: int, hidden: int, layers: int, mode: str) -> None:

@@ -125,6 +125,16 @@ def _sigterm_raises() -> Iterator[None]:
     help="Write the summary as JSON here.",
 )
 @click.option(
+    "--plot",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Draw where each replica's seconds went as a Gantt chart (PNG) here.",
+)
+@click.option(
+    "--from-json",
+    type=click.Path(dir_okay=False, exists=True, path_type=Path),
+    help="Run nothing: print the tables of a summary an earlier --json wrote (and --plot it).",
+)
+@click.option(
     "--linger",
     type=float,
     default=0.0,
@@ -190,6 +200,8 @@ def demo_command(
     replicas: int,
     model_size_mb: float,
     json_out: Path | None,
+    plot: Path | None,
+    from_json: Path | None,
     linger: float,
     state_dir: Path,
     timeout: float,
@@ -206,6 +218,11 @@ def demo_command(
 
     # Not a terminal (CI, a pipe): rich would wrap at 80 columns; the tables need more.
     console = Console(stderr=True, width=None if sys.stderr.isatty() else 150)
+    if from_json is not None:
+        summary = json.loads(from_json.read_text())
+        _print_tables(console, summary, name)
+        _draw(console, summary, plot, name)
+        return
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     state_dir = state_dir.resolve()
     llm = runtime in ("vllm", "triton")
@@ -263,6 +280,7 @@ def demo_command(
                 json_out.parent.mkdir(parents=True, exist_ok=True)
                 json_out.write_text(json.dumps(summary, indent=2) + "\n")
                 console.print(f"wrote {json_out}")
+            _draw(console, summary, plot, name)
             if linger > 0:
                 console.print(
                     f"lingering {linger:.0f}s: KUBECONFIG={stack.kubeconfig} kubectl get md; "
@@ -323,7 +341,22 @@ def _prepare_triton(console: Any, stack: LocalStack) -> None:
     stack.worker_env.update({"WEIGHTLIFT_TRITON_HOME": str(home)})
 
 
+def _draw(console: Any, summary: JSON, plot: Path | None, name: str) -> None:
+    if plot is not None:
+        from weightlift.local.demo_plot import plot_demo
+
+        try:
+            console.print(f"wrote {plot_demo(summary, plot, name)}")
+        except RuntimeError as exc:  # matplotlib missing
+            raise click.ClickException(str(exc)) from None
+
+
 def _print_summary(console: Any, summary: JSON, probe: JSON, name: str) -> None:
+    _print_tables(console, summary, name)
+    _check_endpoints(console, summary, probe, name)
+
+
+def _print_tables(console: Any, summary: JSON, name: str) -> None:
     from rich.table import Table
 
     table = Table(title=f"{name}: Ready in {summary['secondsToReady']:.1f}s")
@@ -380,6 +413,9 @@ def _print_summary(console: Any, summary: JSON, probe: JSON, name: str) -> None:
             f"{sum(steps.values()):.2f}",
         )
     console.print(timeline)
+
+
+def _check_endpoints(console: Any, summary: JSON, probe: JSON, name: str) -> None:
     # One more real request through each endpoint: same input, same output everywhere.
     outputs = set()
     if "completion" in probe:
