@@ -219,10 +219,8 @@ def demo_command(
     # Not a terminal (CI, a pipe): rich would wrap at 80 columns; the tables need more.
     console = Console(stderr=True, width=None if sys.stderr.isatty() else 150)
     if from_json is not None:
-        summary = json.loads(from_json.read_text())
-        _print_tables(console, summary, name)
-        _draw(console, summary, plot, name)
-        return
+        _print_tables(console, summary := json.loads(from_json.read_text()), name)
+        return _draw(console, summary, plot, name)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     state_dir = state_dir.resolve()
     llm = runtime in ("vllm", "triton")
@@ -275,12 +273,7 @@ def demo_command(
                 "uri": where.model["uri"],
                 "operator": operator,
             }
-            _print_summary(console, summary, probe, name)
-            if json_out is not None:
-                json_out.parent.mkdir(parents=True, exist_ok=True)
-                json_out.write_text(json.dumps(summary, indent=2) + "\n")
-                console.print(f"wrote {json_out}")
-            _draw(console, summary, plot, name)
+            _report(console, summary, probe, name, json_out, plot)
             if linger > 0:
                 console.print(
                     f"lingering {linger:.0f}s: KUBECONFIG={stack.kubeconfig} kubectl get md; "
@@ -339,6 +332,18 @@ def _prepare_triton(console: Any, stack: LocalStack) -> None:
     with console.status("checking the Triton install (once: unpacks nvidia-pytriton, ~140 MB)"):
         home = ensure_triton_env()
     stack.worker_env.update({"WEIGHTLIFT_TRITON_HOME": str(home)})
+
+
+def _report(
+    console: Any, summary: JSON, probe: JSON, name: str, json_out: Path | None, plot: Path | None
+) -> None:
+    """The tables, one more request through every endpoint, then --json and --plot."""
+    _print_summary(console, summary, probe, name)
+    if json_out is not None:
+        json_out.parent.mkdir(parents=True, exist_ok=True)
+        json_out.write_text(json.dumps(summary, indent=2) + "\n")
+        console.print(f"wrote {json_out}")
+    _draw(console, summary, plot, name)
 
 
 def _draw(console: Any, summary: JSON, plot: Path | None, name: str) -> None:
