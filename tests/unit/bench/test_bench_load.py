@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from click.testing import CliRunner
+from PIL import Image
 
 from weightlift.bench.load import load_command
 
@@ -34,6 +35,8 @@ def test_bench_load_json_png(tmp_path: Path) -> None:
             str(out),
             "--dir",
             str(tmp_path / "m"),
+            "--plot",
+            str(tmp_path / "pictures" / "load.png"),
         ],
     )
     assert res.exit_code == 0, res.output
@@ -53,4 +56,7 @@ def test_bench_load_json_png(tmp_path: Path) -> None:
             assert copied[("safetensors", cache)] == 0
             assert copied[("fastsafetensors", cache)] == doc["bytes"]
             assert copied[("runai-model-streamer", cache)] == doc["bytes"]
-    assert out.with_suffix(".png").stat().st_size > 1000
+    # --plot: the picture where it says (its folder made), none next to the JSON.
+    with Image.open(tmp_path / "pictures" / "load.png") as im:
+        assert im.format == "PNG" and im.size == (960, 480)
+    assert not out.with_suffix(".png").exists()
