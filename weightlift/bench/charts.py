@@ -74,18 +74,19 @@ def p2p_panels(doc: Doc) -> list[Panel]:
     return panels
 
 
-def vllm_panels(doc: Doc) -> list[Panel]:
-    """`bench vllm`: seconds to ready and load GB/s, weightlift's paths against vLLM's own."""
+def vllm_panels(doc: Doc, base: str = "auto") -> list[Panel]:
+    """`bench vllm` (`bench triton`: base "triton-auto"): seconds to ready and load GB/s,
+    weightlift's paths against vLLM's own loader."""
     rows: dict[str, Doc] = doc["rows"]
-    auto = rows["auto"]["ready_s"]
+    first = rows[base]["ready_s"]
     ready = [
-        Bar(name, r["ready_s"], name != "auto", _ratio(auto, r["ready_s"], "auto's speed"))
+        Bar(name, r["ready_s"], name != base, _ratio(first, r["ready_s"], f"{base}'s speed"))
         for name, r in rows.items()
     ]
-    panels = [Panel("start to ready (lower is better)", "seconds", ready, peers="vLLM auto")]
-    load = [Bar(n, r["gbps"], n != "auto") for n, r in rows.items() if r.get("gbps")]
+    panels = [Panel("start to ready (lower is better)", "seconds", ready, peers=base)]
+    load = [Bar(n, r["gbps"], n != base) for n, r in rows.items() if r.get("gbps")]
     if load:
-        panels.append(Panel("weight load", "GB/s", load, peers="vLLM auto"))
+        panels.append(Panel("weight load", "GB/s", load, peers=base))
     return panels
 
 

@@ -108,9 +108,20 @@ def run_triton_worker(
 @click.option("--layers", type=int, default=4, show_default=True, help="Decoder layers.")
 @click.option("--timeout", type=float, default=600.0, show_default=True)
 @click.option("--json", "json_out", type=click.Path(dir_okay=False, path_type=Path))
+@click.option(
+    "--plot",
+    "png",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Draw the contenders' seconds to ready and load GB/s here (PNG).",
+)
 @click.option("--workdir", type=click.Path(file_okay=False, path_type=Path), default=None)
 def triton_command_line(
-    hidden: int, layers: int, timeout: float, json_out: Path | None, workdir: Path | None
+    hidden: int,
+    layers: int,
+    timeout: float,
+    json_out: Path | None,
+    png: Path | None,
+    workdir: Path | None,
 ) -> None:
     """Triton seconds to ready: vLLM's own loader inside Triton vs weightlift preload vs P2P."""
     python = find_vllm_python() or ensure_vllm_env()
@@ -154,6 +165,11 @@ def triton_command_line(
     )
     if json_out:
         json_out.write_text(json.dumps({"bytes": size, "rows": rows, "texts": texts}, indent=1))
+    if png:
+        from weightlift.bench.charts import plot, vllm_panels
+
+        title = f"weightlift bench triton: {size / 1e6:.0f} MB Llama, vLLM eager inside Triton"
+        click.echo(f"wrote {plot(vllm_panels({'rows': rows}, 'triton-auto'), title, png)}")
 
 
 def _print(rows: dict[str, JSON], size: int, hidden: int, layers: int) -> None:

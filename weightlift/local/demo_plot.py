@@ -12,6 +12,7 @@ from weightlift.local.observe import TIMELINE_STEPS
 from weightlift.local.plot import Lane, gantt, save
 
 PHASES = tuple(step for step, _ in TIMELINE_STEPS)
+XLABEL = "seconds since the apply (a row starts when the demo saw its pod)"
 
 
 def timeline_lanes(summary: JSON) -> list[Lane]:
@@ -34,5 +35,5 @@ def plot_demo(summary: JSON, path: Path, name: str = "demo") -> Path:
     ready = summary.get("secondsToReady")
     title = f"weightlift demo {name}: where each replica's seconds went"
     if ready is not None:
-        title += f" (all Ready in {ready:.1f} s)"
-    return save(gantt(timeline_lanes(summary), PHASES, title, "seconds since the apply"), path)
+        title += f", all Ready in {ready:.1f} s"
+    return save(gantt(timeline_lanes(summary), PHASES, title, XLABEL), path)

@@ -127,6 +127,7 @@ def _draw_panel(ax: Axes, panel: Panel) -> None:
         [f"{b.value:.2f}" + (f"\n{b.note}" if b.note else "") for b in panel.bars],
         size=7,
         padding=2,
+        bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.9, "pad": 0.5},
     )
     for i, limit in enumerate(panel.limits):
         ax.axhline(limit.value, color="k", ls=("--", ":", "-.")[i % 3], lw=1, label=limit.label)

@@ -51,3 +51,7 @@ def test_bench_p2p_and_vllm_panels() -> None:
         ("p2p+cache", True, "2.00x auto's speed"),
     ]
     assert [b.value for b in load.bars] == [1.0, 3.0]
+    triton = {"triton-auto": {"ready_s": 15.0}, "triton-p2p": {"ready_s": 15.0, "gbps": None}}
+    (start,) = vllm_panels({"rows": triton}, "triton-auto")  # no load GB/s: no second panel
+    assert [b.note for b in start.bars] == ["1.00x triton-auto's speed"] * 2
+    assert start.peers == "triton-auto"
