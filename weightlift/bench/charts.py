@@ -90,5 +90,30 @@ def vllm_panels(doc: Doc, base: str = "auto") -> list[Panel]:
     return panels
 
 
+def operator_panels(ours: Doc, floor: Doc) -> list[Panel]:
+    """`bench operator` against `--floor` (the control plane alone, no operator, same machine):
+    when each share of the deployments was Ready, and API requests per deployment."""
+    mine, theirs = ours["milestones_seconds"], floor["milestones_seconds"]
+    bars = []
+    for key, share in (("p50", "50%"), ("p90", "90%"), ("all", "all")):
+        a, b = mine["deployments_ready"].get(key), theirs["deployments_ready"].get(key)
+        if a is not None and b is not None:
+            bars += [
+                Bar(f"operator, {share}", a, True, _ratio(a, b, "floor")),
+                Bar(f"floor, {share}", b, False),
+            ]
+    n = f"{ours['deployments']} x {ours['replicas']}"
+    peers = "floor: no operator"
+    panels = [Panel(f"deployments Ready ({n}), lower is better", "seconds", bars, peers=peers)]
+    per = [d.get("api_requests", {}).get("ramp_per_deployment") for d in (ours, floor)]
+    if per[0] and per[1]:
+        calls = [
+            Bar("operator", per[0], True, _ratio(per[0], per[1], "floor")),
+            Bar("floor", per[1], False),
+        ]
+        panels.append(Panel("API requests per deployment", "requests", calls, peers=peers))
+    return panels
+
+
 def plot(panels: list[Panel], title: str, path: Path) -> Path:
     return save(bar_chart(panels, title), path)

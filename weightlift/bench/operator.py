@@ -273,6 +273,16 @@ def render(result: dict[str, Any], command: str) -> str:
     return "\n".join(lines)
 
 
+def plot_against_floor(result: dict[str, Any], floor_json: Path, png: Path) -> Path:
+    from weightlift.bench.charts import operator_panels, plot
+
+    if not floor_json.is_file():
+        raise click.ClickException(f"no floor to draw against: run --floor first ({floor_json})")
+    floor = json.loads(floor_json.read_text())
+    title = "weightlift bench operator against --floor (the control plane alone, same machine)"
+    return plot(operator_panels(result, floor), title, png)
+
+
 @click.command("operator")
 @click.option("--deployments", "-n", type=click.IntRange(1, 10000), default=100, show_default=True)
 @click.option("--replicas", "-r", type=click.IntRange(1, 64), default=4, show_default=True)
@@ -290,6 +300,18 @@ def render(result: dict[str, Any], command: str) -> str:
 )
 @click.option("--json-out", type=click.Path(dir_okay=False, path_type=Path), default=None)
 @click.option(
+    "--plot",
+    "png",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Draw this run against the floor's (--floor-json) here (PNG).",
+)
+@click.option(
+    "--floor-json",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="The --floor run to draw against; default: the state dir's floor.json.",
+)
+@click.option(
     "--floor",
     is_flag=True,
     help="No operator: the bench creates the operator's pods itself and times the control "
@@ -306,6 +328,8 @@ def operator_command(
     profile: str,
     state_dir: Path,
     json_out: Path | None,
+    png: Path | None,
+    floor_json: Path | None,
     floor: bool,
 ) -> None:
     """Time N ModelDeployments x R replicas to Ready against the real operator."""
@@ -363,5 +387,9 @@ def operator_command(
     out.write_text(json.dumps(result, indent=2) + "\n")
     click.echo(render(result, command))
     click.echo(f"\nJSON: {out}; operator log: {state_dir / 'operator.log'}")
+    if png is not None:
+        click.echo(
+            f"wrote {plot_against_floor(result, floor_json or state_dir / 'floor.json', png)}"
+        )
     if not result["all_ready"]:
         raise SystemExit(1)

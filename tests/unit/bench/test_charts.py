@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
-from weightlift.bench.charts import load_panels, p2p_panels, vllm_panels
+import json
+from pathlib import Path
+
+import click
+import pytest
+from PIL import Image
+
+from weightlift.bench.charts import load_panels, operator_panels, p2p_panels, vllm_panels
+from weightlift.bench.operator import plot_against_floor
 from weightlift.local.plot import Limit
 
 
@@ -55,3 +63,41 @@ def test_bench_p2p_and_vllm_panels() -> None:
     (start,) = vllm_panels({"rows": triton}, "triton-auto")  # no load GB/s: no second panel
     assert [b.note for b in start.bars] == ["1.00x triton-auto's speed"] * 2
     assert start.peers == "triton-auto"
+
+
+def _ready(p50: float, p90: float, everyone: float) -> dict[str, dict[str, float]]:
+    return {"deployments_ready": {"p50": p50, "p90": p90, "all": everyone}}
+
+
+OPERATOR = {
+    "deployments": 1000,
+    "replicas": 4,
+    "milestones_seconds": _ready(50.0, 90.0, 160.0),
+    "api_requests": {"ramp_per_deployment": 13.0},
+}
+FLOOR = {"deployments": 1000, "milestones_seconds": _ready(40.0, 80.0, 100.0)}
+
+
+def test_bench_operator_panels_pair_each_share_with_the_floors() -> None:
+    (ready,) = operator_panels(OPERATOR, FLOOR)  # the floor counts no requests: one panel
+    assert [(b.label, b.value, b.ours) for b in ready.bars] == [
+        ("operator, 50%", 50.0, True),
+        ("floor, 50%", 40.0, False),
+        ("operator, 90%", 90.0, True),
+        ("floor, 90%", 80.0, False),
+        ("operator, all", 160.0, True),
+        ("floor, all", 100.0, False),
+    ]
+    assert [b.note for b in ready.bars if b.ours] == ["1.25x floor", "1.12x floor", "1.60x floor"]
+    floor = {**FLOOR, "api_requests": {"ramp_per_deployment": 6.5}}
+    _, calls = operator_panels(OPERATOR, floor)
+    assert [b.value for b in calls.bars] == [13.0, 6.5] and calls.bars[0].note == "2.00x floor"
+
+
+def test_bench_operator_plot_reads_the_floor_run(tmp_path: Path) -> None:
+    with pytest.raises(click.ClickException, match="run --floor first"):
+        plot_against_floor(OPERATOR, tmp_path / "floor.json", tmp_path / "x.png")
+    (tmp_path / "floor.json").write_text(json.dumps(FLOOR))
+    png = plot_against_floor(OPERATOR, tmp_path / "floor.json", tmp_path / "op.png")
+    with Image.open(png) as im:
+        assert im.format == "PNG" and im.size == (600, 480)
