@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import itertools
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -148,3 +150,14 @@ def test_lanes_keep_the_replicas_order_and_skip_missing_steps() -> None:
     assert [lane.name.split("\n")[0] for lane in lanes] == ["a", "demo-0", "demo-1"]
     assert lanes[0] == Lane("a\n- ← -", 0.0, [])
     assert [s for s, _ in lanes[2].steps][-4:] == ["wait for peers", "load", "serve", "probe"]
+
+
+def test_matplotlib_loads_only_when_a_picture_is_drawn() -> None:
+    """The commands with --plot import no matplotlib until they draw (CLI start-up stays fast)."""
+    code = (
+        "import sys, weightlift.local.demo, weightlift.local.demo_plot, weightlift.bench.charts, "
+        "weightlift.bench.operator; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'matplotlib'))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout
