@@ -65,7 +65,7 @@ def p2p_panels(doc: Doc) -> list[Panel]:
                 "time to Ready (lower is better)",
                 "seconds",
                 [
-                    Bar("P2P target", ready, True, _ratio(storage_ready, ready, "sooner")),
+                    Bar("P2P target", ready, True, _ratio(storage_ready, ready, "storage's speed")),
                     Bar("storage source", storage_ready, False),
                 ],
                 peers="storage",

@@ -110,8 +110,10 @@ def gantt(lanes: Sequence[Lane], phases: Sequence[str], title: str, xlabel: str)
 
 def bar_chart(panels: Sequence[Panel], title: str) -> Figure:
     """Panels side by side: ours in blue, peers in grey, limits as dashed lines."""
-    fig = _figure(max(6.0, 4.8 * len(panels)), 4.8)
-    axes = fig.subplots(1, len(panels), squeeze=False)[0]
+    # Room for each bar's labels: about an inch a bar, at least 4.8 a panel.
+    widths = [max(4.8, 1.1 * len(p.bars)) for p in panels]
+    fig = _figure(max(6.0, sum(widths)), 4.8)
+    axes = fig.subplots(1, len(panels), squeeze=False, width_ratios=widths)[0]
     for ax, panel in zip(axes, panels, strict=True):
         _draw_panel(ax, panel)
     fig.suptitle(title)

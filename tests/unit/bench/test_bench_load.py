@@ -58,5 +58,5 @@ def test_bench_load_json_png(tmp_path: Path) -> None:
             assert copied[("runai-model-streamer", cache)] == doc["bytes"]
     # --plot: the picture where it says (its folder made), none next to the JSON.
     with Image.open(tmp_path / "pictures" / "load.png") as im:
-        assert im.format == "PNG" and im.size == (960, 480)
+        assert im.format == "PNG" and im.size == (1100, 480)
     assert not out.with_suffix(".png").exists()

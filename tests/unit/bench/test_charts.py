@@ -51,7 +51,9 @@ def test_bench_p2p_and_vllm_panels() -> None:
     assert [b.ours for b in gbps.bars] == [True, True, False, False, False]
     assert [b.note for b in gbps.bars][:2] == ["0.50x new memory", "2.00x new memory"]
     assert [lim.value for lim in gbps.limits] == [8.0, 2.0]
-    assert [b.value for b in ready.bars] == [2.5, 5.0] and ready.bars[0].note == "2.00x sooner"
+    assert [b.value for b in ready.bars] == [2.5, 5.0] and ready.bars[
+        0
+    ].note == "2.00x storage's speed"
     rows = {"auto": {"ready_s": 40.0, "gbps": 1.0}, "p2p+cache": {"ready_s": 20.0, "gbps": 3.0}}
     start, load = vllm_panels({"rows": rows})
     assert [(b.label, b.ours, b.note) for b in start.bars] == [
@@ -100,4 +102,4 @@ def test_bench_operator_plot_reads_the_floor_run(tmp_path: Path) -> None:
     (tmp_path / "floor.json").write_text(json.dumps(FLOOR))
     png = plot_against_floor(OPERATOR, tmp_path / "floor.json", tmp_path / "op.png")
     with Image.open(png) as im:
-        assert im.format == "PNG" and im.size == (600, 480)
+        assert im.format == "PNG" and im.size == (660, 480)
