@@ -12,10 +12,12 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from PIL import Image
 
 from tests.support.e2e import READY_TIMEOUT, frozen_source
 from weightlift.api.labels import PEERS_ANNOTATION
 from weightlift.api.worker import PeerCandidate, PeerHandoff
+from weightlift.local.demo_plot import plot_demo, timeline_lanes
 from weightlift.local.kube import MERGE, call
 from weightlift.local.observe import Observer, infer
 from weightlift.local.stack import LocalStack
@@ -44,7 +46,7 @@ def _wait_standby(obs: Observer, replica: int) -> JSON:
 
 
 def test_a_target_waits_in_standby_then_pulls_from_its_source(
-    stack: LocalStack, deployments: Deploy, demo_model: tuple[Path, JSON]
+    stack: LocalStack, deployments: Deploy, demo_model: tuple[Path, JSON], tmp_path: Path
 ) -> None:
     model_dir, probe = demo_model
     obs = deployments("standby", model_dir, probe, replicas=2)
@@ -68,6 +70,13 @@ def test_a_target_waits_in_standby_then_pulls_from_its_source(
     moments = {r["name"]: r for r in summary["replicas"]}[target["name"]]
     assert moments["createdAt"] <= moments["standbyAt"] <= moments["readyAt"]
     assert summary["sourceReadyAt"] <= summary["readyAt"]
+    # `demo --plot` of this run: a lane a replica, the target's standby and load in its lane.
+    lanes = {lane.name.split("\n")[0]: dict(lane.steps) for lane in timeline_lanes(summary)}
+    assert set(lanes) == {source, target["name"]}
+    assert {"standby", "load", "probe"} <= set(lanes[target["name"]])
+    assert "standby" not in lanes[source]
+    with Image.open(plot_demo(summary, tmp_path / "standby.png")) as im:
+        assert im.format == "PNG"
     out = infer(url, "standby", probe["request"])["outputs"]
     src = infer(f"http://{_pod_ip(obs, source)}:8000", "standby", probe["request"])["outputs"]
     assert out == src

@@ -7,8 +7,10 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
+from weightlift.bench.charts import remote_panels
 from weightlift.bench.hfload import HF_LOADERS, run_hf_bench
 from weightlift.bench.load import load_command
+from weightlift.local.plot import Limit
 
 
 def test_hf_bench_runs_every_contender_on_the_same_files(tmp_path: Path) -> None:
@@ -30,6 +32,10 @@ def test_hf_bench_runs_every_contender_on_the_same_files(tmp_path: Path) -> None
     assert len(doc["objects"]) == 2 and doc["limits"]["hf_ranged_get_gbps"] > 0
     assert len(doc["commit"]) == 40
     assert json.loads(out.read_text())["command"].startswith("weightlift bench load --uri hf://")
+    # What `--plot` draws of it: every contender against the Hub's raw ranged GETs.
+    (panel,) = remote_panels(doc)
+    assert [b.label for b in panel.bars] == list(HF_LOADERS)
+    assert panel.limits == [Limit("hf ranged get", doc["limits"]["hf_ranged_get_gbps"])]
 
 
 def test_hf_bench_command_rejects_an_unknown_loader(tmp_path: Path) -> None:

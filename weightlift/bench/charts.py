@@ -37,6 +37,28 @@ def load_panels(doc: Doc) -> list[Panel]:
     return panels
 
 
+def remote_panels(doc: Doc) -> list[Panel]:
+    """`bench load --uri s3://|hf://`: every contender against the store's raw ranged GETs."""
+    limits = [
+        Limit(k.removesuffix("_gbps").replace("_", " "), v)
+        for k, v in doc["limits"].items()
+        if k != "memcpy_gbps" and v  # memcpy dwarfs a network store's rates
+    ]
+    ceiling = limits[0] if limits else None
+    best = max(
+        (r["gbps"] for r in doc["results"] if not r["loader"].startswith("weightlift")),
+        default=None,
+    )
+    bars = []
+    for r in doc["results"]:
+        ours = r["loader"].startswith("weightlift")
+        notes = [_ratio(r["gbps"], ceiling.value if ceiling else None, "raw GETs")]
+        if ours:
+            notes.append(_ratio(r["gbps"], best, "best peer"))
+        bars.append(Bar(r["loader"], r["gbps"], ours, "\n".join(n for n in notes if n)))
+    return [Panel(f"cold start from {doc.get('uri', 'the store')}", "GB/s", bars, limits)]
+
+
 def p2p_panels(doc: Doc) -> list[Panel]:
     """`bench p2p`: pulls against storage reloads and memcpy; time to Ready where measured."""
     fresh = doc["limits"]["memcpy_fresh_gbps"]

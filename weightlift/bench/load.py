@@ -392,9 +392,14 @@ def load_command(
     from weightlift.local.models import make_demo
 
     if uri is not None:
-        _remote_command(
+        doc = _remote_command(
             uri, endpoint, region, size_mb, parts, repeat, threads, chunk_mib, only, json_path
         )
+        if png is not None:
+            from weightlift.bench.charts import plot, remote_panels
+
+            title = f"weightlift bench load: {doc['bytes'] / 1e6:.0f} MB, median of {repeat}"
+            click.echo(f"wrote {plot(remote_panels(doc), title, png)}")
         return
 
     names = list(make_loaders(threads, chunk_mib))
@@ -443,7 +448,7 @@ def _remote_command(
     chunk_mib: int,
     only: tuple[str, ...],
     json_path: Path,
-) -> None:
+) -> dict[str, Any]:
     """`--uri s3://...` or `--uri hf://...`: the store's contenders, same files, same run."""
     if uri.startswith("hf://"):
         from weightlift.bench.hfload import HF_LOADERS, print_hf_table, run_hf_bench
@@ -476,3 +481,4 @@ def _remote_command(
     click.echo(f"wrote {json_path}")
     if not all(r["verified"] for r in doc["results"]):
         raise click.ClickException("some loader's output differs from safetensors.load_file")
+    return doc

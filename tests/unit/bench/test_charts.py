@@ -9,7 +9,13 @@ import click
 import pytest
 from PIL import Image
 
-from weightlift.bench.charts import load_panels, operator_panels, p2p_panels, vllm_panels
+from weightlift.bench.charts import (
+    load_panels,
+    operator_panels,
+    p2p_panels,
+    remote_panels,
+    vllm_panels,
+)
 from weightlift.bench.operator import plot_against_floor
 from weightlift.local.plot import Limit
 
@@ -36,6 +42,25 @@ def test_bench_load_panels_hold_ours_against_peers_and_the_limits() -> None:
     assert warm.limits == [Limit("memcpy (threads)", 10.0)]
     assert cold.bars[0].note == "0.75x O_DIRECT\n1.50x best peer"
     assert cold.bars[1].note == "0.50x O_DIRECT"
+
+
+def test_bench_load_uri_panel_holds_the_contenders_against_the_stores_raw_gets() -> None:
+    doc = {
+        "uri": "s3://bench/model",
+        "limits": {"memcpy_gbps": 9.0, "s3_ranged_get_gbps": 2.0},
+        "results": [
+            {"loader": "weightlift", "gbps": 1.5},
+            {"loader": "runai-model-streamer-s3", "gbps": 0.75},
+            {"loader": "boto3-download-then-load", "gbps": 0.5},
+        ],
+    }
+    (panel,) = remote_panels(doc)
+    assert panel.limits == [Limit("s3 ranged get", 2.0)]  # memcpy left out
+    assert [(b.ours, b.note) for b in panel.bars] == [
+        (True, "0.75x raw GETs\n2.00x best peer"),
+        (False, "0.38x raw GETs"),
+        (False, "0.25x raw GETs"),
+    ]
 
 
 def test_bench_p2p_and_vllm_panels() -> None:
