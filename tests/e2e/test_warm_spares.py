@@ -24,6 +24,7 @@ from weightlift.api.model import GROUP, PLURAL, VERSION
 from weightlift.local.cluster import tool_path
 from weightlift.local.kube import call
 from weightlift.local.observe import Observer, infer
+from weightlift.local.scaleup import serving_ready, spare_rows, spare_then_cold
 from weightlift.local.stack import LocalStack
 
 JSON = dict[str, Any]
@@ -185,3 +186,24 @@ def test_a_revision_change_replaces_the_waiting_spares(
     assert old["name"] not in {p["metadata"]["name"] for p in obs.pods}
     (serving,) = [r for r in obs.replica_statuses() if r.get("ready")]
     assert serving["modelIdentity"] == fresh["modelIdentity"]
+
+
+def test_demo_scale_ups_time_a_spare_and_a_cold_pod(
+    stack: LocalStack, deployments: Deploy, demo_model: tuple[Path, JSON]
+) -> None:
+    """What `weightlift demo --scale-up` measures: 1->2 served by the spare (its own pod), then,
+    spares set to 0, 2->3 by a pod the scale-up creates; both pull from the Ready source."""
+    model_dir, probe = demo_model
+    obs = deployments("timed", model_dir, probe, replicas=1, warm_spares=1)
+    obs.wait_ready(READY_TIMEOUT)
+    (source,) = serving_ready(obs).values()
+    spare, cold = spare_then_cold(obs, 1, READY_TIMEOUT)
+    assert (spare.kind, spare.from_replicas, spare.to_replicas) == ("spare", 1, 2)
+    assert spare.was_spare and spare.uid, spare
+    assert (cold.kind, cold.from_replicas, cold.to_replicas) == ("cold", 2, 3)
+    assert not cold.was_spare and cold.replica not in (spare.replica, source["name"]), cold
+    for up in (spare, cold):
+        assert up.role == "Target" and up.loaded_from.startswith("peer:"), up
+        assert up.ready_s > 0
+    assert obs.status()["spares"] == 0 and not spare_rows(obs)
+    assert set(serving_ready(obs)) == {source["name"], spare.replica, cold.replica}

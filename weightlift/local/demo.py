@@ -14,7 +14,7 @@ import logging
 import signal
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -26,6 +26,7 @@ from weightlift.local.demo_stores import STORAGE_KINDS, DemoStorage, prepare_sto
 from weightlift.local.kube import JSON, KUBE_ERRORS, describe
 from weightlift.local.nodekind import NODE_KINDS, NodeKindName
 from weightlift.local.observe import TIMELINE_STEPS, Observer, complete, generate, infer
+from weightlift.local.scaleup import ScaleUp, spare_then_cold
 from weightlift.local.stack import (
     VLLM_ENV,
     LocalStack,
@@ -196,6 +197,13 @@ def _sigterm_raises() -> Iterator[None]:
     help="--runtime vllm without torch.compile (vLLM's --enforce-eager); default: compiled, and "
     "targets load the compiled program their source ships (the compile column).",
 )
+@click.option(
+    "--scale-up",
+    is_flag=True,
+    help="After Ready: a scale-up (replicas+1, through the scale subresource) served by a warm "
+    "spare (spec.warmSpares 1), then, spares set to 0, a cold one (replicas+2); each timed "
+    "from the scale patch to Ready, also in --json (scaleUps).",
+)
 def demo_command(
     replicas: int,
     model_size_mb: float,
@@ -211,6 +219,7 @@ def demo_command(
     install: str,
     node_kind: NodeKindName,
     enforce_eager: bool,
+    scale_up: bool,
 ) -> None:
     """Control plane, process node, operator, demo model, ModelDeployment: watch it get Ready."""
     from rich.console import Console
@@ -261,6 +270,7 @@ def demo_command(
                 engine=engine,
                 engine_args=vllm_engine_args(enforce_eager) if llm else None,
                 env=VLLM_ENV if llm else None,
+                warm_spares=1 if scale_up else 0,
             )
             obs = Observer(stack, name)
             stack.apply(manifest)
@@ -273,16 +283,9 @@ def demo_command(
                 "uri": where.model["uri"],
                 "operator": operator,
             }
-            _report(console, summary, probe, name, json_out, plot)
-            if linger > 0:
-                console.print(
-                    f"lingering {linger:.0f}s: KUBECONFIG={stack.kubeconfig} kubectl get md; "
-                    f"curl {summary['replicas'][0]['endpoint']}/v2/models/{name}"
-                )
-                end = time.monotonic() + linger
-                while time.monotonic() < end:
-                    stack.check_operator()
-                    time.sleep(min(1.0, max(0.0, end - time.monotonic())))
+            ups = (lambda: _scale_ups(console, obs, replicas, timeout)) if scale_up else None
+            _report(console, summary, probe, name, json_out, plot, ups)
+            _linger(console, stack, summary, name, linger)
         except (KeyboardInterrupt, _Terminated):
             console.print("[yellow]interrupted; tearing down[/]")
             raise SystemExit(130) from None
@@ -296,6 +299,56 @@ def demo_command(
                     where.close()
                 stack.down()
             console.print("[green]✓[/] everything stopped")
+
+
+def _linger(console: Any, stack: LocalStack, summary: JSON, name: str, seconds: float) -> None:
+    """--linger: everything stays up (the operator checked each second) for a look around."""
+    if seconds <= 0:
+        return
+    console.print(
+        f"lingering {seconds:.0f}s: KUBECONFIG={stack.kubeconfig} kubectl get md; "
+        f"curl {summary['replicas'][0]['endpoint']}/v2/models/{name}"
+    )
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        stack.check_operator()
+        time.sleep(min(1.0, max(0.0, end - time.monotonic())))
+
+
+def _scale_ups(console: Any, obs: Observer, replicas: int, timeout: float) -> list[ScaleUp]:
+    with console.status("scale-ups: one served by the warm spare, then one cold"):
+        return spare_then_cold(obs, replicas, timeout)
+
+
+def _print_scale_ups(console: Any, summary: JSON, ups: list[ScaleUp]) -> None:
+    from rich.table import Table
+
+    # The cold start a scale-up is compared with: the source's, from storage.
+    first = min(
+        (
+            r["secondsToReady"]
+            for r in summary["replicas"]
+            if r.get("role") == "Source" and r.get("secondsToReady")
+        ),
+        default=None,
+    )
+    table = Table(title="scale-ups: from the scale patch to the new replica Ready")
+    for col in ("scale-up", "replica", "its spare's pod", "role", "loaded from", "ready s"):
+        table.add_column(col)
+    table.add_column("÷ source's")
+    for u in ups:
+        table.add_row(
+            f"{u.from_replicas}→{u.to_replicas}, {u.kind}",
+            u.replica,
+            "yes (same UID)" if u.was_spare else "no (new pod)",
+            u.role,
+            u.loaded_from,
+            f"{u.ready_s:.2f}",
+            f"{u.ready_s / first:.2f}" if first else "-",
+        )
+    if first:
+        table.caption = f"the source: {first:.1f}s from its pod's creation to Ready (storage)"
+    console.print(table)
 
 
 def _who(operator: JSON) -> str:
@@ -335,10 +388,21 @@ def _prepare_triton(console: Any, stack: LocalStack) -> None:
 
 
 def _report(
-    console: Any, summary: JSON, probe: JSON, name: str, json_out: Path | None, plot: Path | None
+    console: Any,
+    summary: JSON,
+    probe: JSON,
+    name: str,
+    json_out: Path | None,
+    plot: Path | None,
+    scale_ups: Callable[[], list[ScaleUp]] | None = None,
 ) -> None:
-    """The tables, one more request through every endpoint, then --json and --plot."""
+    """The tables, one more request through every endpoint, the scale-ups (--scale-up: after
+    the rollout's tables, whose replicas and ratio stay the rollout's), then --json and --plot."""
     _print_summary(console, summary, probe, name)
+    if scale_ups is not None:
+        ups = scale_ups()
+        summary["scaleUps"] = [u.as_json() for u in ups]
+        _print_scale_ups(console, summary, ups)
     if json_out is not None:
         json_out.parent.mkdir(parents=True, exist_ok=True)
         json_out.write_text(json.dumps(summary, indent=2) + "\n")
