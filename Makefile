@@ -83,7 +83,7 @@ unit: venv
 node-images:
 	hack/build-images.sh operator worker
 
-test: controlplane minio vllm-env triton-env node node-images
+test: controlplane lws minio vllm-env triton-env node node-images
 	# integration, vLLM, Triton and real-node tests fail (not skip) when a piece is missing
 	WEIGHTLIFT_REQUIRE_CLUSTER=1 WEIGHTLIFT_REQUIRE_VLLM=1 WEIGHTLIFT_REQUIRE_TRITON=1 \
 	WEIGHTLIFT_REQUIRE_NODE=1 \

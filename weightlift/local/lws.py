@@ -254,7 +254,9 @@ class LwsController(UpDown):
             try:
                 urllib.request.urlopen(f"http://{self.host}:{self.health_port}/readyz", timeout=2)
                 req = urllib.request.Request(
-                    f"https://{self.host}:{self.webhook_port}/mutate--v1-pod", data=b"{}"
+                    f"https://{self.host}:{self.webhook_port}/mutate--v1-pod",
+                    data=b"{}",
+                    headers={"Content-Type": "application/json"},
                 )
                 urllib.request.urlopen(req, context=ctx, timeout=2)
                 return
