@@ -17,7 +17,7 @@ TRITON_ENV := $(WL_CACHE)/triton-$(TRITON_VERSION)
 # cluster.py (tests, demo) finds the control plane and kubectl/helm here.
 export WL_CACHE
 
-.PHONY: venv tools controlplane node node-images minio vllm-env triton-env images registry test test-images unit lint crd demo clean
+.PHONY: venv tools controlplane lws node node-images minio vllm-env triton-env images registry test test-images unit lint crd demo clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -34,6 +34,11 @@ tools: venv
 
 controlplane: tools
 	hack/build-controlplane.sh $(WL_CACHE)
+
+# The LeaderWorkerSet controller (sigs.k8s.io/lws, pinned) and its CRDs and webhook manifests,
+# from Go modules: what multi-pod replicas run on (local/lws.py). Cached under $(WL_CACHE).
+lws:
+	hack/build-lws.sh $(WL_CACHE)
 
 # A real node (local/kubeletnode/): kubelet, kube-proxy, crictl and our GPU device plugin from Go
 # modules, the pause image (gcc -static, buildah), containerd/runc/CNI plugins/iptables from apt
@@ -78,7 +83,7 @@ unit: venv
 node-images:
 	hack/build-images.sh operator worker
 
-test: controlplane minio vllm-env triton-env node node-images
+test: controlplane lws minio vllm-env triton-env node node-images
 	# integration, vLLM, Triton and real-node tests fail (not skip) when a piece is missing
 	WEIGHTLIFT_REQUIRE_CLUSTER=1 WEIGHTLIFT_REQUIRE_VLLM=1 WEIGHTLIFT_REQUIRE_TRITON=1 \
 	WEIGHTLIFT_REQUIRE_NODE=1 \

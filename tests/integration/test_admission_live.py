@@ -11,6 +11,7 @@ import pytest
 from tests.integration.test_crd_live import dry_run, md
 from tests.support.cluster import Kubectl
 from weightlift.api import limits
+from weightlift.api.model import PARALLELISM_MESSAGE
 
 
 def _deep(depth: int) -> Any:
@@ -160,6 +161,23 @@ HOSTILE: list[tuple[str, dict[str, Any], str]] = [
         {"probe": {"request": {**_infer([1.0]), "payload": _deep(50)}}},
         "spec.probe.request.payload",
     ),
+    # ranks (tensor x pipeline) that do not split evenly over the replica's pods
+    (
+        "ranks-uneven-over-pods",
+        {"parallelism": {"tensor": 3, "podsPerReplica": 2}},
+        "spec.parallelism.podsPerReplica",
+    ),
+    (
+        "more-pods-than-ranks",
+        {"parallelism": {"tensor": 2, "pipeline": 1, "podsPerReplica": 4}},
+        "spec.parallelism.podsPerReplica",
+    ),
+    ("pods-zero", {"parallelism": {"podsPerReplica": 0}}, "spec.parallelism.podsPerReplica"),
+    (
+        "pipeline-many",
+        {"parallelism": {"pipeline": limits.PIPELINE_MAX + 1}},
+        "spec.parallelism.pipeline",
+    ),
     ("warm-spares-many", {"warmSpares": limits.WARM_SPARES_MAX + 1}, "spec.warmSpares"),
     ("warm-spares-negative", {"warmSpares": -1}, "spec.warmSpares"),
     (
@@ -182,6 +200,27 @@ def test_hostile_spec_refused_naming_the_field(
     code, out = dry_run(kubectl, namespace, md(name, **spec))
     assert code != 0, f"the API server admitted {name}"
     assert field in out, out[:2000]
+
+
+def test_uneven_ranks_refused_with_the_cel_message(
+    crd: str, kubectl: Kubectl, namespace: str
+) -> None:
+    """The CEL rule (not a schema bound) refuses it, at the field, with the rule's words."""
+    spec = {"parallelism": {"tensor": 2, "pipeline": 3, "podsPerReplica": 4}}
+    code, out = dry_run(kubectl, namespace, md("uneven", **spec))
+    assert code != 0, "the API server admitted 6 ranks over 4 pods"
+    assert f"spec.parallelism.podsPerReplica: Invalid value: {PARALLELISM_MESSAGE}" in out, out
+
+
+def test_single_pod_defaults_applied_at_admission(
+    crd: str, kubectl: Kubectl, namespace: str
+) -> None:
+    """A spec that says nothing of parallelism is stored as today's one pod of one rank."""
+    proc = kubectl(
+        "create", "-n", namespace, "-f", "-", "-o", "json", input=json.dumps(md("defaults"))
+    )
+    stored = json.loads(proc.stdout)["spec"]["parallelism"]
+    assert stored == {"tensor": 1, "pipeline": 1, "podsPerReplica": 1}
 
 
 def test_request_deeper_than_python_decodes_is_refused(
@@ -207,6 +246,8 @@ ADMITTED: list[tuple[str, dict[str, Any]]] = [
     ),
     ("env-plain", _template(env=[{"name": "HF_HOME", "value": "/tmp/hf"}])),
     ("warm-spares", {"warmSpares": 2, "loading": {"strategy": "PeerToPeer"}}),
+    ("two-pods-per-replica", {"parallelism": {"tensor": 2, "podsPerReplica": 2}}),
+    ("tp-pp-over-pods", {"parallelism": {"tensor": 4, "pipeline": 2, "podsPerReplica": 4}}),
     ("image-digest", _template(image="registry.example.com:5000/team/worker@sha256:" + "a" * 64)),
     ("image-tag", _template(image="localhost/weightlift-worker:dev-1.2")),
     (

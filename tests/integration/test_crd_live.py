@@ -49,6 +49,23 @@ def test_crd_established_and_explained(crd: str, kubectl: Kubectl) -> None:
     assert kubectl("get", "md", "-A", check=False).returncode == 0  # short name works
 
 
+def test_parallelism_explained(crd: str, kubectl: Kubectl) -> None:
+    """`kubectl explain` says how a replica's ranks spread over its pods."""
+    explain = wait_for(
+        lambda: (
+            kubectl(
+                "explain", "modeldeployment.spec.parallelism.podsPerReplica", check=False
+            ).stdout
+        ),
+        60,
+        "kubectl explain to know modeldeployment.spec.parallelism.podsPerReplica",
+    )
+    assert "Pods one replica spans" in explain and "tensor x pipeline" in explain, explain
+    whole = kubectl("explain", "modeldeployment.spec.parallelism").stdout
+    for name in ("tensor", "pipeline", "podsPerReplica"):
+        assert name in whole, whole
+
+
 def test_server_stores_the_committed_schema_unchanged(crd: str, kubectl: Kubectl) -> None:
     """What `weightlift crd` generated (and the chart ships) is what the API server enforces:
     nothing dropped or rewritten on the way in."""

@@ -48,6 +48,10 @@ EXPECTED_OUTPUTS = 8
 EXPECTED_VALUES = 1024
 SHAPE_DIMS = 8
 NAME_MAX = 256
+# spec.parallelism: ranks per stage, stages, and pods per replica (one LeaderWorkerSet group).
+TENSOR_MAX = 64
+PIPELINE_MAX = 64
+PODS_PER_REPLICA_MAX = 64
 # spec.warmSpares: each spare is a GPU pod held idle; more than this is a mistake, not a pool.
 WARM_SPARES_MAX = 64
 # probe.request: its JSON text, nesting depth, inputs/outputs/parameters, values per input.

@@ -185,13 +185,65 @@ class ModelSource(ApiModel):
     )
 
 
+PARALLELISM_MESSAGE = (
+    "spec.parallelism.podsPerReplica must divide the replica's ranks (tensor x pipeline): "
+    "every pod of a replica holds the same whole number of ranks"
+)
+
+
 class Parallelism(ApiModel):
+    """A replica has tensor x pipeline ranks, spread evenly over podsPerReplica pods: ranks =
+    podsPerReplica x ranks per pod, so podsPerReplica must divide tensor x pipeline (which also
+    keeps it at most the rank count)."""
+
+    model_config = _rules(
+        _cel(
+            # has(): the schema's default {} is checked before its inner defaults apply
+            "((has(self.tensor) ? self.tensor : 1) * (has(self.pipeline) ? self.pipeline : 1)) "
+            "% (has(self.podsPerReplica) ? self.podsPerReplica : 1) == 0",
+            PARALLELISM_MESSAGE,
+            ".podsPerReplica",
+        )
+    )
+
     tensor: int = Field(
         1,
         ge=1,
-        le=64,
-        description="Tensor-parallel size: GPUs per replica; rank r loads only shard r.",
+        le=limits.TENSOR_MAX,
+        description="Tensor-parallel size: ranks per pipeline stage; rank r loads only its own "
+        "shard. Part of the model identity.",
     )
+    pipeline: int = Field(
+        1,
+        ge=1,
+        le=limits.PIPELINE_MAX,
+        description="Pipeline-parallel size: stages per replica, each of tensor ranks. A replica "
+        "has tensor x pipeline ranks. Part of the model identity.",
+    )
+    pods_per_replica: int = Field(
+        1,
+        ge=1,
+        le=limits.PODS_PER_REPLICA_MAX,
+        description="Pods one replica spans (a LeaderWorkerSet group when more than 1); it must "
+        "divide tensor x pipeline, each pod holding (tensor x pipeline) / podsPerReplica ranks, "
+        "one GPU each. 1 (the default): a replica is one pod. Part of the model identity.",
+    )
+
+    @model_validator(mode="after")
+    def _ranks_divide_over_pods(self) -> Parallelism:
+        # Mirrors the CEL rule, for objects that never passed the API server's admission.
+        if self.ranks % self.pods_per_replica:
+            raise ValueError(PARALLELISM_MESSAGE)
+        return self
+
+    @property
+    def ranks(self) -> int:
+        """Ranks of one replica: tensor x pipeline."""
+        return self.tensor * self.pipeline
+
+    @property
+    def ranks_per_pod(self) -> int:
+        return self.ranks // self.pods_per_replica
 
 
 class Toleration(ApiModel):
@@ -670,7 +722,9 @@ class ModelDeploymentSpec(ApiModel):
         ),
     )
     parallelism: Parallelism = Field(
-        default_factory=Parallelism, description="Parallelism within one replica."
+        default_factory=Parallelism,
+        description="Parallelism within one replica: its ranks (tensor x pipeline) and the pods "
+        "they spread over (podsPerReplica ranks each). All three are part of the model identity.",
     )
     template: PodTemplate = Field(default_factory=PodTemplate, description="Worker pod settings.")
     loading: LoadingSpec = Field(

@@ -12,8 +12,9 @@ IDENTITY_LENGTH = 16
 
 
 def model_identity(spec: ModelDeploymentSpec) -> str:
-    """Hash of what determines the bytes on each rank: uri, revision, format, dtype, TP layout
-    (and, for vLLM and Triton, the engine and its args)."""
+    """Hash of what determines the bytes on each rank: uri, revision, format, dtype, the rank
+    layout (tensor, pipeline, pods per replica) and, for vLLM and Triton, the engine and its
+    args."""
     material = {
         "uri": spec.model.uri.rstrip("/"),
         "revision": spec.model.revision,
@@ -21,6 +22,12 @@ def model_identity(spec: ModelDeploymentSpec) -> str:
         "dtype": spec.model.dtype,
         "tensor": spec.parallelism.tensor,
     }
+    # Pipeline stages and pods per replica change which bytes each rank holds and where; they
+    # join the material only when not 1, so every single-pod, single-stage identity stays as it was.
+    if spec.parallelism.pipeline != 1:
+        material["pipeline"] = spec.parallelism.pipeline
+    if spec.parallelism.pods_per_replica != 1:
+        material["podsPerReplica"] = spec.parallelism.pods_per_replica
     if spec.model.endpoint:  # the same bucket/repo name on another store is other bytes
         material["endpoint"] = spec.model.endpoint.rstrip("/")
     if spec.runtime.engine in (Engine.VLLM, Engine.TRITON):

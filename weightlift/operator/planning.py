@@ -238,6 +238,20 @@ def validate(spec: ModelDeploymentSpec, observed: Observed) -> str | None:
             f"spec.parallelism.tensor: {tp} GPUs per replica but the largest node offers "
             f"{observed.max_node_gpus} nvidia.com/gpu"
         )
+    par = spec.parallelism
+    if par.pods_per_replica > 1 or par.pipeline > 1:
+        # Admitted by the CRD (issue 35's API) before the operator renders LeaderWorkerSets or
+        # pipeline stages: refuse, rather than run one pod of tensor ranks under another identity.
+        name, value = (
+            ("podsPerReplica", par.pods_per_replica)
+            if par.pods_per_replica > 1
+            else ("pipeline", par.pipeline)
+        )
+        return (
+            f"spec.parallelism.{name}: {value}; this operator version runs replicas of one pod "
+            "and one pipeline stage only (multi-pod replicas on LeaderWorkerSet are not wired "
+            "in yet)"
+        )
     hooks = spec.init_hooks
     escapes = hooks is not None and (
         hooks.library.startswith("/") or ".." in hooks.library.split("/")

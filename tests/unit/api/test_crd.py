@@ -21,7 +21,12 @@ from weightlift.api.crd import (
     render_crd,
     unbounded,
 )
-from weightlift.api.model import WARM_SPARES_MESSAGE, ModelDeploymentSpec, ModelDeploymentStatus
+from weightlift.api.model import (
+    PARALLELISM_MESSAGE,
+    WARM_SPARES_MESSAGE,
+    ModelDeploymentSpec,
+    ModelDeploymentStatus,
+)
 
 ROOT = Path(__file__).resolve().parents[3]
 COMMITTED = [
@@ -484,3 +489,61 @@ def test_warm_spares_are_explained_and_shown() -> None:
     assert column["jsonPath"] == ".status.spares" and column.get("priority", 0) == 0
     assert STATUS["properties"]["spares"]["type"] == column["type"] == "integer"
     assert "spares" in STATUS["properties"]["replicas"]["description"]
+
+
+# -------------------------------------------------------------------------- parallelism
+
+
+def test_parallelism_bounds_defaults_and_explain() -> None:
+    """Defaults keep a replica one pod of tensor ranks; each field says it is identity."""
+    spec = ModelDeploymentSpec.model_validate(GOOD)
+    assert (spec.parallelism.pipeline, spec.parallelism.pods_per_replica) == (1, 1)
+    for name, top in (
+        ("tensor", limits.TENSOR_MAX),
+        ("pipeline", limits.PIPELINE_MAX),
+        ("podsPerReplica", limits.PODS_PER_REPLICA_MAX),
+    ):
+        node = field(f"parallelism.{name}")
+        assert (node["type"], node["minimum"], node["maximum"], node["default"]) == (
+            "integer",
+            1,
+            top,
+            1,
+        )
+        assert "model identity" in node["description"]
+    assert "podsPerReplica" in field("parallelism")["description"]
+
+
+def test_parallelism_cel_rule_names_pods_per_replica() -> None:
+    (rule,) = field("parallelism")["x-kubernetes-validations"]
+    assert rule["fieldPath"] == ".podsPerReplica"
+    assert rule["message"] == PARALLELISM_MESSAGE
+    assert rule["message"].startswith("spec.parallelism.podsPerReplica")
+
+
+@pytest.mark.parametrize(
+    ("tensor", "pipeline", "pods", "ok"),
+    [
+        (1, 1, 1, True),
+        (8, 1, 2, True),  # 4 ranks per pod
+        (2, 2, 4, True),  # 1 rank per pod
+        (4, 2, 2, True),
+        (3, 1, 2, False),  # 1.5 ranks per pod
+        (1, 1, 2, False),  # more pods than ranks
+        (2, 3, 4, False),
+    ],
+)
+def test_pydantic_mirrors_the_parallelism_rule(
+    tensor: int, pipeline: int, pods: int, ok: bool
+) -> None:
+    body = {
+        **GOOD,
+        "parallelism": {"tensor": tensor, "pipeline": pipeline, "podsPerReplica": pods},
+    }
+    if ok:
+        got = ModelDeploymentSpec.model_validate(body).parallelism
+        assert got.ranks == tensor * pipeline == got.ranks_per_pod * pods
+        return
+    with pytest.raises(ValidationError) as caught:
+        ModelDeploymentSpec.model_validate(body)
+    assert "spec.parallelism.podsPerReplica" in str(caught.value)

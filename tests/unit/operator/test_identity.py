@@ -58,6 +58,9 @@ def test_identity_value_is_pinned() -> None:
         {"model": {"format": "safetensors"}, "runtime": {"type": "External", "command": ["x"]}},
         {"model": {"dtype": "bfloat16"}},
         {"parallelism": {"tensor": 4}},
+        {"parallelism": {"pipeline": 2}},
+        {"parallelism": {"podsPerReplica": 2}},
+        {"parallelism": {"pipeline": 2, "podsPerReplica": 4}},
     ],
 )
 def test_identity_changes_with_each_identity_field(changes: dict[str, Any]) -> None:
@@ -79,6 +82,36 @@ def test_identity_changes_with_each_identity_field(changes: dict[str, Any]) -> N
 )
 def test_identity_ignores_everything_else(changes: dict[str, Any]) -> None:
     assert model_identity(spec(**changes)) == model_identity(spec())
+
+
+def test_single_pod_single_stage_identities_are_unchanged() -> None:
+    """pipeline and podsPerReplica at their defaults (1), said or not, keep the identity every
+    existing deployment has (no rollover on upgrade); other values join the pinned material."""
+    explicit = spec(parallelism={"tensor": 2, "pipeline": 1, "podsPerReplica": 1})
+    assert model_identity(explicit) == model_identity(spec())
+    material = {
+        "uri": "pvc://models/llama-3",
+        "revision": "main",
+        "format": "pt2",
+        "dtype": "auto",
+        "tensor": 2,
+        "pipeline": 2,
+        "podsPerReplica": 2,
+    }
+    digest = hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
+    assert model_identity(spec(parallelism={"pipeline": 2, "podsPerReplica": 2})) == digest[:16]
+
+
+def test_same_rank_count_laid_out_differently_is_another_identity() -> None:
+    """4 ranks as TP4, TP2 x PP2, or TP4 over 2 pods: each rank holds or sits on other bytes."""
+    layouts = [
+        {"tensor": 4},
+        {"tensor": 2, "pipeline": 2},
+        {"tensor": 4, "podsPerReplica": 2},
+        {"tensor": 2, "pipeline": 2, "podsPerReplica": 2},
+        {"tensor": 4, "podsPerReplica": 4},
+    ]
+    assert len({model_identity(spec(parallelism=p)) for p in layouts}) == len(layouts)
 
 
 def test_vllm_replicas_meet_only_when_started_alike() -> None:

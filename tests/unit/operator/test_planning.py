@@ -568,6 +568,8 @@ INVALID: list[tuple[dict[str, Any], str]] = [
     ({"uri": "hostpath:///dev/null"}, "spec.model.uri"),
     ({"uri": "file:///etc/passwd"}, "spec.model.uri"),
     ({"tensor": 16}, "spec.parallelism.tensor"),
+    ({"parallelism": {"tensor": 2, "podsPerReplica": 2}}, "spec.parallelism.podsPerReplica"),
+    ({"parallelism": {"pipeline": 2}}, "spec.parallelism.pipeline"),
     ({"initHooks": {"library": "/usr/lib/libevil.so"}}, "spec.initHooks.library"),
     ({"initHooks": {"library": "../libx.so"}}, "spec.initHooks.library"),
     ({"initHooks": {"library": "hooks/../../libx.so"}}, "spec.initHooks.library"),
