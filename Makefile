@@ -17,7 +17,7 @@ TRITON_ENV := $(WL_CACHE)/triton-$(TRITON_VERSION)
 # cluster.py (tests, demo) finds the control plane and kubectl/helm here.
 export WL_CACHE
 
-.PHONY: venv tools controlplane lws node node-images minio vllm-env triton-env images registry test test-images unit lint crd demo clean
+.PHONY: venv tools controlplane lws node node-images minio prometheus vllm-env triton-env images registry test test-images unit lint crd demo clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -49,6 +49,11 @@ node: controlplane registry
 # The S3-compatible store of the storage tests and `demo --storage s3` (local/s3server.py).
 minio:
 	hack/build-minio.sh $(WL_CACHE)
+
+# The Prometheus that scrapes the local stack through Kubernetes service discovery
+# (local/prometheus.py: tests/e2e/test_prometheus.py, `weightlift demo --prometheus`).
+prometheus:
+	hack/build-prometheus.sh $(WL_CACHE)
 
 vllm-env:
 	VLLM_VERSION=$(VLLM_VERSION) hack/install-vllm.sh $(VLLM_ENV)
@@ -83,7 +88,7 @@ unit: venv
 node-images:
 	hack/build-images.sh operator worker
 
-test: controlplane lws minio vllm-env triton-env node node-images
+test: controlplane lws minio prometheus vllm-env triton-env node node-images
 	# integration, vLLM, Triton and real-node tests fail (not skip) when a piece is missing
 	WEIGHTLIFT_REQUIRE_CLUSTER=1 WEIGHTLIFT_REQUIRE_VLLM=1 WEIGHTLIFT_REQUIRE_TRITON=1 \
 	WEIGHTLIFT_REQUIRE_NODE=1 \

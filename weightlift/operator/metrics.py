@@ -185,6 +185,18 @@ class Metrics:
             buckets=API_BUCKETS,
             registry=r,
         )
+        # Series of a fixed vocabulary start at 0 (Prometheus' advice): a dashboard's
+        # `increase` or failure ratio then says 0, not "no data", until the first one happens.
+        for reason in FALLBACK_REASONS:
+            self.fallbacks.labels(reason=reason)
+        for engine in ENGINES:
+            self.probes.labels(engine=engine)
+            self.probe_failures.labels(engine=engine)
+        # So too the hand-off histograms: the first hand-offs often land in one pass, and a
+        # series born with count 2 never shows an `increase` (the p90 panel stays empty).
+        for handed in HANDED:
+            self.standby_wait.labels(handed=handed)
+            self.handoff_latency.labels(handed=handed)
         # Per deployment uid: its replicas' phases and its own phase, as last counted. The
         # gauges are their sums, moved by the difference (no collector walks a live dict).
         self._counted: dict[str, tuple[Tally[str], str]] = {}

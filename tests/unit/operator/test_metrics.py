@@ -26,7 +26,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from weightlift.operator import apicalls, kube
 from weightlift.operator.metrics import (
     COMPILE_CACHE_OUTCOMES,
+    ENGINES,
+    FALLBACK_REASONS,
+    HANDED,
     METRICS,
+    OTHER,
     Metrics,
     compile_cache_label,
     loaded_from_label,
@@ -102,6 +106,23 @@ def test_label_values_come_from_fixed_sets() -> None:
     m.probed("SomeEngine", passed=False)
     assert value(m, "weightlift_storage_fallbacks_total", reason="other") == 1
     assert value(m, "weightlift_probe_failures_total", engine="other") == 1
+
+
+def test_series_of_a_fixed_vocabulary_start_at_zero() -> None:
+    """A dashboard's fallback, probe-failure or hand-off panel says 0 before the first one (or
+    shows the first ones), not "no data": get_sample_value answers None for a series that does
+    not exist."""
+    m = fresh()
+    sample = m.registry.get_sample_value
+    for reason in FALLBACK_REASONS:
+        assert sample("weightlift_storage_fallbacks_total", {"reason": reason}) == 0
+    for engine in ENGINES:
+        for name in ("weightlift_probes_total", "weightlift_probe_failures_total"):
+            assert sample(name, {"engine": engine}) == 0
+    for handed in HANDED:
+        for name in ("weightlift_standby_wait_seconds", "weightlift_handoff_latency_seconds"):
+            assert sample(f"{name}_count", {"handed": handed}) == 0
+    assert sample("weightlift_storage_fallbacks_total", {"reason": OTHER}) is None
 
 
 def test_phase_gauges_follow_each_deployments_last_count() -> None:
