@@ -11,6 +11,8 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
+import shlex
 import signal
 import sys
 import time
@@ -26,6 +28,7 @@ from weightlift.local.demo_stores import STORAGE_KINDS, DemoStorage, prepare_sto
 from weightlift.local.kube import JSON, KUBE_ERRORS, describe
 from weightlift.local.nodekind import NODE_KINDS, NodeKindName
 from weightlift.local.observe import TIMELINE_STEPS, Observer, complete, generate, infer
+from weightlift.local.prometheus import LocalPrometheus
 from weightlift.local.scaleup import ScaleUp, spare_then_cold
 from weightlift.local.stack import (
     VLLM_ENV,
@@ -204,6 +207,14 @@ def _sigterm_raises() -> Iterator[None]:
     "spare (spec.warmSpares 1), then, spares set to 0, a cold one (replicas+2); each timed "
     "from the scale patch to Ready, also in --json (scaleUps).",
 )
+@click.option(
+    "--prometheus",
+    "with_prometheus",
+    is_flag=True,
+    help="Run a real Prometheus (`make prometheus`) that scrapes the operator and the workers "
+    "through Kubernetes service discovery; after Ready it stays up (with the stack) until "
+    "Ctrl-C, or --linger seconds, and its URL is printed.",
+)
 def demo_command(
     replicas: int,
     model_size_mb: float,
@@ -220,6 +231,7 @@ def demo_command(
     node_kind: NodeKindName,
     enforce_eager: bool,
     scale_up: bool,
+    with_prometheus: bool,
 ) -> None:
     """Control plane, process node, operator, demo model, ModelDeployment: watch it get Ready."""
     from rich.console import Console
@@ -239,6 +251,7 @@ def demo_command(
         state_dir, model_path_prefixes=(str(model_dir),), install=install, node_kind=node_kind
     )
     where: DemoStorage | None = None
+    prom: LocalPrometheus | None = None
     with _sigterm_raises():
         try:
             if llm:
@@ -256,6 +269,7 @@ def demo_command(
                 f"[green]✓[/] control plane, {node_kind} node [bold]{stack.node_name}[/], "
                 f"operator up ({_who(operator)})  (KUBECONFIG={stack.kubeconfig})"
             )
+            prom = _start_prometheus(console, stack, state_dir) if with_prometheus else None
             with console.status(f"putting the model in {storage} storage"):
                 where = prepare_storage(
                     storage, stack.kube, stack.namespace, name, model_dir, state_dir
@@ -285,7 +299,7 @@ def demo_command(
             }
             ups = (lambda: _scale_ups(console, obs, replicas, timeout)) if scale_up else None
             _report(console, summary, probe, name, json_out, plot, ups)
-            _linger(console, stack, summary, name, linger)
+            _linger(console, stack, summary, name, linger, prom)
         except (KeyboardInterrupt, _Terminated):
             console.print("[yellow]interrupted; tearing down[/]")
             raise SystemExit(130) from None
@@ -295,24 +309,79 @@ def demo_command(
             raise SystemExit(1) from None
         finally:
             with console.status("tearing down (operator, worker processes, control plane)"):
+                if prom is not None:
+                    prom.down()
                 if where is not None:
                     where.close()
                 stack.down()
             console.print("[green]✓[/] everything stopped")
 
 
-def _linger(console: Any, stack: LocalStack, summary: JSON, name: str, seconds: float) -> None:
-    """--linger: everything stays up (the operator checked each second) for a look around."""
-    if seconds <= 0:
+def _linger(
+    console: Any,
+    stack: LocalStack,
+    summary: JSON,
+    name: str,
+    seconds: float,
+    prom: LocalPrometheus | None = None,
+) -> None:
+    """--linger: everything stays up (the operator checked each second) for a look around.
+    With --prometheus: until Ctrl-C (the expected end, no error) unless --linger is given, and
+    Prometheus' URL printed with a few queries to try."""
+    if prom is None and seconds <= 0:
         return
+    if prom is None:
+        console.print(
+            f"lingering {seconds:.0f}s: KUBECONFIG={stack.kubeconfig} kubectl get md; "
+            f"curl {summary['replicas'][0]['endpoint']}/v2/models/{name}"
+        )
+    else:
+        _print_prometheus(console, stack, prom, seconds)
+    end = time.monotonic() + seconds if seconds > 0 else math.inf
+    try:
+        while time.monotonic() < end:
+            stack.check_operator()
+            if prom is not None and (prom.proc is None or prom.proc.poll() is not None):
+                raise RuntimeError(f"prometheus exited:\n{prom.log_tail()}")
+            time.sleep(min(1.0, max(0.0, end - time.monotonic())))
+    except KeyboardInterrupt:
+        if prom is None:
+            raise
+        console.print("stopping")
+
+
+def _start_prometheus(console: Any, stack: LocalStack, state_dir: Path) -> LocalPrometheus:
+    prom = LocalPrometheus(stack, state_dir / "prometheus")
+    with console.status("starting Prometheus (Kubernetes service discovery)"):
+        try:
+            prom.up()
+        except BaseException:  # the caller's teardown never sees it: stop what it started
+            prom.down()
+            raise
+    console.print(f"[green]✓[/] Prometheus at {prom.url}")
+    return prom
+
+
+# What `demo --prometheus` suggests asking (the dashboard has the rest: helm/weightlift/dashboards).
+EXAMPLE_QUERIES = (
+    "sum by (role, loaded_from) (weightlift_replica_time_to_ready_seconds_count)",
+    "weightlift_bytes_loaded",
+    "sum by (verb, resource) (weightlift_api_requests_total)",
+)
+
+
+def _print_prometheus(
+    console: Any, stack: LocalStack, prom: LocalPrometheus, seconds: float
+) -> None:
+    console.print(f"Prometheus keeps scraping at [bold]{prom.url}[/] (HTTP API; no web UI), e.g.")
+    for q in EXAMPLE_QUERIES:
+        console.print(
+            f"  curl -s {prom.url}/api/v1/query --data-urlencode {shlex.quote('query=' + q)}"
+        )
     console.print(
-        f"lingering {seconds:.0f}s: KUBECONFIG={stack.kubeconfig} kubectl get md; "
-        f"curl {summary['replicas'][0]['endpoint']}/v2/models/{name}"
+        f"KUBECONFIG={stack.kubeconfig} kubectl get md; "
+        + (f"stopping in {seconds:.0f}s" if seconds > 0 else "Ctrl-C stops everything")
     )
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
-        stack.check_operator()
-        time.sleep(min(1.0, max(0.0, end - time.monotonic())))
 
 
 def _scale_ups(console: Any, obs: Observer, replicas: int, timeout: float) -> list[ScaleUp]:
