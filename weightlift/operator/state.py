@@ -78,6 +78,11 @@ class PodRecord:
     handed: str | None = None
     handed_at: float | None = None
     ready_counted: bool = False
+    # The last metadata patch sent to the pod (labels and annotations, as JSON) and when a pass
+    # may send it again. kopf's index lags our writes: a pass planning against the lagging copy
+    # hands the same peers again (a second patch per Target in `bench operator`). Cleared once
+    # the index shows the patch, so a later, real change to the same values is sent.
+    sent: tuple[str, float] | None = None
 
 
 @dataclass
@@ -164,6 +169,31 @@ class OperatorState:
         for name in [n for n, until in record.woken.items() if n not in labelled or until < now]:
             del record.woken[name]
         return set(record.woken)
+
+    def should_patch(self, uid: str | None, metadata: Mapping[str, Any]) -> bool:
+        """False when this very patch went to the pod lately and the index has not shown it."""
+        record = self.pods.get(uid or "")
+        if record is None or record.sent is None:
+            return True
+        text, until = record.sent
+        return text != json.dumps(metadata, sort_keys=True) or time.monotonic() >= until
+
+    def patched(self, uid: str | None, metadata: Mapping[str, Any]) -> None:
+        if uid:
+            until = time.monotonic() + CREATED_POD_WAIT_SECONDS
+            self.pod(uid).sent = (json.dumps(metadata, sort_keys=True), until)
+
+    def index_shows(self, uid: str, meta: Mapping[str, Any]) -> None:
+        """The pod as kopf's index has it: once it shows the patch sent, forget the patch."""
+        record = self.pods.get(uid)
+        if record is None or record.sent is None:
+            return
+        sent = json.loads(record.sent[0])
+        labels, annotations = meta.get("labels") or {}, meta.get("annotations") or {}
+        if all(labels.get(k) == v for k, v in (sent.get("labels") or {}).items()) and all(
+            annotations.get(k) == v for k, v in (sent.get("annotations") or {}).items()
+        ):
+            record.sent = None
 
     def status_of(self, uid: str, body: Mapping[str, Any]) -> dict[str, Any] | None:
         """The ModelDeployment's status as last written: ours if we wrote one, else the body's."""

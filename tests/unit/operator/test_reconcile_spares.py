@@ -70,7 +70,6 @@ class _Api:
         monkeypatch.setattr(kube, "create_configmap", lambda *a: None)
         monkeypatch.setattr(kube, "ensure_owned_secret", lambda *a: None)
         monkeypatch.setattr(kube, "patch_status", lambda *a: None)
-        monkeypatch.setattr(kube, "patch_deployment_labels", lambda *a: None)
         monkeypatch.setattr(kube, "list_deployments", lambda *a: [])
         monkeypatch.setattr(kube, "max_node_gpus", lambda *a: 8)
         monkeypatch.setattr(kube, "post_event", lambda *a: None)
