@@ -303,8 +303,9 @@ def test_operator_restart_mid_reconcile_converges(env: Env, operator: OperatorPr
 def test_a_source_a_sibling_publishes_feeds_a_new_deployment_at_once(env: Env) -> None:
     """Issue 12: a ModelDeployment created right after a sibling published a Ready source of its
     identity pulls from it; none of its replicas loads from storage. The sibling's source is
-    written here the way the operator publishes one (status.sources and readySources, one write): kwok runs no
-    worker, so no replica of this cluster can pass an inference probe itself."""
+    written here the way the operator publishes one (status.sources and readySources in one
+    write): kwok runs no worker, so no replica of this cluster can pass an inference probe
+    itself."""
     shared = {"uri": "file:///models/shared"}
     env.create("feeder", replicas=0, model=shared, parallelism={"tensor": 2})
     identity = wait_for(lambda: env.status("feeder").get("modelIdentity"), 30, "feeder identity")
@@ -319,6 +320,7 @@ def test_a_source_a_sibling_publishes_feeds_a_new_deployment_at_once(env: Env) -
     env.custom.patch_namespaced_custom_object_status(
         GROUP, VERSION, NS, PLURAL, "feeder", {"status": published}
     )
+
     # The CRD's selectableFields: the API server finds the publisher by its status alone.
     def publishers(of: str) -> list[str]:
         selector = f"status.modelIdentity={of},status.readySources!=0"

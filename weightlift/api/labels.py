@@ -26,6 +26,8 @@ SELECTABLE_FIELDS = (".status.modelIdentity", ".status.readySources")
 def published_sources_selector(identity: str) -> str:
     """Field selector of the ModelDeployments publishing sources of `identity`."""
     return f"status.modelIdentity={identity},status.readySources!=0"
+
+
 # On the operator's leader-election Lease: when its holder finished its first reconcile pass
 # (MicroTime); cleared when the Lease changes hands. Tells how long a takeover took.
 FIRST_RECONCILE_ANNOTATION = "weightlift.dev/first-reconcile-time"

@@ -13,9 +13,9 @@ per replica (pod, role, peers, model dir) is small and stays in env.
 
 Why a P2P token per model identity, not per ModelDeployment: replicas of different
 ModelDeployments with the same identity feed each other (api.model.pulls_from_peers,
-api.labels.published_sources_selector), so the token must be shared by exactly that set. The Secret is
-owned by every ModelDeployment that uses it (the garbage collector deletes it when the last one
-goes) and reaches workers only as a secretKeyRef env: the operator never reads it back.
+api.labels.published_sources_selector), so the token must be shared by exactly that set. The
+Secret is owned by every ModelDeployment that uses it (the garbage collector deletes it when the
+last one goes) and reaches workers only as a secretKeyRef env: the operator never reads it back.
 """
 
 from __future__ import annotations
