@@ -60,6 +60,7 @@ from weightlift.operator.shared_objects import (
     token_secret_manifest,
 )
 from weightlift.operator.state import OperatorState
+from weightlift.operator.statuswrites import write_in
 from weightlift.operator.transitions import record_pass
 
 # Probe times change on every probe. When nothing else in the status did, they are written at
@@ -560,7 +561,8 @@ async def apply(
     previous: Mapping[str, Any],
     pods: list[dict[str, Any]] | None = None,
 ) -> None:
-    """Apply the plan; `previous` is the status last written (state.status_of)."""
+    """Apply the plan; `previous` is the status last planned (state.status_of). The status is
+    written through here only, at once or coalesced (statuswrites.py)."""
     meta = body["metadata"]
     namespace, name, uid = meta["namespace"], meta["name"], meta["uid"]
     for pod, reason in result.delete.items():
@@ -600,9 +602,18 @@ async def apply(
         logger.warning("%s", rejected[0])
         _surface_rejection(result, rejected[0], previous)
     patch = _status_patch(result.status)
-    written = {k: v for k, v in patch.items() if v is not None}
-    if written != previous and not _only_probe_times_moved(state, uid, written, previous):
-        await asyncio.to_thread(kube.patch_status, state.custom, namespace, name, patch)
-        state.wrote_status(uid, written)
+    planned = {k: v for k, v in patch.items() if v is not None}
+    record = state.deployment(uid)
+    if record.pending or (
+        planned != previous and not _only_probe_times_moved(state, uid, planned, previous)
+    ):
+        since = time.monotonic() - (record.written_at or 0.0)
+        left = write_in(planned, record.written_key, since)
+        if left > 0:
+            state.held_status(uid, planned)
+            result.requeue_after = min(result.requeue_after, left)
+        else:
+            await asyncio.to_thread(kube.patch_status, state.custom, namespace, name, patch)
+            state.wrote_status(uid, planned)
     for event in result.events:
         await state.post_event(body, event.type, event.reason, event.message)

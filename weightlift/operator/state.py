@@ -19,6 +19,7 @@ from weightlift.operator.metrics import METRICS, Metrics
 from weightlift.operator.pods import GPU_RESOURCE
 from weightlift.operator.probes import ProbeResult, WorkerClient
 from weightlift.operator.settings import Settings
+from weightlift.operator.statuswrites import state_key
 
 NODE_CACHE_SECONDS = 60.0
 # How long a pass waits for pods it created to show up in kopf's pod index (the pod watch wakes
@@ -39,12 +40,16 @@ class DeploymentRecord:
     """One ModelDeployment (by uid)."""
 
     wake: asyncio.Event = field(default_factory=asyncio.Event)
-    # The status this operator last wrote (its JSON) and when. The status is ours, and the live
-    # body lags behind our own writes until the watch brings them back: planning against the
-    # lagging copy would post the same phase Event twice. Kept as JSON, parsed when read (~50 us,
-    # twice a pass): a Ready 4-replica status is ~20 KB of Python objects, its JSON 3.5 KB.
+    # The status this operator last planned (its JSON). The status is ours, and the live body
+    # lags behind our own writes until the watch brings them back: planning against the lagging
+    # copy would post the same phase Event twice. Kept as JSON, parsed when read (~50 us, twice
+    # a pass): a Ready 4-replica status is ~20 KB of Python objects, its JSON 3.5 KB.
     status: bytes | None = None
+    # The last write: when, and its state key (statuswrites.py); `pending` while the planned
+    # status differs from the written one (a coalesced write not made yet).
     written_at: float | None = None
+    written_key: str | None = None
+    pending: bool = False
     error: str | None = None  # the last failed pass's error (one Event per new error)
     # Pods created by this operator that kopf's index has not shown yet: name -> give-up time.
     awaited: dict[str, float] = field(default_factory=dict)
@@ -196,7 +201,8 @@ class OperatorState:
             record.sent = None
 
     def status_of(self, uid: str, body: Mapping[str, Any]) -> dict[str, Any] | None:
-        """The ModelDeployment's status as last written: ours if we wrote one, else the body's."""
+        """The ModelDeployment's status as last planned: ours if we planned one, else the
+        body's."""
         record = self.deployments.get(uid)
         if record is not None and record.status is not None:
             written: dict[str, Any] = json.loads(record.status)
@@ -206,6 +212,12 @@ class OperatorState:
     def wrote_status(self, uid: str, status: Mapping[str, Any]) -> None:
         record = self.deployment(uid)
         record.status, record.written_at = json.dumps(status).encode(), time.monotonic()
+        record.written_key, record.pending = state_key(status), False
+
+    def held_status(self, uid: str, status: Mapping[str, Any]) -> None:
+        """Planned, not written yet (coalesced): the next passes plan from it."""
+        record = self.deployment(uid)
+        record.status, record.pending = json.dumps(status).encode(), True
 
     async def post_event(
         self, involved: Mapping[str, Any], kind: str, reason: str, message: str

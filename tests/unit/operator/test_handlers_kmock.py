@@ -49,7 +49,7 @@ from weightlift.api.worker import (
     WorkerPlan,
     plan_digest,
 )
-from weightlift.operator import handlers, kube
+from weightlift.operator import handlers, kube, statuswrites
 from weightlift.operator import state as operator_state
 from weightlift.operator.identity import model_identity
 from weightlift.operator.planning import SpecError
@@ -372,10 +372,12 @@ def passes(monkeypatch: pytest.MonkeyPatch) -> Passes:
 
 
 @pytest.fixture
-def slow_timer(passes: Passes) -> Passes:
+def slow_timer(passes: Passes, monkeypatch: pytest.MonkeyPatch) -> Passes:
     """Reconcile passes ask for no timer wake-up within a test's patience: anything that happens
-    promptly was woken by a pod or spec event."""
+    promptly was woken by a pod or spec event. So no status write is held back either (a held
+    write comes back by the timer: statuswrites.py, tested on its own)."""
     passes.requeue = 120.0
+    monkeypatch.setattr(statuswrites, "STATUS_COALESCE_SECONDS", 0.0)
     return passes
 
 
