@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.cluster import REPO
+from weightlift.bench.operator_floor import floor_requests
 from weightlift.local.cluster import missing_binaries
 
 pytestmark = pytest.mark.slow
@@ -64,6 +65,8 @@ def test_bench_operator_floor_small_scale(state_root: Path) -> None:
     assert run.returncode == 0, f"{run.stdout}\n{run.stderr}"
     result = json.loads(out.read_text())
     assert result["pods"] == 10 and result["all_ready"]
+    # What the floor sent in the operator's place is what `bench operator` shows as the floor.
+    assert result["requests_per_deployment"] == floor_requests(2)
     assert "operator" not in result["cpu_seconds_by_process"]
     assert result["cpu_seconds_by_process"]["kube-apiserver"] > 0
     assert "control plane alone" in run.stdout
