@@ -445,12 +445,13 @@ async def _patch_pods(
         patches.setdefault(pod, {}).setdefault("annotations", {})[PEERS_ANNOTATION] = (
             handoff.to_text()
         )
-        what = "storage" if handoff.storage else ", ".join(c.pod for c in handoff.peers)
-        logger.info("handing %s to pod %s", what, pod)
 
     async def patch(pod: str, metadata: dict[str, Any]) -> None:
         if not state.should_patch(uids.get(pod), metadata):
             return
+        if (handoff := result.handoff.get(pod)) is not None:
+            what = "storage" if handoff.storage else ", ".join(c.pod for c in handoff.peers)
+            logger.info("handing %s to pod %s", what, pod)
         try:
             await asyncio.to_thread(kube.patch_pod_metadata, state.core, namespace, pod, metadata)
         except ApiException as exc:
