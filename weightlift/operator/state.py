@@ -14,6 +14,8 @@ from typing import Any
 
 from kubernetes import client
 
+from weightlift.api.labels import PEERS_ANNOTATION
+from weightlift.api.worker import PeerHandoff
 from weightlift.operator import kube
 from weightlift.operator.metrics import METRICS, Metrics
 from weightlift.operator.pods import GPU_RESOURCE
@@ -88,6 +90,15 @@ class PodRecord:
     # hands the same peers again (a second patch per Target in `bench operator`). Cleared once
     # the index shows the patch, so a later, real change to the same values is sent.
     sent: tuple[str, float] | None = None
+
+
+def _sameness(metadata: Mapping[str, Any]) -> Any:
+    """A metadata patch with a hand-off of peers (not storage) as just "peers"."""
+    annotations = dict(metadata.get("annotations") or {})
+    handoff = PeerHandoff.parse(annotations.get(PEERS_ANNOTATION))
+    if handoff is not None and handoff.peers and not handoff.storage:
+        annotations[PEERS_ANNOTATION] = "peers"
+    return json.dumps({**metadata, "annotations": annotations}, sort_keys=True)
 
 
 @dataclass
@@ -176,12 +187,13 @@ class OperatorState:
         return set(record.woken)
 
     def should_patch(self, uid: str | None, metadata: Mapping[str, Any]) -> bool:
-        """False when this very patch went to the pod lately and the index has not shown it."""
+        """False when the same patch went to the pod lately and the index has not shown it. A
+        hand-off of peers is the same as another of peers: a Target handed peers pulls from
+        them; a longer list planned against the lagging index only rewrote its file."""
         record = self.pods.get(uid or "")
-        if record is None or record.sent is None:
+        if record is None or record.sent is None or time.monotonic() >= record.sent[1]:
             return True
-        text, until = record.sent
-        return text != json.dumps(metadata, sort_keys=True) or time.monotonic() >= until
+        return _sameness(json.loads(record.sent[0])) != _sameness(metadata)
 
     def patched(self, uid: str | None, metadata: Mapping[str, Any]) -> None:
         if uid:

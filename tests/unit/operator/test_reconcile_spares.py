@@ -156,8 +156,9 @@ def test_a_woken_spare_is_forgotten_when_its_label_is_gone_or_the_wait_ran_out(
 async def test_a_hand_off_the_index_does_not_show_yet_is_sent_once(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """kopf's index trails our patches: a pass planning against it hands the same peers
-    again. That patch is not sent twice; once the index shows it, a new one is sent."""
+    """kopf's index trails our patches: a pass planning against it hands the pod peers again.
+    That patch is not sent twice; storage instead of peers is, and once the index shows the
+    last patch, a new one is sent."""
     api = _Api(monkeypatch)
     state = _state()
     peers = PeerHandoff.parse('{"peers":[{"pod":"p-0","address":"127.0.0.1:1"}]}')
@@ -166,6 +167,12 @@ async def test_a_hand_off_the_index_does_not_show_yet_is_sent_once(
     uids = {"p-1": "uid-1"}
     await reconcile._patch_pods(state, "ns", result, LOG, uids)
     await reconcile._patch_pods(state, "ns", result, LOG, uids)  # the index lags
+    # Planned against the lagging index with one more source: it has its peers already.
+    more = PeerHandoff.parse(
+        '{"peers":[{"pod":"p-0","address":"127.0.0.1:1"},{"pod":"p-2","address":"127.0.0.1:2"}]}'
+    )
+    assert more is not None
+    await reconcile._patch_pods(state, "ns", Plan(handoff={"p-1": more}), LOG, uids)
     assert [name for name, _ in api.patches] == ["p-1"]
     # Another pod, or the same pod handed something else, is sent at once.
     await reconcile._patch_pods(state, "ns", Plan(handoff={"p-2": peers}), LOG, {"p-2": "uid-2"})
