@@ -109,6 +109,7 @@ def test_bench_operator_floor_small_scale(state_root: Path) -> None:
     assert result["pods"] == 10 and result["all_ready"]
     # What the floor sent in the operator's place is what `bench operator` shows as the floor.
     assert result["requests_per_deployment"] == floor_requests(2)
+    assert result["api_requests"]["ramp_per_deployment"] == 3  # 2 pods, 1 status write
     assert "operator" not in result["cpu_seconds_by_process"]
     assert result["cpu_seconds_by_process"]["kube-apiserver"] > 0
     assert "control plane alone" in run.stdout
