@@ -303,12 +303,12 @@ def test_operator_restart_mid_reconcile_converges(env: Env, operator: OperatorPr
 def test_a_source_a_sibling_publishes_feeds_a_new_deployment_at_once(env: Env) -> None:
     """Issue 12: a ModelDeployment created right after a sibling published a Ready source of its
     identity pulls from it; none of its replicas loads from storage. The sibling's source is
-    written here the way the operator publishes one (label, then status.sources): kwok runs no
-    worker, so no replica of this cluster can pass an inference probe itself."""
+    written here the way the operator publishes one (status.sources and readySources in one
+    write): kwok runs no worker, so no replica of this cluster can pass an inference probe
+    itself."""
     shared = {"uri": "file:///models/shared"}
     env.create("feeder", replicas=0, model=shared, parallelism={"tensor": 2})
     identity = wait_for(lambda: env.status("feeder").get("modelIdentity"), 30, "feeder identity")
-    env.kubectl("label", "-n", NS, "md/feeder", f"weightlift.dev/sources-of={identity}")
     source = {
         "pod": "feeder-pod-0",
         "deployment": "feeder",
@@ -316,9 +316,21 @@ def test_a_source_a_sibling_publishes_feeds_a_new_deployment_at_once(env: Env) -
         "modelIdentity": identity,
         "ranks": [0, 1],
     }
+    published = {"sources": [source], "readySources": 1}
     env.custom.patch_namespaced_custom_object_status(
-        GROUP, VERSION, NS, PLURAL, "feeder", {"status": {"sources": [source]}}
+        GROUP, VERSION, NS, PLURAL, "feeder", {"status": published}
     )
+
+    # The CRD's selectableFields: the API server finds the publisher by its status alone.
+    def publishers(of: str) -> list[str]:
+        selector = f"status.modelIdentity={of},status.readySources!=0"
+        found = env.custom.list_namespaced_custom_object(
+            GROUP, VERSION, NS, PLURAL, field_selector=selector
+        )
+        return [md["metadata"]["name"] for md in found["items"]]
+
+    assert publishers(identity) == ["feeder"]
+    assert publishers("0" * 16) == []
 
     env.create("eater", replicas=2, model=shared, parallelism={"tensor": 2})
     pods = env.wait_pods("eater", 2, timeout=60)

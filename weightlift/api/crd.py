@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 
 from weightlift.api import limits
-from weightlift.api.labels import MAX_NAME_LENGTH
+from weightlift.api.labels import MAX_NAME_LENGTH, SELECTABLE_FIELDS
 from weightlift.api.model import (
     GROUP,
     KIND,
@@ -270,6 +270,7 @@ def build_crd() -> dict[str, Any]:
                         },
                     },
                     "additionalPrinterColumns": printer,
+                    "selectableFields": [{"jsonPath": path} for path in SELECTABLE_FIELDS],
                     "schema": {
                         "openAPIV3Schema": {
                             "type": "object",

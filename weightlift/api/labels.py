@@ -15,9 +15,19 @@ SPARE_LABEL = "weightlift.dev/spare"
 WOKEN_ANNOTATION = "weightlift.dev/woken-at"
 # On worker pods and plan ConfigMaps: the first characters of the plan's sha256.
 PLAN_LABEL = "weightlift.dev/plan"
-# On a ModelDeployment while its status.sources publishes Ready sources: the model identity they
-# hold. Lets a reconcile find published sources of one identity with a label-selected LIST.
-SOURCES_OF_LABEL = "weightlift.dev/sources-of"
+# The CRD's selectableFields (field selectors, Kubernetes 1.32+). A reconcile finds the
+# ModelDeployments that publish Ready sources of one model identity with a field-selected LIST
+# (published_sources_selector): status.sources, readySources (their count) and modelIdentity go
+# in one status write, so a selected read never misses a source, and publishing costs no request
+# of its own (the weightlift.dev/sources-of label it replaces was one more patch per deployment).
+SELECTABLE_FIELDS = (".status.modelIdentity", ".status.readySources")
+
+
+def published_sources_selector(identity: str) -> str:
+    """Field selector of the ModelDeployments publishing sources of `identity`."""
+    return f"status.modelIdentity={identity},status.readySources!=0"
+
+
 # On the operator's leader-election Lease: when its holder finished its first reconcile pass
 # (MicroTime); cleared when the Lease changes hands. Tells how long a takeover took.
 FIRST_RECONCILE_ANNOTATION = "weightlift.dev/first-reconcile-time"

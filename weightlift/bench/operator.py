@@ -30,6 +30,7 @@ import click
 
 from weightlift.api.model import GROUP, PLURAL, VERSION
 from weightlift.bench import apiaudit, memtrace
+from weightlift.bench.operator_floor import floor_requests, render_floor, run_floor
 from weightlift.bench.operator_measure import MachineLoad, Timeline, manifest, quantiles
 from weightlift.bench.operator_profile import top_functions
 from weightlift.bench.operator_stack import NAMESPACE, PROFILERS, BenchStack, ProcessMeter
@@ -200,6 +201,11 @@ def _result(
             "ramp_total": len(ramp),
             "ramp_per_deployment": round(len(ramp) / deployments, 2),
             "ramp_by_kind": dict(sorted(apiaudit.by_kind(ramp).items())),
+            "ramp_per_deployment_by_kind": {
+                kind: round(n / deployments, 2)
+                for kind, n in sorted(apiaudit.by_kind(ramp).items())
+            },
+            "floor_per_deployment_by_kind": floor_requests(replicas),
             "steady_per_second": round(len(steady) / steady_span, 2),
             "steady_per_second_by_kind": rates(apiaudit.by_kind(steady)),
             "errors": dict(apiaudit.by_kind([r for r in requests if r.code >= 400])),
@@ -253,9 +259,7 @@ def render(result: dict[str, Any], command: str) -> str:
     ]
     for kind, rate in api["steady_per_second_by_kind"].items():
         lines.append(f"  {kind:<36}{rate}/s")
-    lines.append("API requests in the ramp by kind:")
-    for kind, count in api["ramp_by_kind"].items():
-        lines.append(f"  {kind:<36}{count}")
+    lines += requests_table(api)
     sim = r["simulated_workers"]
     lines += [
         f"simulated workers, steady     {sim['steady_requests_per_second']} req/s, "
@@ -281,6 +285,19 @@ def plot_against_floor(result: dict[str, Any], floor_json: Path, png: Path) -> P
     floor = json.loads(floor_json.read_text())
     title = "weightlift bench operator against --floor (the control plane alone, same machine)"
     return plot(operator_panels(result, floor), title, png)
+
+
+def requests_table(api: dict[str, Any]) -> list[str]:
+    """The ramp's API requests by kind: all of them, per deployment, and the floor's per
+    deployment (operator_floor.floor_requests: what the floor sends in the operator's place)."""
+    ours, floor = api["ramp_per_deployment_by_kind"], api["floor_per_deployment_by_kind"]
+    lines = [f"API requests in the ramp by kind{'all':>13}{'per deployment':>16}{'floor':>8}"]
+    for kind in sorted(ours.keys() | floor.keys()):
+        count = api["ramp_by_kind"].get(kind, 0)
+        lines.append(f"  {kind:<36}{count:>10}{ours.get(kind, 0):>16}{floor.get(kind, 0):>8}")
+    total, floor_total = api["ramp_per_deployment"], sum(floor.values())
+    lines.append(f"  {'total':<36}{api['ramp_total']:>10}{total:>16}{floor_total:>8}")
+    return lines
 
 
 @click.command("operator")
@@ -345,8 +362,6 @@ def operator_command(
         profiler=profile,
     )
     if floor:
-        from weightlift.bench.operator_floor import render_floor, run_floor
-
         with stack:
             args = (stack, deployments, replicas, tensor_parallel, timeout, click.echo)
             floor_result = asyncio.run(run_floor(*args))

@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import os
 import time
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -29,6 +30,14 @@ from weightlift.operator.pods import render_pod
 
 MD_PATH = f"/apis/{GROUP}/{VERSION}/namespaces/{NAMESPACE}/{PLURAL}"
 POD_PATH = f"/api/v1/namespaces/{NAMESPACE}/pods"
+CREATE_PODS, PATCH_STATUS = "create pods", "patch modeldeployments/status"
+
+
+def floor_requests(replicas: int) -> dict[str, int]:
+    """What the floor asks of the API server per deployment in the operator's place, as the
+    audit log names it: its pods and one status write (the user's create of the deployment is
+    made in both runs and counted in neither). FloorRun counts what it really sent."""
+    return {CREATE_PODS: replicas, PATCH_STATUS: 1}
 
 
 def deployment_pods(created: dict[str, Any]) -> list[dict[str, Any]]:
@@ -58,6 +67,7 @@ class FloorRun:
         self.ready: asyncio.Queue[str] = asyncio.Queue()
         self.pods_of: dict[str, set[str]] = {}
         self.marked: set[str] = set()
+        self.requests: Counter[str] = Counter()  # the operator's share, by kind
 
     def on_pod(self, event: dict[str, Any]) -> None:
         self.timeline.on_pod(event)
@@ -83,12 +93,14 @@ class FloorRun:
         while True:
             body = await self.pods.get()
             await kube.create(POD_PATH, body)
+            self.requests[CREATE_PODS] += 1
             self.pods_created[body["metadata"]["name"]] = time.time()
 
     async def mark_ready(self, kube: AsyncKube) -> None:
         while True:
             deployment = await self.ready.get()
             await kube.patch_status(f"{MD_PATH}/{deployment}", {"phase": "Ready"})
+            self.requests[PATCH_STATUS] += 1
 
 
 async def run_floor(
@@ -146,6 +158,11 @@ async def run_floor(
             "pods_ready_in_kwok": quantiles(timeline.pod_ready, start, total_pods),
             "deployments_ready": quantiles(timeline.md_ready, start, deployments),
         },
+        "requests_per_deployment": {
+            kind: round(n / deployments, 2) for kind, n in sorted(run.requests.items())
+        },
+        # As `bench operator` names its own, for the chart that draws one against the other.
+        "api_requests": {"ramp_per_deployment": round(sum(run.requests.values()) / deployments, 2)},
         "cpu_seconds_by_process": dict(sorted(cpu.items(), key=lambda kv: -kv[1])),
         "machine_busy_cores": busy,
         "loadavg_1m_at_end": round(os.getloadavg()[0], 2),
@@ -167,6 +184,8 @@ def render_floor(result: dict[str, Any], command: str) -> str:
     lines += [
         "",
         f"create -> all deployments Ready   {result['seconds_to_all_ready']}s ({state})",
+        "API requests per deployment (the operator's share):",
+        *(f"  {kind:<32}{n}" for kind, n in result["requests_per_deployment"].items()),
         "CPU seconds by process:",
         *(f"  {name:<32}{cpu}" for name, cpu in result["cpu_seconds_by_process"].items()),
         f"machine busy cores                {result['machine_busy_cores']} of {os.cpu_count()}; "

@@ -67,41 +67,26 @@ def patch_status(api: client.CustomObjectsApi, namespace: str, name: str, status
     )
 
 
-def list_deployments(api: client.CustomObjectsApi, namespace: str, selector: str) -> list[Obj]:
+def list_deployments(
+    api: client.CustomObjectsApi, namespace: str, field_selector: str
+) -> list[Obj]:
     """Served from the API server's watch cache (resourceVersion 0: milliseconds behind etcd,
     unlike kopf's index). Without it each call was a quorum read of every ModelDeployment:
-    at 1000 deployments these LISTs timed out (504) and starved the API server."""
+    at 1000 deployments these LISTs timed out (504) and starved the API server. The selector
+    names the CRD's selectableFields (api.labels.SELECTABLE_FIELDS)."""
     body = _json(
         api.list_namespaced_custom_object(
             GROUP,
             VERSION,
             namespace,
             PLURAL,
-            label_selector=selector,
+            field_selector=field_selector,
             resource_version="0",
             **_WIRE,
         )
     )
     items: list[Obj] = body.get("items", [])
     return items
-
-
-def patch_deployment_labels(
-    api: client.CustomObjectsApi, namespace: str, name: str, labels: dict[str, str | None]
-) -> None:
-    """Merge-patch labels; a None value removes the label."""
-    _done(
-        api.patch_namespaced_custom_object(
-            GROUP,
-            VERSION,
-            namespace,
-            PLURAL,
-            name,
-            {"metadata": {"labels": labels}},
-            _content_type="application/merge-patch+json",
-            **_WIRE,
-        )
-    )
 
 
 def list_pods(core: client.CoreV1Api, namespace: str, selector: str) -> list[Obj]:

@@ -19,9 +19,9 @@ from weightlift.api.labels import (
     PLAN_LABEL,
     REPLICA_LABEL,
     ROLE_LABEL,
-    SOURCES_OF_LABEL,
     SPARE_LABEL,
     WOKEN_ANNOTATION,
+    published_sources_selector,
 )
 from weightlift.api.model import (
     ModelDeploymentSpec,
@@ -60,6 +60,7 @@ from weightlift.operator.shared_objects import (
     token_secret_manifest,
 )
 from weightlift.operator.state import OperatorState
+from weightlift.operator.statuswrites import write_in
 from weightlift.operator.transitions import record_pass
 
 # Probe times change on every probe. When nothing else in the status did, they are written at
@@ -109,6 +110,7 @@ async def observe_pod(
     address = host_port(ip, spec.runtime.port) if ip else None
     failure, report = _termination(pod)
     pod_ready = _pod_ready(pod)
+    state.index_shows(meta["uid"], meta)
     reachable = (
         address is not None and state.settings.may_contact(ip) and status.get("phase") == "Running"
     )
@@ -390,13 +392,15 @@ async def _replan_with_published_sources(
 ) -> Plan:
     """kopf's index trails the API server by a batch window or more: a sibling may already
     publish a Ready source of this identity that the index has not seen. A storage load is slow
-    and a pull is fast, so before deciding on one, ask the API server: a label-selected LIST
+    and a pull is fast, so before deciding on one, ask the API server: a field-selected LIST
     of the few ModelDeployments that publish this identity."""
+    if result.status.model_identity is None:
+        return result
     fresh = await asyncio.to_thread(
         kube.list_deployments,
         state.custom,
         observed.namespace,
-        f"{SOURCES_OF_LABEL}={result.status.model_identity}",
+        published_sources_selector(result.status.model_identity),
     )
     published = [raw for md in fresh for raw in (md.get("status") or {}).get("sources") or []]
     known = {(s.deployment, s.pod) for s in observed.sibling_sources}
@@ -423,10 +427,13 @@ async def _patch_pods(
     namespace: str,
     result: Plan,
     logger: logging.Logger | logging.LoggerAdapter[Any],
+    uids: Mapping[str, str] | None = None,
 ) -> None:
     """Relabels and hand-offs (the weightlift.dev/peers annotation the kubelet projects into a
     waiting Target's hand-off file), one merge patch per pod, all at once: a Target in standby
-    starts pulling as soon as its file changes."""
+    starts pulling as soon as its file changes. `uids`: pod name -> uid, from the index; a
+    patch just sent that the index does not show yet is not sent again (state.should_patch)."""
+    uids = uids or {}
     patches: dict[str, dict[str, Any]] = {}
     for pod, role in result.relabel.items():
         patches.setdefault(pod, {})["labels"] = {ROLE_LABEL: str(role)}
@@ -438,15 +445,20 @@ async def _patch_pods(
         patches.setdefault(pod, {}).setdefault("annotations", {})[PEERS_ANNOTATION] = (
             handoff.to_text()
         )
-        what = "storage" if handoff.storage else ", ".join(c.pod for c in handoff.peers)
-        logger.info("handing %s to pod %s", what, pod)
 
     async def patch(pod: str, metadata: dict[str, Any]) -> None:
+        if not state.should_patch(uids.get(pod), metadata):
+            return
+        if (handoff := result.handoff.get(pod)) is not None:
+            what = "storage" if handoff.storage else ", ".join(c.pod for c in handoff.peers)
+            logger.info("handing %s to pod %s", what, pod)
         try:
             await asyncio.to_thread(kube.patch_pod_metadata, state.core, namespace, pod, metadata)
         except ApiException as exc:
             if exc.status != 404:  # a pod deleted meanwhile needs nothing
                 raise
+            return
+        state.patched(uids.get(pod), metadata)
 
     await asyncio.gather(*(patch(pod, metadata) for pod, metadata in patches.items()))
 
@@ -550,13 +562,15 @@ async def apply(
     previous: Mapping[str, Any],
     pods: list[dict[str, Any]] | None = None,
 ) -> None:
-    """Apply the plan; `previous` is the status last written (state.status_of)."""
+    """Apply the plan; `previous` is the status last planned (state.status_of). The status is
+    written through here only, at once or coalesced (statuswrites.py)."""
     meta = body["metadata"]
     namespace, name, uid = meta["namespace"], meta["name"], meta["uid"]
     for pod, reason in result.delete.items():
         logger.info("deleting pod %s: %s", pod, reason)
         await asyncio.to_thread(kube.delete_pod, state.core, namespace, pod)
-    await _patch_pods(state, namespace, result, logger)
+    uids = {p["metadata"]["name"]: p["metadata"].get("uid") for p in pods or []}
+    await _patch_pods(state, namespace, result, logger, uids)
     state.woke_spares(uid, result.unspare)
     rejected: list[str] = []
     plans: dict[str, PlanConfigMap] = {}  # identity -> this revision's plan
@@ -588,26 +602,19 @@ async def apply(
         # A forbidden or refused request names its verb and resource (the API server's words).
         logger.warning("%s", rejected[0])
         _surface_rejection(result, rejected[0], previous)
-    # The label that finds this deployment's sources goes on before the sources are published
-    # and comes off after they are withdrawn: a label-selected read never misses a source.
-    labelled = (meta.get("labels") or {}).get(SOURCES_OF_LABEL)
-    publishing = result.status.model_identity if result.status.sources else None
-    if publishing and publishing != labelled:
-        await asyncio.to_thread(
-            kube.patch_deployment_labels,
-            state.custom,
-            namespace,
-            name,
-            {SOURCES_OF_LABEL: publishing},
-        )
     patch = _status_patch(result.status)
-    written = {k: v for k, v in patch.items() if v is not None}
-    if written != previous and not _only_probe_times_moved(state, uid, written, previous):
-        await asyncio.to_thread(kube.patch_status, state.custom, namespace, name, patch)
-        state.wrote_status(uid, written)
-    if labelled and not publishing:
-        await asyncio.to_thread(
-            kube.patch_deployment_labels, state.custom, namespace, name, {SOURCES_OF_LABEL: None}
-        )
+    planned = {k: v for k, v in patch.items() if v is not None}
+    record = state.deployment(uid)
+    if record.pending or (
+        planned != previous and not _only_probe_times_moved(state, uid, planned, previous)
+    ):
+        since = time.monotonic() - (record.written_at or 0.0)
+        left = write_in(planned, record.written_key, since)
+        if left > 0:
+            state.held_status(uid, planned)
+            result.requeue_after = min(result.requeue_after, left)
+        else:
+            await asyncio.to_thread(kube.patch_status, state.custom, namespace, name, patch)
+            state.wrote_status(uid, planned)
     for event in result.events:
         await state.post_event(body, event.type, event.reason, event.message)

@@ -12,10 +12,10 @@ worker refuses any other content (worker/plan.py says what that defends against)
 per replica (pod, role, peers, model dir) is small and stays in env.
 
 Why a P2P token per model identity, not per ModelDeployment: replicas of different
-ModelDeployments with the same identity feed each other (api.model.pulls_from_peers, the
-weightlift.dev/sources-of label), so the token must be shared by exactly that set. The Secret is
-owned by every ModelDeployment that uses it (the garbage collector deletes it when the last one
-goes) and reaches workers only as a secretKeyRef env: the operator never reads it back.
+ModelDeployments with the same identity feed each other (api.model.pulls_from_peers,
+api.labels.published_sources_selector), so the token must be shared by exactly that set. The
+Secret is owned by every ModelDeployment that uses it (the garbage collector deletes it when the
+last one goes) and reaches workers only as a secretKeyRef env: the operator never reads it back.
 """
 
 from __future__ import annotations

@@ -14,11 +14,14 @@ from typing import Any
 
 from kubernetes import client
 
+from weightlift.api.labels import PEERS_ANNOTATION
+from weightlift.api.worker import PeerHandoff
 from weightlift.operator import kube
 from weightlift.operator.metrics import METRICS, Metrics
 from weightlift.operator.pods import GPU_RESOURCE
 from weightlift.operator.probes import ProbeResult, WorkerClient
 from weightlift.operator.settings import Settings
+from weightlift.operator.statuswrites import state_key
 
 NODE_CACHE_SECONDS = 60.0
 # How long a pass waits for pods it created to show up in kopf's pod index (the pod watch wakes
@@ -39,12 +42,16 @@ class DeploymentRecord:
     """One ModelDeployment (by uid)."""
 
     wake: asyncio.Event = field(default_factory=asyncio.Event)
-    # The status this operator last wrote (its JSON) and when. The status is ours, and the live
-    # body lags behind our own writes until the watch brings them back: planning against the
-    # lagging copy would post the same phase Event twice. Kept as JSON, parsed when read (~50 us,
-    # twice a pass): a Ready 4-replica status is ~20 KB of Python objects, its JSON 3.5 KB.
+    # The status this operator last planned (its JSON). The status is ours, and the live body
+    # lags behind our own writes until the watch brings them back: planning against the lagging
+    # copy would post the same phase Event twice. Kept as JSON, parsed when read (~50 us, twice
+    # a pass): a Ready 4-replica status is ~20 KB of Python objects, its JSON 3.5 KB.
     status: bytes | None = None
+    # The last write: when, and its state key (statuswrites.py); `pending` while the planned
+    # status differs from the written one (a coalesced write not made yet).
     written_at: float | None = None
+    written_key: str | None = None
+    pending: bool = False
     error: str | None = None  # the last failed pass's error (one Event per new error)
     # Pods created by this operator that kopf's index has not shown yet: name -> give-up time.
     awaited: dict[str, float] = field(default_factory=dict)
@@ -78,6 +85,20 @@ class PodRecord:
     handed: str | None = None
     handed_at: float | None = None
     ready_counted: bool = False
+    # The last metadata patch sent to the pod (labels and annotations, as JSON) and when a pass
+    # may send it again. kopf's index lags our writes: a pass planning against the lagging copy
+    # hands the same peers again (a second patch per Target in `bench operator`). Cleared once
+    # the index shows the patch, so a later, real change to the same values is sent.
+    sent: tuple[str, float] | None = None
+
+
+def _sameness(metadata: Mapping[str, Any]) -> Any:
+    """A metadata patch with a hand-off of peers (not storage) as just "peers"."""
+    annotations = dict(metadata.get("annotations") or {})
+    handoff = PeerHandoff.parse(annotations.get(PEERS_ANNOTATION))
+    if handoff is not None and handoff.peers and not handoff.storage:
+        annotations[PEERS_ANNOTATION] = "peers"
+    return json.dumps({**metadata, "annotations": annotations}, sort_keys=True)
 
 
 @dataclass
@@ -165,8 +186,35 @@ class OperatorState:
             del record.woken[name]
         return set(record.woken)
 
+    def should_patch(self, uid: str | None, metadata: Mapping[str, Any]) -> bool:
+        """False when the same patch went to the pod lately and the index has not shown it. A
+        hand-off of peers is the same as another of peers: a Target handed peers pulls from
+        them; a longer list planned against the lagging index only rewrote its file."""
+        record = self.pods.get(uid or "")
+        if record is None or record.sent is None or time.monotonic() >= record.sent[1]:
+            return True
+        return _sameness(json.loads(record.sent[0])) != _sameness(metadata)
+
+    def patched(self, uid: str | None, metadata: Mapping[str, Any]) -> None:
+        if uid:
+            until = time.monotonic() + CREATED_POD_WAIT_SECONDS
+            self.pod(uid).sent = (json.dumps(metadata, sort_keys=True), until)
+
+    def index_shows(self, uid: str, meta: Mapping[str, Any]) -> None:
+        """The pod as kopf's index has it: once it shows the patch sent, forget the patch."""
+        record = self.pods.get(uid)
+        if record is None or record.sent is None:
+            return
+        sent = json.loads(record.sent[0])
+        labels, annotations = meta.get("labels") or {}, meta.get("annotations") or {}
+        if all(labels.get(k) == v for k, v in (sent.get("labels") or {}).items()) and all(
+            annotations.get(k) == v for k, v in (sent.get("annotations") or {}).items()
+        ):
+            record.sent = None
+
     def status_of(self, uid: str, body: Mapping[str, Any]) -> dict[str, Any] | None:
-        """The ModelDeployment's status as last written: ours if we wrote one, else the body's."""
+        """The ModelDeployment's status as last planned: ours if we planned one, else the
+        body's."""
         record = self.deployments.get(uid)
         if record is not None and record.status is not None:
             written: dict[str, Any] = json.loads(record.status)
@@ -176,6 +224,12 @@ class OperatorState:
     def wrote_status(self, uid: str, status: Mapping[str, Any]) -> None:
         record = self.deployment(uid)
         record.status, record.written_at = json.dumps(status).encode(), time.monotonic()
+        record.written_key, record.pending = state_key(status), False
+
+    def held_status(self, uid: str, status: Mapping[str, Any]) -> None:
+        """Planned, not written yet (coalesced): the next passes plan from it."""
+        record = self.deployment(uid)
+        record.status, record.pending = json.dumps(status).encode(), True
 
     async def post_event(
         self, involved: Mapping[str, Any], kind: str, reason: str, message: str

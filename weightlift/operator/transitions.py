@@ -1,13 +1,14 @@
 """What a reconcile pass changed, recorded in the metrics once per transition.
 
-A pass records only after `apply` succeeded (its hand-offs patched, its status written), and
-compares the status it planned with the status last written (`previous`: this operator's own
-write, or after a restart the one in the API server). So a replica's time to Ready is observed
-by the pass that first writes it Ready, never again by a later pass, nor by a restarted or
-standby operator that finds it Ready already. Per-pod memory (PodRecord) guards the rest: a
-hand-off the pod index has not caught up with is not counted twice, and a replica that flaps
-Ready -> not Ready -> Ready is timed once. What lives only in memory (the moment of a hand-off)
-is lost with the process: at most one sample goes missing, none is recorded twice.
+A pass records only after `apply` succeeded (its hand-offs patched, its status written or held
+for a coalesced write: statuswrites.py), and compares the status it planned with the one planned
+before (`previous`: this operator's own, or after a restart the one in the API server). So a
+replica's time to Ready is observed by the pass that first plans it Ready, never again by a later
+pass, nor by a restarted or standby operator that finds it Ready already. Per-pod memory
+(PodRecord) guards the rest: a hand-off the pod index has not caught up with is not counted
+twice, and a replica that flaps Ready -> not Ready -> Ready is timed once. What lives only in
+memory (the moment of a hand-off) is lost with the process: at most one sample goes missing,
+none is recorded twice.
 """
 
 from __future__ import annotations

@@ -106,7 +106,7 @@ FLOOR = {"deployments": 1000, "milestones_seconds": _ready(40.0, 80.0, 100.0)}
 
 
 def test_bench_operator_panels_pair_each_share_with_the_floors() -> None:
-    (ready,) = operator_panels(OPERATOR, FLOOR)  # the floor counts no requests: one panel
+    (ready,) = operator_panels(OPERATOR, FLOOR)  # a floor.json without its requests: one panel
     assert [(b.label, b.value, b.ours) for b in ready.bars] == [
         ("operator, 50%", 50.0, True),
         ("floor, 50%", 40.0, False),

@@ -36,7 +36,7 @@ from weightlift.api.labels import (
     PEERS_ANNOTATION,
     REPLICA_LABEL,
     ROLE_LABEL,
-    SOURCES_OF_LABEL,
+    published_sources_selector,
 )
 from weightlift.api.model import GROUP, KIND, PLURAL, VERSION, ProbeResult
 from weightlift.api.worker import (
@@ -49,7 +49,7 @@ from weightlift.api.worker import (
     WorkerPlan,
     plan_digest,
 )
-from weightlift.operator import handlers, kube
+from weightlift.operator import handlers, kube, statuswrites
 from weightlift.operator import state as operator_state
 from weightlift.operator.identity import model_identity
 from weightlift.operator.planning import SpecError
@@ -95,7 +95,30 @@ class Emulator(kmock.KubernetesEmulator):
                     for k, v in wanted.items()
                 )
             ]
+        fields = request.params.get("fieldSelector")
+        if fields:  # a CRD's selectableFields: =, != on a path; an absent field is ""
+            terms = [_field_term(term) for term in fields.split(",")]
+            listing["items"] = [
+                item
+                for item in listing["items"]
+                if all((_field_value(item, path) == value) == equal for path, equal, value in terms)
+            ]
         return listing
+
+
+def _field_term(term: str) -> tuple[str, bool, str]:
+    if "!=" in term:
+        path, value = term.split("!=", 1)
+        return path, False, value
+    path, value = term.split("=", 1)
+    return path, True, value
+
+
+def _field_value(item: dict[str, Any], path: str) -> str:
+    value: Any = item
+    for key in path.split("."):
+        value = value.get(key) if isinstance(value, dict) else None
+    return "" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def _verb(request: kmock.Request) -> str:
@@ -349,10 +372,12 @@ def passes(monkeypatch: pytest.MonkeyPatch) -> Passes:
 
 
 @pytest.fixture
-def slow_timer(passes: Passes) -> Passes:
+def slow_timer(passes: Passes, monkeypatch: pytest.MonkeyPatch) -> Passes:
     """Reconcile passes ask for no timer wake-up within a test's patience: anything that happens
-    promptly was woken by a pod or spec event."""
+    promptly was woken by a pod or spec event. So no status write is held back either (a held
+    write comes back by the timer: statuswrites.py, tested on its own)."""
     passes.requeue = 120.0
+    monkeypatch.setattr(statuswrites, "STATUS_COALESCE_SECONDS", 0.0)
     return passes
 
 
@@ -607,8 +632,8 @@ async def test_steady_state_passes_make_no_api_reads(
     # API server's watch cache: resourceVersion 0).
     reads = [r for r in first_passes if r.split()[0] in ("GET", "LIST", "WATCH")]
     identity = cluster.md("llama")["status"]["modelIdentity"]  # type: ignore[index]
-    selector = urllib.parse.quote(f"{SOURCES_OF_LABEL}={identity}")
-    published = f"LIST {MD_PATH}?labelSelector={selector}&resourceVersion=0"
+    selector = urllib.parse.quote(published_sources_selector(identity), safe=",!")
+    published = f"LIST {MD_PATH}?fieldSelector={selector}&resourceVersion=0"
     assert sorted(reads) == ["LIST /api/v1/nodes?", published]
 
 
@@ -683,7 +708,7 @@ async def test_kube_wrappers_round_trip_pods_and_labels(
 
 async def _publish_feeder_source(cluster: Cluster, passes: Passes | None) -> dict[str, Any]:
     """A sibling ModelDeployment "feeder" that publishes one Ready source, written the way the
-    operator publishes one (the sources-of label, then status.sources). With an operator
+    operator publishes one (status.sources and readySources in one write). With an operator
     running, its own first pass over the feeder comes first (it would overwrite the status)."""
     await cluster.create_md("feeder", {**SPEC, "replicas": 0})
     if passes is not None:
@@ -696,8 +721,8 @@ async def _publish_feeder_source(cluster: Cluster, passes: Passes | None) -> dic
         "modelIdentity": identity,
         "ranks": [0, 1],
     }
-    await cluster.patch_md("feeder", {"metadata": {"labels": {SOURCES_OF_LABEL: identity}}})
-    await cluster.patch_md("feeder", {"status": {"sources": [source]}})
+    status = {"modelIdentity": identity, "readySources": 1, "sources": [source]}
+    await cluster.patch_md("feeder", {"status": status})
     return source
 
 
@@ -746,10 +771,11 @@ async def test_a_storage_load_waits_for_a_source_the_index_has_not_seen(
     assert len(lists) == 1, lists
 
 
-async def test_the_sources_of_label_follows_the_published_sources(
+async def test_the_published_sources_selector_follows_the_status(
     cluster: Cluster,
 ) -> None:
-    """The label goes on with the first published source and comes off when none is left."""
+    """The field selector finds a deployment with its first published source and stops finding
+    it when none is left; publishing writes nothing but the status (no label patch)."""
     md = await cluster.create_md("solo", {**SPEC, "replicas": 1})
     state = await asyncio.to_thread(OperatorState.from_environment)
     log = logging.getLogger("test")
@@ -762,6 +788,12 @@ async def test_the_sources_of_label_follows_the_published_sources(
         "spec": {"nodeName": "gpu-node-1"},
         "status": {"phase": "Running", "podIP": "127.0.0.1"},
     }
+    selector = published_sources_selector(_identity_of(md["spec"]))
+
+    def selected() -> list[str]:
+        found = kube.list_deployments(state.custom, NS, selector)
+        return [m["metadata"]["name"] for m in found]
+
     try:
         # A replica that passed its probe (probe results are kept per pod uid between passes).
         ready_pod = {
@@ -772,15 +804,17 @@ async def test_the_sources_of_label_follows_the_published_sources(
         passed = ProbeResult(passed=True, message="ok", last_probe_time="2026-01-01T00:00:00Z")
         state.pod("pod-uid-0").probe = (time.monotonic(), passed)
         await real_reconcile(state, cluster.md("solo") or md, [ready_pod], no_sources, log)
-        labelled = cluster.md("solo") or {}
-        identity = labelled["status"]["modelIdentity"]
-        assert [s["pod"] for s in labelled["status"]["sources"]] == ["solo-pod-0"]
-        assert labelled["metadata"]["labels"][SOURCES_OF_LABEL] == identity
-        # The replica is gone: the sources are withdrawn, then the label.
-        await real_reconcile(state, labelled, [], no_sources, log)
+        published = cluster.md("solo") or {}
+        assert [s["pod"] for s in published["status"]["sources"]] == ["solo-pod-0"]
+        assert published["status"]["readySources"] == 1
+        assert await asyncio.to_thread(selected) == ["solo"]
+        # The replica is gone: the sources are withdrawn, and the selector finds it no more.
+        await real_reconcile(state, published, [], no_sources, log)
         after = cluster.md("solo") or {}
         assert not (after.get("status") or {}).get("sources")
-        assert SOURCES_OF_LABEL not in (after["metadata"].get("labels") or {})
+        assert await asyncio.to_thread(selected) == []
+        writes = [r for r in cluster.operator_requests() if r.startswith(f"PATCH {MD_PATH}")]
+        assert writes and all(r.split("?")[0].endswith("/solo/status") for r in writes), writes
     finally:
         await state.http.aclose()
 

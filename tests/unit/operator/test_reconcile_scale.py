@@ -287,7 +287,6 @@ def test_every_write_gives_its_connection_back() -> None:
         lambda: kube.create_pod(cast(Any, api), "ns", {"metadata": {"name": "p"}}),
         lambda: kube.delete_pod(cast(Any, api), "ns", "p"),
         lambda: kube.patch_pod_metadata(cast(Any, api), "ns", "p", {"labels": {"a": "b"}}),
-        lambda: kube.patch_deployment_labels(cast(Any, api), "ns", "llama", {"a": None}),
         lambda: kube.patch_status(cast(Any, api), "ns", "llama", {"phase": "Ready"}),
         lambda: kube.post_event(cast(Any, api), md, "Normal", "PhaseReady", "ready"),
     ]

@@ -70,7 +70,6 @@ class _Api:
         monkeypatch.setattr(kube, "create_configmap", lambda *a: None)
         monkeypatch.setattr(kube, "ensure_owned_secret", lambda *a: None)
         monkeypatch.setattr(kube, "patch_status", lambda *a: None)
-        monkeypatch.setattr(kube, "patch_deployment_labels", lambda *a: None)
         monkeypatch.setattr(kube, "list_deployments", lambda *a: [])
         monkeypatch.setattr(kube, "max_node_gpus", lambda *a: 8)
         monkeypatch.setattr(kube, "post_event", lambda *a: None)
@@ -152,3 +151,40 @@ def test_a_woken_spare_is_forgotten_when_its_label_is_gone_or_the_wait_ran_out(
     state.woke_spares(UID, {"a"})
     assert state.still_spare_labelled(UID, {"a"}) == set()
     assert state.still_spare_labelled("other", {"a"}) == set()
+
+
+async def test_a_hand_off_the_index_does_not_show_yet_is_sent_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """kopf's index trails our patches: a pass planning against it hands the pod peers again.
+    That patch is not sent twice; storage instead of peers is, and once the index shows the
+    last patch, a new one is sent."""
+    api = _Api(monkeypatch)
+    state = _state()
+    peers = PeerHandoff.parse('{"peers":[{"pod":"p-0","address":"127.0.0.1:1"}]}')
+    assert peers is not None
+    result = Plan(handoff={"p-1": peers})
+    uids = {"p-1": "uid-1"}
+    await reconcile._patch_pods(state, "ns", result, LOG, uids)
+    await reconcile._patch_pods(state, "ns", result, LOG, uids)  # the index lags
+    # Planned against the lagging index with one more source: it has its peers already.
+    more = PeerHandoff.parse(
+        '{"peers":[{"pod":"p-0","address":"127.0.0.1:1"},{"pod":"p-2","address":"127.0.0.1:2"}]}'
+    )
+    assert more is not None
+    await reconcile._patch_pods(state, "ns", Plan(handoff={"p-1": more}), LOG, uids)
+    assert [name for name, _ in api.patches] == ["p-1"]
+    # Another pod, or the same pod handed something else, is sent at once.
+    await reconcile._patch_pods(state, "ns", Plan(handoff={"p-2": peers}), LOG, {"p-2": "uid-2"})
+    await reconcile._patch_pods(
+        state, "ns", Plan(handoff={"p-1": PeerHandoff(storage=True)}), LOG, uids
+    )
+    assert [name for name, _ in api.patches] == ["p-1", "p-2", "p-1"]
+    # The index shows the storage hand-off: the memory goes, and a later plan is sent again.
+    shown = {"labels": {}, "annotations": {PEERS_ANNOTATION: '{"storage":true}'}}
+    state.index_shows("uid-1", shown)
+    assert state.pod("uid-1").sent is None
+    await reconcile._patch_pods(
+        state, "ns", Plan(handoff={"p-1": PeerHandoff(storage=True)}), LOG, uids
+    )
+    assert len(api.patches) == 4
