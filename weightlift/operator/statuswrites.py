@@ -1,10 +1,12 @@
 """When a pass writes the status it planned: at once on a state change, coalesced otherwise.
 
 A state change is what users and other replicas act on: the phase (with its message and the
-Ready condition), a new generation observed, the model identity, the scale selector, and the
+Ready condition), a new generation observed, the model identity, the scale selector, the
+replica counts (a replica Ready: what `kubectl get md`, the scale subresource and an HPA read,
+and what time to Ready is measured against; serving replicas and waiting spares), and the
 published sources when one is withdrawn or the first one appears (targets and sibling
-deployments pull from them). Progress within a phase (counts, `loaded`, per-replica detail,
-other conditions, one more source) is written at most every STATUS_COALESCE_SECONDS: a
+deployments pull from them). Progress within a phase (`loaded`, per-replica detail, other
+conditions, one more source) is written at most every STATUS_COALESCE_SECONDS: a
 4-replica rollout wrote ~5 statuses, each one request and one watch event for every watcher,
 where its phases are 3. Planning reads the status it planned (state.status_of), written or not,
 so nothing it derives from the last status (waiting since, restarts, transition times, phase
@@ -18,7 +20,16 @@ from collections.abc import Mapping
 from typing import Any
 
 STATUS_COALESCE_SECONDS = 5.0
-_STATE_FIELDS = ("phase", "message", "observedGeneration", "modelIdentity", "selector")
+_STATE_FIELDS = (
+    "phase",
+    "message",
+    "observedGeneration",
+    "modelIdentity",
+    "selector",
+    "readyReplicas",
+    "replicas",
+    "spares",
+)
 
 
 def state_key(status: Mapping[str, Any]) -> str:

@@ -49,9 +49,14 @@ def test_state_changes_are_written_at_once_progress_is_held() -> None:
     assert write_in(_status(message="quota exceeded"), written, 0.1) == 0.0
     assert write_in(_status(sources=0), written, 0.1) == 0.0  # a source withdrawn
     assert write_in(_status(sources=1), state_key(_status(sources=0)), 0.1) == 0.0  # the first
-    # Progress: one more replica Ready and one more source, a second after the last write.
-    assert write_in(_status(ready=2, sources=2), written, 1.0) == STATUS_COALESCE_SECONDS - 1.0
-    assert write_in(_status(ready=2), written, STATUS_COALESCE_SECONDS) == 0.0
+    # One more replica Ready, serving or spare: what kubectl, the scale subresource and an HPA read.
+    assert write_in(_status(ready=2), written, 0.1) == 0.0
+    assert write_in(_status(replicas=2), state_key(_status(replicas=1)), 0.1) == 0.0
+    assert write_in(_status(spares=0), state_key(_status(spares=1)), 0.1) == 0.0
+    # Progress: loaded bytes and one more source, a second after the last write.
+    progress = _status(sources=2, loaded="60%")
+    assert write_in(progress, written, 1.0) == STATUS_COALESCE_SECONDS - 1.0
+    assert write_in(progress, written, STATUS_COALESCE_SECONDS) == 0.0
 
 
 def _plan(status: dict[str, Any]) -> Plan:
@@ -73,15 +78,15 @@ async def test_a_held_write_is_made_by_a_later_pass(monkeypatch: pytest.MonkeyPa
 
     await apply(_status())
     assert [w["readyReplicas"] for w in writes] == [1]
-    held = await apply(_status(ready=2, sources=2))
+    held = await apply(_status(sources=2, loaded="40%"))
     assert len(writes) == 1  # progress: held...
     assert held.requeue_after <= STATUS_COALESCE_SECONDS  # ...and the pass comes back for it
     # The next pass plans from the held status (its sources included), not the written one.
     planned = (state.status_of(UID, body) or {})["sources"]
     assert [SourceEndpoint.model_validate(s).pod for s in planned] == ["p-0", "p-1"]
     state.deployment(UID).written_at = time.monotonic() - STATUS_COALESCE_SECONDS
-    await apply(_status(ready=2, sources=2))  # nothing new planned, the held write is due
-    assert [w["readyReplicas"] for w in writes] == [1, 2]
+    await apply(_status(sources=2, loaded="40%"))  # nothing new planned, the held write is due
+    assert [w["loaded"] for w in writes] == ["25%", "40%"]
     await apply(_status("Ready", ready=4, sources=4))  # a phase: at once
     assert [w["phase"] for w in writes] == ["Loading", "Loading", "Ready"]
     assert not state.deployment(UID).pending
