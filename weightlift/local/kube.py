@@ -12,7 +12,8 @@ none, and a thread must not hang on an API server that went away (the chaos benc
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -95,3 +96,31 @@ def describe(exc: BaseException) -> str:
     if not isinstance(exc, ApiException):
         return str(exc)
     return f"HTTP {api_error(exc)}"
+
+
+def install_crds(kube: Kube, crds: Iterable[JSON], timeout: float = 60.0) -> list[str]:
+    """Create (or replace) each CRD; wait until every one is Established. Their names."""
+    ext = client.ApiextensionsV1Api(kube.api)
+    names = []
+    for crd in crds:
+        name = crd["metadata"]["name"]
+        try:
+            call(ext.create_custom_resource_definition, crd)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+            current = call(ext.read_custom_resource_definition, name)
+            crd["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
+            call(ext.replace_custom_resource_definition, name, crd)
+        names.append(name)
+    deadline = time.monotonic() + timeout
+    for name in names:
+        while True:
+            status = call(ext.read_custom_resource_definition, name).get("status") or {}
+            conds = status.get("conditions") or []
+            if any(c["type"] == "Established" and c["status"] == "True" for c in conds):
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"CRD {name} not Established after {timeout:.0f}s")
+            time.sleep(0.1)
+    return names

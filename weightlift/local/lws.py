@@ -34,6 +34,7 @@ from kubernetes.client.rest import ApiException
 
 from weightlift.local.cluster import cache_dir
 from weightlift.local.kube import Kube, call
+from weightlift.local.kube import install_crds as kube_install_crds
 from weightlift.local.net import free_ports
 from weightlift.local.procs import UpDown, child_options, stop_group
 
@@ -150,32 +151,8 @@ def webhook_configurations(manifests: str, base_url: str, ca_bundle: bytes) -> l
 
 def install_crds(kube: Kube, crd_dir: Path, timeout: float = 60.0) -> list[str]:
     """Create (or replace) every CRD in `crd_dir`; wait until each is Established."""
-    ext = client.ApiextensionsV1Api(kube.api)
-    names = []
-    for path in sorted(crd_dir.glob("*.yaml")):
-        crd = yaml.safe_load(path.read_text())
-        name = crd["metadata"]["name"]
-        try:
-            call(ext.create_custom_resource_definition, crd)
-        except ApiException as exc:
-            if exc.status != 409:
-                raise
-            current = call(ext.read_custom_resource_definition, name)
-            crd["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
-            call(ext.replace_custom_resource_definition, name, crd)
-        names.append(name)
-    deadline = time.monotonic() + timeout
-    for name in names:
-        while True:
-            conds = (call(ext.read_custom_resource_definition, name).get("status") or {}).get(
-                "conditions"
-            ) or []
-            if any(c["type"] == "Established" and c["status"] == "True" for c in conds):
-                break
-            if time.monotonic() > deadline:
-                raise LwsError(f"CRD {name} not Established after {timeout:.0f}s")
-            time.sleep(0.1)
-    return names
+    crds = [yaml.safe_load(p.read_text()) for p in sorted(crd_dir.glob("*.yaml"))]
+    return kube_install_crds(kube, crds, timeout)
 
 
 @dataclass

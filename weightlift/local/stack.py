@@ -24,12 +24,11 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from weightlift.api.labels import DEPLOYMENT_LABEL
 from weightlift.api.model import GROUP, PLURAL, VERSION
-from weightlift.local.kube import JSON, MERGE, Kube, call, delete, get_or_none
+from weightlift.local.kube import JSON, MERGE, Kube, call, delete, get_or_none, install_crds
 from weightlift.local.net import free_port
 from weightlift.local.nodekind import NodeKind, NodeKindName
 from weightlift.local.processnode import LOCAL_NODE_LABEL, ProcessNode
@@ -82,25 +81,7 @@ def apply_crd(kube: Kube, timeout: float = 30.0) -> None:
     it is Established."""
     from weightlift.api.crd import build_crd
 
-    crd = build_crd()
-    name = crd["metadata"]["name"]
-    ext = client.ApiextensionsV1Api(kube.api)
-    try:
-        call(ext.create_custom_resource_definition, crd)
-    except ApiException as exc:
-        if exc.status != 409:
-            raise
-        current = call(ext.read_custom_resource_definition, name)
-        crd["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
-        call(ext.replace_custom_resource_definition, name, crd)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        obj = call(ext.read_custom_resource_definition, name)
-        conds = (obj.get("status") or {}).get("conditions") or []
-        if any(c["type"] == "Established" and c["status"] == "True" for c in conds):
-            return
-        time.sleep(0.1)
-    raise RuntimeError(f"CRD {name} not Established after {timeout:.0f}s")
+    install_crds(kube, [build_crd()], timeout)
 
 
 @dataclass
