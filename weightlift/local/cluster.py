@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import datetime as dt
 import ipaddress
 import json
 import os
@@ -40,6 +39,7 @@ from typing import Any
 import httpx
 import yaml
 
+from weightlift.local.certs import new_ca, pem, signed
 from weightlift.local.net import free_ports
 from weightlift.local.procs import child_options, pid_runs, stop_group, stop_pid
 
@@ -137,57 +137,15 @@ def tool_path(name: str, cache: Path | None = None) -> Path:
 # ----------------------------------------------------------------------------------- certificates
 
 
-def _pem_key(key: Any) -> bytes:
-    from cryptography.hazmat.primitives import serialization
-
-    out: bytes = key.private_bytes(
-        serialization.Encoding.PEM,
-        serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption(),
-    )
-    return out
-
-
 def _write_certs(certs: Path, bind_address: str = "127.0.0.1") -> None:
     """A CA, the apiserver's serving cert (also for `bind_address`), its client cert for the
     kubelets (system:masters: logs, exec) and the service-account signing key pair."""
     from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec, rsa
-    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
 
     certs.mkdir(parents=True, exist_ok=True)
-    now = dt.datetime.now(dt.UTC) - dt.timedelta(minutes=5)
-    later = now + dt.timedelta(days=365)
-
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "weightlift-local-ca")])
-    ca_cert = (
-        x509.CertificateBuilder()
-        .subject_name(ca_name)
-        .issuer_name(ca_name)
-        .public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now)
-        .not_valid_after(later)
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                key_cert_sign=True,
-                crl_sign=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
-        .sign(ca_key, hashes.SHA256())
-    )
-    server_key = ec.generate_private_key(ec.SECP256R1())
+    ca_key, ca_cert = new_ca("weightlift-local-ca")
     sans: list[x509.GeneralName] = [
         x509.DNSName(n)
         for n in (
@@ -200,24 +158,13 @@ def _write_certs(certs: Path, bind_address: str = "127.0.0.1") -> None:
     ]
     ips = {"127.0.0.1", bind_address, str(next(ipaddress.IPv4Network(SERVICE_CIDR).hosts()))}
     sans += [x509.IPAddress(ipaddress.IPv4Address(ip)) for ip in sorted(ips)]
-    server_cert = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kube-apiserver")]))
-        .issuer_name(ca_name)
-        .public_key(server_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now)
-        .not_valid_after(later)
-        .add_extension(x509.SubjectAlternativeName(sans), critical=False)
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-        .sign(ca_key, hashes.SHA256())
-    )
+    server_key, server_cert = signed(ca_key, ca_cert, "kube-apiserver", server_names=sans)
     sa_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    (certs / "ca.crt").write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
-    (certs / "ca.key").write_bytes(_pem_key(ca_key))
-    (certs / "apiserver.crt").write_bytes(server_cert.public_bytes(serialization.Encoding.PEM))
-    (certs / "apiserver.key").write_bytes(_pem_key(server_key))
-    (certs / "sa.key").write_bytes(_pem_key(sa_key))
+    (certs / "ca.crt").write_bytes(pem(ca_cert))
+    (certs / "ca.key").write_bytes(pem(ca_key))
+    (certs / "apiserver.crt").write_bytes(pem(server_cert))
+    (certs / "apiserver.key").write_bytes(pem(server_key))
+    (certs / "sa.key").write_bytes(pem(sa_key))
     (certs / "sa.pub").write_bytes(
         sa_key.public_key().public_bytes(
             serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
@@ -236,32 +183,16 @@ def issue_client_cert(
     ``system:nodes``, as kubeadm issues it). Returns (cert, key) in ``out_dir`` (default:
     ``certs``)."""
     from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+    from cryptography.hazmat.primitives import serialization
 
     ca_cert = x509.load_pem_x509_certificate((certs / "ca.crt").read_bytes())
     ca_key: Any = serialization.load_pem_private_key((certs / "ca.key").read_bytes(), None)
-    now = dt.datetime.now(dt.UTC) - dt.timedelta(minutes=5)
-    key = ec.generate_private_key(ec.SECP256R1())
-    subject = [x509.NameAttribute(NameOID.ORGANIZATION_NAME, o) for o in orgs]
-    subject.append(x509.NameAttribute(NameOID.COMMON_NAME, common_name))
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name(subject))
-        .issuer_name(ca_cert.subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now)
-        .not_valid_after(now + dt.timedelta(days=365))
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
-        .sign(ca_key, hashes.SHA256())
-    )
+    key, cert = signed(ca_key, ca_cert, common_name, orgs=orgs)
     out = out_dir if out_dir is not None else certs
     out.mkdir(parents=True, exist_ok=True)
     crt_path, key_path = out / f"{name}.crt", out / f"{name}.key"
-    crt_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(_pem_key(key))
+    crt_path.write_bytes(pem(cert))
+    key_path.write_bytes(pem(key))
     key_path.chmod(0o600)
     return crt_path, key_path
 

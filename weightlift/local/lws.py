@@ -15,7 +15,6 @@ pod of the stack depends on this process.
 from __future__ import annotations
 
 import base64
-import datetime as dt
 import ipaddress
 import os
 import signal
@@ -32,6 +31,7 @@ import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
+from weightlift.local.certs import new_ca, pem, signed
 from weightlift.local.cluster import cache_dir
 from weightlift.local.kube import Kube, call
 from weightlift.local.kube import install_crds as kube_install_crds
@@ -66,65 +66,20 @@ def lws_dir(cache: Path | None = None) -> Path:
     return out
 
 
-def _pem(obj: Any) -> bytes:
-    from cryptography.hazmat.primitives import serialization
-
-    if hasattr(obj, "private_bytes"):
-        out: bytes = obj.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-        return out
-    cert: bytes = obj.public_bytes(serialization.Encoding.PEM)
-    return cert
-
-
 def write_serving_cert(cert_dir: Path, host: str) -> bytes:
     """A CA and a serving certificate for `host` (an IP) signed by it, as controller-runtime's
     webhook server reads them (tls.crt, tls.key in its certDir). Returns the CA's PEM, the
     webhook configurations' caBundle."""
     from cryptography import x509
-    from cryptography.hazmat.primitives import hashes
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
     cert_dir.mkdir(parents=True, exist_ok=True)
-    now = dt.datetime.now(dt.UTC) - dt.timedelta(minutes=5)
-    later = now + dt.timedelta(days=30)
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "weightlift-lws-webhook-ca")])
-    ca = (
-        x509.CertificateBuilder()
-        .subject_name(ca_name)
-        .issuer_name(ca_name)
-        .public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now)
-        .not_valid_after(later)
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .sign(ca_key, hashes.SHA256())
-    )
-    key = ec.generate_private_key(ec.SECP256R1())
-    leaf = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "lws-webhook")]))
-        .issuer_name(ca_name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now)
-        .not_valid_after(later)
-        .add_extension(
-            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address(host))]),
-            critical=False,
-        )
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-        .sign(ca_key, hashes.SHA256())
-    )
-    (cert_dir / "tls.crt").write_bytes(_pem(leaf))
-    (cert_dir / "tls.key").write_bytes(_pem(key))
+    ca_key, ca = new_ca("weightlift-lws-webhook-ca", days=30)
+    san = x509.IPAddress(ipaddress.ip_address(host))
+    key, leaf = signed(ca_key, ca, "lws-webhook", server_names=[san], days=30)
+    (cert_dir / "tls.crt").write_bytes(pem(leaf))
+    (cert_dir / "tls.key").write_bytes(pem(key))
     (cert_dir / "tls.key").chmod(0o600)
-    return _pem(ca)
+    return pem(ca)
 
 
 def webhook_configurations(manifests: str, base_url: str, ca_bundle: bytes) -> list[JSON]:
