@@ -122,7 +122,9 @@ def test_triton_source_from_storage_target_by_p2p_same_greedy_text(
     # and its weight step waited for the hand-off (peers) inside Triton's model load.
     timeline = _worker_status(pair, target["name"]).get("timeline", {})
     assert {"engine", "hooks", "standby", "peers"} <= set(timeline), timeline
-    assert timeline["hooks"] < timeline["peers"] < timeline["load"], timeline
+    # Hooks and the hand-off both come before the load; which of the two comes first is the
+    # machine's pace (the source is not held here: on a loaded machine it is Ready first).
+    assert max(timeline["hooks"], timeline["peers"]) < timeline["load"], timeline
     # The init hook ran in each replica's Triton stub (vLLM rank 0), before its weights.
     inits = [ln.split() for ln in hook_log.read_text().splitlines() if ln.startswith("init ")]
     mine = [ln for ln in inits if Path(ln[1]).resolve() == model.resolve() and ln[2] == "0"]

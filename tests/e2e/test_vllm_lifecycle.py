@@ -74,7 +74,7 @@ def test_vllm_source_from_storage_target_by_p2p_both_answer(
     the source loads from storage, the operator hands it to the target, which pulls."""
     _, probe = llm
     obs = _deploy(deployments, "vllm", llm, replicas=2)
-    with frozen_source(stack, obs) as source_pod:
+    with frozen_source(stack, obs, keep_alive=True) as source_pod:
         obs.wait(
             lambda o: _replica(o, 1).get("phase") == "Standby",
             2 * READY_TIMEOUT,
