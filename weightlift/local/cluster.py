@@ -83,6 +83,20 @@ def cache_dir() -> Path:
     return Path(env).expanduser() if env else Path.home() / ".cache" / "weightlift"
 
 
+def cached_binary(
+    name: str, version: str, error: type[Exception], cache: Path | None = None
+) -> Path:
+    """`name` as `make <name>` (hack/build-<name>.sh) caches it: <cache>/<name>-<version>/bin;
+    `error` names the make target when it is not there."""
+    base = cache if cache is not None else cache_dir()
+    path = base / f"{name}-{version}" / "bin" / name
+    if not os.access(path, os.X_OK):
+        raise error(
+            f"{name} not found at {path}: build it with `make {name}` (hack/build-{name}.sh {base})"
+        )
+    return path
+
+
 def controlplane_bin_dir(cache: Path | None = None) -> Path:
     base = cache if cache is not None else cache_dir()
     return base / f"controlplane-k8s{K8S_VERSION}-etcd{ETCD_VERSION}-kwok{KWOK_VERSION}" / "bin"

@@ -24,7 +24,6 @@ process`) is no pod: it is scraped at its loopback port, under a static job.
 from __future__ import annotations
 
 import base64
-import os
 import re
 import signal
 import subprocess
@@ -39,7 +38,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from weightlift.api.labels import DEPLOYMENT_LABEL, WORKER_LABELS
-from weightlift.local.cluster import cache_dir
+from weightlift.local.cluster import cached_binary
 from weightlift.local.kube import JSON, KUBE_ERRORS, Kube, call
 from weightlift.local.net import free_port
 from weightlift.local.procs import UpDown, child_options, stop_group
@@ -69,14 +68,7 @@ class PrometheusError(RuntimeError):
 
 
 def prometheus_path(cache: Path | None = None) -> Path:
-    base = cache if cache is not None else cache_dir()
-    path = base / f"prometheus-{PROMETHEUS_VERSION}" / "bin" / "prometheus"
-    if not os.access(path, os.X_OK):
-        raise PrometheusError(
-            f"prometheus not found at {path}: build it with `make prometheus` "
-            f"(hack/build-prometheus.sh {base})"
-        )
-    return path
+    return cached_binary("prometheus", PROMETHEUS_VERSION, PrometheusError, cache)
 
 
 def _meta(label: str) -> str:

@@ -22,7 +22,7 @@ from typing import Any
 
 import httpx
 
-from weightlift.local.cluster import cache_dir
+from weightlift.local.cluster import cached_binary
 from weightlift.local.net import free_port
 
 # Pinned; hack/build-minio.sh carries the same value.
@@ -37,13 +37,7 @@ class S3ServerError(RuntimeError):
 
 
 def minio_path(cache: Path | None = None) -> Path:
-    base = cache if cache is not None else cache_dir()
-    path = base / f"minio-{MINIO_VERSION}" / "bin" / "minio"
-    if not os.access(path, os.X_OK):
-        raise S3ServerError(
-            f"minio not found at {path}: build it with `make minio` (hack/build-minio.sh {base})"
-        )
-    return path
+    return cached_binary("minio", MINIO_VERSION, S3ServerError, cache)
 
 
 class MinioServer:
