@@ -43,6 +43,22 @@ PEER_TOKEN_KEY = "token"
 # projected by a downwardAPI volume, which the kubelet rewrites in place when it changes.
 PEERS_FILE_ENV = "WEIGHTLIFT_PEERS_FILE"
 PEERS_FILE = "peers.json"
+# A pod of a multi-pod replica (a LeaderWorkerSet group, spec.parallelism.podsPerReplica > 1):
+# LWS's pod webhook gives it its index in the group and the group's size as env; the group's
+# torch.distributed rendezvous listens on the leader's GROUP_PORT.
+GROUP_INDEX_ENV = "LWS_WORKER_INDEX"
+GROUP_SIZE_ENV = "LWS_GROUP_SIZE"
+GROUP_PORT_NAME = "group"
+GROUP_PORT = 29500
+
+
+def group_ranks(ranks: list[int], pods: int, index: int) -> list[int]:
+    """The ranks pod `index` of a `pods`-pod replica drives: its contiguous share of `ranks`
+    (pod i of the source group and pod i of a target hold the same ranks: rank-matched P2P)."""
+    if pods < 1 or len(ranks) % pods or not 0 <= index < pods:
+        raise ValueError(f"pod {index} of {pods}: {len(ranks)} ranks do not split evenly")
+    share = len(ranks) // pods
+    return ranks[index * share : (index + 1) * share]
 
 
 class PeerCandidate(ApiModel):
@@ -56,6 +72,10 @@ class PeerHandoff(ApiModel):
 
     peers: list[PeerCandidate] = Field(default_factory=list)
     storage: bool = False
+    # A pod of a multi-pod replica: host:port of its group's torch.distributed rendezvous (the
+    # leader pod's IP and GROUP_PORT). Handed with the role, because one LWS template serves
+    # every group: a group's pods all start waiting, and learn here what they are.
+    leader: str | None = None
 
     @property
     def given(self) -> bool:
@@ -89,8 +109,13 @@ class SharedPlan(ApiModel):
     model: ModelSource
     served_model_name: str
     tensor_parallel: int = 1
-    # Ranks this process drives; one process may drive all local ranks of a replica.
+    # The replica's ranks; one process drives all of them, or (pods_per_replica > 1) its pod's
+    # group_ranks share, by its GROUP_INDEX_ENV.
     ranks: list[int] = Field(default_factory=lambda: [0])
+    # Pods one replica spans, when more than one (None: one pod): a LeaderWorkerSet group, whose
+    # pods wait in Standby for a hand-off (role and the group's leader) and compute together
+    # over torch.distributed.
+    pods_per_replica: int | None = None
     # "cpu", or "cuda" (rank r uses cuda:r) ; the operator writes "auto" and the worker decides.
     device: str = "auto"
     loading: LoadingSpec = Field(default_factory=LoadingSpec)

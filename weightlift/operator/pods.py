@@ -119,6 +119,9 @@ def shared_plan(name: str, namespace: str, spec: ModelDeploymentSpec, identity: 
         served_model_name=spec.model.name or name,
         tensor_parallel=spec.parallelism.tensor,
         ranks=list(range(spec.parallelism.tensor)),
+        pods_per_replica=spec.parallelism.pods_per_replica
+        if spec.parallelism.pods_per_replica > 1
+        else None,
         loading=spec.loading,
         init_hooks=spec.init_hooks,
         runtime=spec.runtime,
