@@ -32,6 +32,15 @@ def published_sources_selector(identity: str) -> str:
 # (MicroTime); cleared when the Lease changes hands. Tells how long a takeover took.
 FIRST_RECONCILE_ANNOTATION = "weightlift.dev/first-reconcile-time"
 
+# Multi-pod replicas (spec.parallelism.podsPerReplica > 1) run as one LeaderWorkerSet per
+# revision (sigs.k8s.io/lws); its pods carry these labels (set by LWS), and ours carry the
+# ModelDeployment's uid, since their owner is LWS's StatefulSet, not the ModelDeployment.
+LWS_GROUP = "leaderworkerset.x-k8s.io"
+LWS_NAME_LABEL = "leaderworkerset.sigs.k8s.io/name"
+LWS_WORKER_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/worker-index"
+LWS_GROUP_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/group-index"
+DEPLOYMENT_UID_LABEL = "weightlift.dev/deployment-uid"
+
 MANAGED_BY = {"app.kubernetes.io/managed-by": "weightlift"}
 WORKER_LABELS = {"app.kubernetes.io/name": "weightlift-worker", **MANAGED_BY}
 

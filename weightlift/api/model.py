@@ -801,8 +801,24 @@ class ProbeResult(ApiModel):
     latency_ms: float | None = Field(None, description="Latency of the last probe request.")
 
 
+class GroupPodStatus(ApiModel):
+    """One pod of a multi-pod replica (a LeaderWorkerSet group): its ranks and their load."""
+
+    name: str = Field(description="Pod name.")
+    index: int = Field(ge=0, description="Index in the group (0: the leader).")
+    ranks: list[int] = Field(default_factory=list, description="Ranks this pod holds.")
+    phase: str = Field(description="The pod's worker phase (as a replica's).")
+    pod_ip: str | None = Field(None, alias="podIP", description="Pod IP.")
+    loaded_from: str | None = Field(
+        None, description="storage:<scheme> or peer:<pod> (the same-index pod of a source group)."
+    )
+    bytes_loaded: int = Field(0, ge=0, description="Bytes of this pod's shard on its device.")
+    bytes_total: int = Field(0, ge=0, description="Bytes of this pod's shard.")
+    message: str = Field("", description="Detail, e.g. why the pod failed.")
+
+
 class ReplicaStatus(ApiModel):
-    name: str = Field(description="Worker pod name.")
+    name: str = Field(description="Worker pod name (a group's leader pod).")
     replica: int = Field(ge=0, description="Replica index.")
     model_identity: str = Field(description="Identity of the weights this replica loads.")
     role: Role = Field(description="Source (from storage) or Target (from a peer).")
@@ -838,6 +854,13 @@ class ReplicaStatus(ApiModel):
     ready: bool = Field(False, description="Passed its inference probe.")
     probe: ProbeResult | None = Field(None, description="Last inference probe result.")
     message: str = Field("", description="Detail, e.g. why the replica failed.")
+    pods: list[GroupPodStatus] | None = Field(
+        None,
+        max_length=limits.PODS_PER_REPLICA_MAX,
+        description="A multi-pod replica's pods (spec.parallelism.podsPerReplica > 1), leader "
+        "first: per-rank load progress and source. The replica is Ready once its leader's probe, "
+        "computed across every pod of the group, passes.",
+    )
 
 
 class SourceEndpoint(ApiModel):

@@ -31,6 +31,14 @@ import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
+from weightlift.api.labels import (
+    LWS_GROUP as LWS_GROUP,
+)
+from weightlift.api.labels import (
+    LWS_GROUP_INDEX_LABEL,
+    LWS_NAME_LABEL,
+    LWS_WORKER_INDEX_LABEL,
+)
 from weightlift.local.certs import new_ca, pem, signed
 from weightlift.local.cluster import cache_dir
 from weightlift.local.kube import Kube, call
@@ -40,11 +48,10 @@ from weightlift.local.procs import UpDown, child_options, stop_group
 
 # Pinned; hack/build-lws.sh carries the same value.
 LWS_VERSION = "v0.9.0"
-LWS_GROUP = "leaderworkerset.x-k8s.io"
-# Labels of the pods LWS makes (sigs.k8s.io/lws/api/leaderworkerset/v1).
-SET_NAME_LABEL = "leaderworkerset.sigs.k8s.io/name"
-WORKER_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/worker-index"
-GROUP_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/group-index"
+# Labels of the pods LWS makes (sigs.k8s.io/lws/api/leaderworkerset/v1): the contract's.
+SET_NAME_LABEL = LWS_NAME_LABEL
+WORKER_INDEX_LABEL = LWS_WORKER_INDEX_LABEL
+GROUP_INDEX_LABEL = LWS_GROUP_INDEX_LABEL
 # Webhook configurations are cluster-scoped: ours are named apart from a real install's.
 WEBHOOK_PREFIX = "weightlift-lws-"
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import kopf
 
-from weightlift.api.labels import DEPLOYMENT_LABEL, MANAGED_BY
+from weightlift.api.labels import DEPLOYMENT_LABEL, DEPLOYMENT_UID_LABEL, MANAGED_BY
 from weightlift.api.model import GROUP, KIND, PLURAL, VERSION
 from weightlift.operator import apicalls, kube, leader, metrics, watchtrim
 from weightlift.operator.diffbase import NoDiffBaseStorage
@@ -104,6 +104,9 @@ async def pods_by_owner(body: kopf.Body, **_: Any) -> dict[str, dict[str, Any]]:
     pass reads its pods from memory instead of listing them."""
     owners = body.metadata.get("ownerReferences", [])
     uids = [o["uid"] for o in owners if o.get("kind") == KIND and o.get("uid")]
+    # A multi-pod replica's pods are owned by LWS's StatefulSets; they carry the uid instead.
+    by_label = (body.metadata.get("labels") or {}).get(DEPLOYMENT_UID_LABEL)
+    uids = uids or ([by_label] if by_label else [])
     if not uids:
         return {}
     essentials = pod_essentials(body)

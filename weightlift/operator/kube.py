@@ -224,3 +224,48 @@ def ensure_owned_secret(core: client.CoreV1Api, namespace: str, manifest: Obj) -
             if exc.status != 404:
                 raise
     raise RuntimeError(f"secret {namespace}/{name} kept vanishing while being created")
+
+
+# LeaderWorkerSets (multi-pod replicas, groups.py): group, version and plural are LWS's.
+def create_lws(
+    api: client.CustomObjectsApi, namespace: str, manifest: Obj, version: str, plural: str
+) -> bool:
+    group = manifest["apiVersion"].split("/")[0]
+
+    def create(ns: str, body: Obj, **kwargs: Any) -> Any:
+        return api.create_namespaced_custom_object(group, version, ns, plural, body, **kwargs)
+
+    return _create_if_absent(create, namespace, manifest)
+
+
+def scale_lws(
+    api: client.CustomObjectsApi,
+    namespace: str,
+    name: str,
+    replicas: int,
+    group: str,
+    version: str,
+    plural: str,
+) -> None:
+    _done(
+        api.patch_namespaced_custom_object(
+            group,
+            version,
+            namespace,
+            plural,
+            name,
+            {"spec": {"replicas": replicas}},
+            _content_type="application/merge-patch+json",
+            **_WIRE,
+        )
+    )
+
+
+def delete_lws(
+    api: client.CustomObjectsApi, namespace: str, name: str, group: str, version: str, plural: str
+) -> None:
+    try:
+        _done(api.delete_namespaced_custom_object(group, version, namespace, plural, name, **_WIRE))
+    except ApiException as exc:
+        if exc.status != 404:
+            raise

@@ -15,12 +15,15 @@ from weightlift.api.model import (
     DEFAULT_REVISION,
     Condition,
     ConditionType,
+    Engine,
+    GroupPodStatus,
     ModelDeploymentSpec,
     ModelDeploymentStatus,
     Phase,
     ProbeResult,
     ReplicaStatus,
     Role,
+    RuntimeType,
     SourceEndpoint,
     pulls_from_peers,
 )
@@ -70,6 +73,9 @@ class ObservedPod:
     # What the weightlift.dev/peers annotation hands this pod (None: nothing yet).
     handoff: PeerHandoff | None = None
     spare: bool = False  # a warm spare (the weightlift.dev/spare label): not serving, waiting
+    # A multi-pod replica (a LeaderWorkerSet group) is observed as its leader, the fields above
+    # summing up the group (groups.py); `members` are all its pods, leader first.
+    members: tuple[ObservedPod, ...] = ()
 
     @property
     def failed(self) -> bool:
@@ -232,26 +238,17 @@ def validate(spec: ModelDeploymentSpec, observed: Observed) -> str | None:
     problem = _validate_storage(spec, uri)
     if problem:
         return problem
-    tp = spec.parallelism.tensor
-    if observed.max_node_gpus is not None and tp > observed.max_node_gpus:
+    par = spec.parallelism
+    gpus = par.ranks_per_pod
+    if observed.max_node_gpus is not None and gpus > observed.max_node_gpus:
+        field_name = "tensor" if par.pods_per_replica == 1 else "podsPerReplica"
         return (
-            f"spec.parallelism.tensor: {tp} GPUs per replica but the largest node offers "
+            f"spec.parallelism.{field_name}: {gpus} GPUs per pod but the largest node offers "
             f"{observed.max_node_gpus} nvidia.com/gpu"
         )
-    par = spec.parallelism
-    if par.pods_per_replica > 1 or par.pipeline > 1:
-        # Admitted by the CRD (issue 35's API) before the operator renders LeaderWorkerSets or
-        # pipeline stages: refuse, rather than run one pod of tensor ranks under another identity.
-        name, value = (
-            ("podsPerReplica", par.pods_per_replica)
-            if par.pods_per_replica > 1
-            else ("pipeline", par.pipeline)
-        )
-        return (
-            f"spec.parallelism.{name}: {value}; this operator version runs replicas of one pod "
-            "and one pipeline stage only (multi-pod replicas on LeaderWorkerSet are not wired "
-            "in yet)"
-        )
+    problem = _validate_groups(spec)
+    if problem:
+        return problem
     hooks = spec.init_hooks
     escapes = hooks is not None and (
         hooks.library.startswith("/") or ".." in hooks.library.split("/")
@@ -264,6 +261,31 @@ def validate(spec: ModelDeploymentSpec, observed: Observed) -> str | None:
     request = spec.probe.request if spec.probe is not None else None
     if request is not None and not (isinstance(request.get("inputs"), list) and request["inputs"]):
         return "spec.probe.request: a KServe v2 request needs a non-empty 'inputs' list"
+    return None
+
+
+def _validate_groups(spec: ModelDeploymentSpec) -> str | None:
+    """What multi-pod replicas (LeaderWorkerSet groups) run today: tensor ranks spread over the
+    pods of the builtin runtime; refused rather than run under another identity."""
+    par = spec.parallelism
+    if par.pipeline > 1:
+        return (
+            f"spec.parallelism.pipeline: {par.pipeline}; this operator version runs one pipeline "
+            "stage per replica (tensor ranks may span pods: podsPerReplica)"
+        )
+    if par.pods_per_replica == 1:
+        return None
+    rt = spec.runtime
+    if rt.type != RuntimeType.BUILTIN or rt.engine != Engine.BUILTIN:
+        return (
+            f"spec.parallelism.podsPerReplica: {par.pods_per_replica}; multi-pod replicas run "
+            "the builtin runtime (runtime.engine Builtin) in this version"
+        )
+    if spec.warm_spares:
+        return (
+            f"spec.warmSpares: {spec.warm_spares}; warm spares are single-pod replicas only "
+            f"in this version (spec.parallelism.podsPerReplica is {par.pods_per_replica})"
+        )
     return None
 
 
@@ -453,6 +475,10 @@ def _ready_sources(
         for p in sorted(current, key=lambda p: p.replica)
         if p.inference_ready and p.pod_ip
     ]
+    if spec.parallelism.pods_per_replica > 1:
+        # A group pulls rank-matched from the pods of a source group, which only this
+        # deployment's own groups are known by (published sources name a leader only).
+        return own
     siblings = [
         s
         for s in observed.sibling_sources
@@ -566,8 +592,13 @@ def _scale_up(
     # can pull at all is the contract's one rule, which the worker follows too.
     storage_only = not pulls_from_peers(spec.loading, spec.runtime)
     storage_loaders = _storage_loaders(current, sources)
+    peers: list[SourceEndpoint]
     for _ in range(need):
-        if storage_only or (wait_expired and not sources):
+        if spec.parallelism.pods_per_replica > 1:
+            # One LeaderWorkerSet template serves every group: each starts waiting, and
+            # `_hand_off` gives it its role (storage or peers) once its pods exist.
+            role, peers = Role.TARGET, []
+        elif storage_only or (wait_expired and not sources):
             role, peers = Role.SOURCE, []
         elif sources:
             role, peers = Role.TARGET, list(sources)
@@ -707,6 +738,10 @@ def _hand_off(
     kept = [p for p in current if p.name not in result.delete]
     offer = PeerHandoff(peers=_peer_list(sources)) if sources else None
     expired = 0
+    # Groups were created waiting (`_scale_up`): the first initialSources of them load from
+    # storage as soon as they exist, lowest index first, as single-pod Sources are created.
+    loaders = _storage_loaders(current, sources)
+    kept = sorted(kept, key=lambda p: p.replica)
     live = {s.pod for s in sources}
     for pod in kept:
         if pod.role != Role.TARGET or not pod.loading:
@@ -722,6 +757,10 @@ def _hand_off(
             continue
         if offer is not None:
             result.handoff[pod.name] = offer
+        elif pod.members and not stale and loaders < spec.loading.initial_sources:
+            result.handoff[pod.name] = PeerHandoff(storage=True)
+            result.relabel[pod.name] = Role.SOURCE
+            loaders += 1
         elif wait_expired or stale:
             result.handoff[pod.name] = PeerHandoff(storage=True)
             result.relabel[pod.name] = Role.SOURCE
@@ -875,7 +914,7 @@ def _loaded_fraction(pod: ObservedPod) -> float:
     return 1.0 if pod.pod_ready else 0.0
 
 
-def _replica_status(pod: ObservedPod) -> ReplicaStatus:
+def _pod_phase(pod: ObservedPod) -> str:
     report = pod.worker
     if pod.failed:
         phase = "Failed"
@@ -889,6 +928,30 @@ def _replica_status(pod: ObservedPod) -> ReplicaStatus:
         phase = "Scheduled"
     else:
         phase = "Pending"
+    return phase
+
+
+def _group_pod_status(pod: ObservedPod, index: int) -> GroupPodStatus:
+    report = pod.worker
+    phase = _pod_phase(pod)
+    if phase == "Ready":
+        phase = "Serving"  # Ready is the group's (its leader's probe), not one pod's
+    return GroupPodStatus(
+        name=pod.name,
+        index=index,
+        ranks=list(report.ranks) if report else [],
+        phase=phase,
+        pod_ip=pod.pod_ip,
+        loaded_from=report.loaded_from if report else None,
+        bytes_loaded=report.bytes_loaded if report else 0,
+        bytes_total=report.bytes_total if report else 0,
+        message=pod.failure_message if pod.failed else (pod.unschedulable or ""),
+    )
+
+
+def _replica_status(pod: ObservedPod) -> ReplicaStatus:
+    report = pod.worker
+    phase = _pod_phase(pod)
     message = pod.failure_message if pod.failed else (pod.unschedulable or "")
     return ReplicaStatus(
         name=pod.name,
@@ -910,6 +973,7 @@ def _replica_status(pod: ObservedPod) -> ReplicaStatus:
         spare=pod.spare or None,
         probe=pod.probe,
         message=message,
+        pods=[_group_pod_status(m, i) for i, m in enumerate(pod.members)] or None,
     )
 
 

@@ -215,7 +215,7 @@ def render_pod(
     _, model_volumes, model_mounts = model_mount(spec)
     template = spec.template
     plan = plan or plan_for(name, namespace, spec, desired.identity)
-    gpus = str(spec.parallelism.tensor)
+    gpus = str(spec.parallelism.ranks_per_pod)  # a multi-pod replica: its pod's share
     limits = {**template.resources.limits, GPU_RESOURCE: gpus}
     requests = {**template.resources.requests, GPU_RESOURCE: gpus}
     capabilities: dict[str, Any] = {"drop": ["ALL"]}

@@ -15,6 +15,9 @@ from pydantic import ValidationError
 
 from weightlift.api.labels import (
     IDENTITY_LABEL,
+    LWS_GROUP,
+    LWS_GROUP_INDEX_LABEL,
+    LWS_WORKER_INDEX_LABEL,
     PEERS_ANNOTATION,
     PLAN_LABEL,
     REPLICA_LABEL,
@@ -35,6 +38,15 @@ from weightlift.api.model import (
 from weightlift.api.times import parse_rfc3339, rfc3339
 from weightlift.api.worker import PeerHandoff, WorkerPhase, WorkerReport
 from weightlift.operator import kube
+from weightlift.operator.groups import (
+    LWS_PLURAL,
+    LWS_VERSION,
+    collapse,
+    group_actions,
+    group_index,
+    render_lws,
+    spread_handoffs,
+)
 from weightlift.operator.identity import model_identity
 from weightlift.operator.metrics import engine_of
 from weightlift.operator.planning import (
@@ -116,10 +128,12 @@ async def observe_pod(
     )
     if report is None and reachable and address is not None:
         report = await _report(state, meta["uid"], address, spec, pod_ready)
-    probe = await _probe(state, meta["uid"], address, model, spec, pod_ready and reachable)
+    # A group is probed through its leader, whose answer its whole group computes.
+    probed = pod_ready and reachable and group_index(pod) in (None, 0)
+    probe = await _probe(state, meta["uid"], address, model, spec, probed)
     observed = ObservedPod(
         name=meta["name"],
-        replica=int(labels.get(REPLICA_LABEL, "0")),
+        replica=int(labels.get(REPLICA_LABEL) or labels.get(LWS_GROUP_INDEX_LABEL) or "0"),
         identity=labels.get(IDENTITY_LABEL, ""),
         role=role_of(labels),
         phase=status.get("phase", "Pending"),
@@ -296,7 +310,15 @@ def pod_essentials(pod: Mapping[str, Any]) -> dict[str, Any]:
 
 
 # The pod labels a pass reads (observe_pod, pods.role_of, _sweep_plans).
-POD_LABELS_READ = (REPLICA_LABEL, IDENTITY_LABEL, ROLE_LABEL, PLAN_LABEL, SPARE_LABEL)
+POD_LABELS_READ = (
+    REPLICA_LABEL,
+    IDENTITY_LABEL,
+    ROLE_LABEL,
+    PLAN_LABEL,
+    SPARE_LABEL,
+    LWS_GROUP_INDEX_LABEL,
+    LWS_WORKER_INDEX_LABEL,
+)
 POD_ANNOTATIONS_READ = (PEERS_ANNOTATION, WOKEN_ANNOTATION)
 
 
@@ -343,6 +365,9 @@ async def reconcile(
         observed_pods = [
             dataclasses.replace(p, spare=False) if p.name in woken else p for p in observed_pods
         ]
+        if any(group_index(p) is not None for p in pods):
+            size = spec.parallelism.pods_per_replica
+            observed_pods = collapse(zip(pods, observed_pods, strict=True), size)
     observed = Observed(
         name=name,
         namespace=namespace,
@@ -360,7 +385,8 @@ async def reconcile(
     if isinstance(spec, SpecError):
         logger.warning("invalid spec: %s", spec.message)
     applying = time.time()
-    await apply(state, body, spec, result, logger, previous, pods)
+    groups = {p.name: p for p in observed_pods if p.members}
+    await apply(state, body, spec, result, logger, previous, pods, groups)
     record_pass(state, uid, spec, result, previous, list(observed_pods), pods, applying)
     return result.requeue_after
 
@@ -537,6 +563,64 @@ async def _sweep_plans(
         logger.warning("sweeping old plan ConfigMaps: %s", kube.api_error(exc))
 
 
+async def _apply_groups(
+    state: OperatorState,
+    meta: Mapping[str, Any],
+    spec: ModelDeploymentSpec,
+    result: Plan,
+    groups: list[ObservedPod],
+    logger: logging.Logger | logging.LoggerAdapter[Any],
+) -> list[str]:
+    """Multi-pod replicas: the revision's LeaderWorkerSet made or scaled, older ones scaled
+    down or deleted, failed groups' leaders deleted (LWS recreates the group). Planning's
+    creations become the set's replica count, so nothing is left for apply to create. Returns
+    what the API server refused."""
+    namespace, name, uid = meta["namespace"], meta["name"], meta["uid"]
+    identity = model_identity(spec)
+    actions = group_actions(name, spec, identity, groups, result)
+    result.create = []
+    record = state.deployment(uid)
+    for pod, why in actions.delete_pods.items():
+        logger.info("deleting group leader %s (LWS recreates its group): %s", pod, why)
+        await asyncio.to_thread(kube.delete_pod, state.core, namespace, pod)
+    plan = plan_for(name, namespace, spec, identity)
+    where = (LWS_VERSION, LWS_PLURAL)
+    for set_name, replicas in actions.replicas.items():
+        if record.lws.get(set_name) == replicas:
+            continue
+        try:
+            if replicas == 0:
+                await asyncio.to_thread(
+                    kube.delete_lws, state.custom, namespace, set_name, LWS_GROUP, *where
+                )
+            elif set_name in record.lws:
+                await asyncio.to_thread(
+                    kube.scale_lws, state.custom, namespace, set_name, replicas, LWS_GROUP, *where
+                )
+            else:
+                await _ensure_beside_pods(state, meta, spec, identity, plan)
+                manifest = render_lws(
+                    name, namespace, uid, spec, identity, replicas, plan, state.settings
+                )
+                if not await asyncio.to_thread(
+                    kube.create_lws, state.custom, namespace, manifest, *where
+                ):
+                    await asyncio.to_thread(
+                        kube.scale_lws,
+                        state.custom,
+                        namespace,
+                        set_name,
+                        replicas,
+                        LWS_GROUP,
+                        *where,
+                    )
+                logger.info("LeaderWorkerSet %s: %d group(s)", set_name, replicas)
+        except ApiException as exc:
+            return [f"LeaderWorkerSet {set_name} was rejected: {kube.api_error(exc)}"]
+        record.lws[set_name] = replicas
+    return []
+
+
 def _create_pod(
     state: OperatorState,
     name: str,
@@ -561,18 +645,26 @@ async def apply(
     logger: logging.Logger | logging.LoggerAdapter[Any],
     previous: Mapping[str, Any],
     pods: list[dict[str, Any]] | None = None,
+    groups: Mapping[str, ObservedPod] | None = None,
 ) -> None:
     """Apply the plan; `previous` is the status last planned (state.status_of). The status is
-    written through here only, at once or coalesced (statuswrites.py)."""
+    written through here only, at once or coalesced (statuswrites.py). `groups`: multi-pod
+    replicas by leader name (groups.py), whose pods LeaderWorkerSets create and delete."""
     meta = body["metadata"]
     namespace, name, uid = meta["namespace"], meta["name"], meta["uid"]
+    groups = groups or {}
     for pod, reason in result.delete.items():
+        if pod in groups:
+            continue  # _apply_groups
         logger.info("deleting pod %s: %s", pod, reason)
         await asyncio.to_thread(kube.delete_pod, state.core, namespace, pod)
+    rejected: list[str] = []
+    if isinstance(spec, ModelDeploymentSpec) and (groups or spec.parallelism.pods_per_replica > 1):
+        spread_handoffs(result, groups, spec.parallelism.pods_per_replica, spec.runtime.port)
+        rejected += await _apply_groups(state, meta, spec, result, list(groups.values()), logger)
     uids = {p["metadata"]["name"]: p["metadata"].get("uid") for p in pods or []}
     await _patch_pods(state, namespace, result, logger, uids)
     state.woke_spares(uid, result.unspare)
-    rejected: list[str] = []
     plans: dict[str, PlanConfigMap] = {}  # identity -> this revision's plan
     for desired in result.create:
         assert not isinstance(spec, SpecError)  # plan creates nothing from an unparsable spec

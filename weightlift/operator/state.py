@@ -67,6 +67,8 @@ class DeploymentRecord:
     stale_plans: bool = False
     plan_label: str | None = None
     generation: int | None = None  # metadata.generation the last pass planned for
+    # LeaderWorkerSets (multi-pod replicas) this operator made or scaled: name -> replicas.
+    lws: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass

@@ -568,7 +568,15 @@ INVALID: list[tuple[dict[str, Any], str]] = [
     ({"uri": "hostpath:///dev/null"}, "spec.model.uri"),
     ({"uri": "file:///etc/passwd"}, "spec.model.uri"),
     ({"tensor": 16}, "spec.parallelism.tensor"),
-    ({"parallelism": {"tensor": 2, "podsPerReplica": 2}}, "spec.parallelism.podsPerReplica"),
+    # Multi-pod replicas run the builtin runtime only, and no warm spares (yet).
+    (
+        {
+            "parallelism": {"tensor": 2, "podsPerReplica": 2},
+            "runtime": {"type": "External", "command": ["srv"]},
+        },
+        "spec.parallelism.podsPerReplica",
+    ),
+    ({"parallelism": {"tensor": 2, "podsPerReplica": 2}, "warmSpares": 1}, "spec.warmSpares"),
     ({"parallelism": {"pipeline": 2}}, "spec.parallelism.pipeline"),
     ({"initHooks": {"library": "/usr/lib/libevil.so"}}, "spec.initHooks.library"),
     ({"initHooks": {"library": "../libx.so"}}, "spec.initHooks.library"),

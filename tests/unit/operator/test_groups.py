@@ -1,0 +1,183 @@
+"""Multi-pod replicas (LeaderWorkerSet groups): planning sees a group as one replica; groups.py
+sums its pods up, spreads hand-offs rank-matched over them, and maps creates and deletes onto
+LeaderWorkerSet replica counts."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from tests.support.planning import NAME, NAMESPACE, ident, make_spec, mkpod, observe
+from weightlift.api.labels import (
+    DEPLOYMENT_UID_LABEL,
+    LWS_GROUP_INDEX_LABEL,
+    LWS_WORKER_INDEX_LABEL,
+    REPLICA_LABEL,
+)
+from weightlift.api.model import ModelDeploymentSpec, Role
+from weightlift.api.worker import GROUP_PORT, PeerHandoff, WorkerPhase, WorkerReport
+from weightlift.operator.groups import (
+    collapse,
+    group_actions,
+    lws_name,
+    render_lws,
+    spread_handoffs,
+)
+from weightlift.operator.planning import ObservedPod, Plan, plan, pod_name
+from weightlift.operator.pods import plan_for
+
+PORT = 8000
+
+
+def group_spec(replicas: int = 2, **extra: Any) -> ModelDeploymentSpec:
+    return make_spec(replicas, tensor=2, parallelism={"tensor": 2, "podsPerReplica": 2}, **extra)
+
+
+def raw(index: int, group: int) -> dict[str, Any]:
+    labels = {LWS_WORKER_INDEX_LABEL: str(index), LWS_GROUP_INDEX_LABEL: str(group)}
+    return {"metadata": {"labels": labels}}
+
+
+def group_pods(
+    spec: ModelDeploymentSpec, group: int, state: str, role: Role = Role.TARGET, **leader: Any
+) -> list[tuple[dict[str, Any], ObservedPod]]:
+    """Leader and worker of group `group`, each holding one rank (10.0.<group>.<index>)."""
+    out = []
+    for index in range(2):
+        pod = mkpod(spec, group, role, state=state, pod_ip=f"10.0.{group}.{index + 1}")
+        name = pod.name if index == 0 else f"{pod.name}-{index}"
+        report = pod.worker
+        if report is not None:
+            report = report.model_copy(update={"ranks": [index], "loaded_from": "storage:pvc"})
+        pod = dataclasses.replace(pod, name=name, worker=report)
+        if index == 0:
+            pod = dataclasses.replace(pod, **leader)
+        out.append((raw(index, group), pod))
+    return out
+
+
+def test_a_group_is_its_leader_summing_up_its_pods() -> None:
+    spec = group_spec()
+    ready = collapse(group_pods(spec, 0, "ready"), 2)
+    (group,) = ready
+    assert group.name == pod_name(NAME, ident(spec), 0) and group.inference_ready
+    assert [m.name for m in group.members] == [group.name, f"{group.name}-1"]
+    assert group.worker is not None and group.worker.bytes_loaded == 200
+    assert group.worker.ranks == [0, 1]
+    # One pod still loading: the group is not Ready, whatever its leader's probe said.
+    pods = group_pods(spec, 0, "ready")
+    pods[1] = (pods[1][0], dataclasses.replace(pods[1][1], pod_ready=False))
+    assert not collapse(pods, 2)[0].inference_ready
+    # A pod missing (LWS has not made it yet): not Ready either.
+    assert not collapse(group_pods(spec, 0, "ready")[:1], 2)[0].inference_ready
+
+
+def test_a_failed_rank_fails_its_group_naming_the_pod() -> None:
+    spec = group_spec()
+    pods = group_pods(spec, 0, "ready")
+    broken = WorkerReport(phase=WorkerPhase.FAILED, message="group rank 0 at 10.0.0.1 is gone")
+    pods[1] = (pods[1][0], dataclasses.replace(pods[1][1], worker=broken))
+    (group,) = collapse(pods, 2)
+    assert group.failed and not group.inference_ready
+    assert group.worker is not None and group.worker.message.startswith(f"{pods[1][1].name}: ")
+
+
+def test_single_pod_replicas_pass_through() -> None:
+    spec = make_spec(2)
+    pods = [({"metadata": {"labels": {REPLICA_LABEL: "0"}}}, mkpod(spec, 0, Role.SOURCE))]
+    assert collapse(pods, 1) == [pods[0][1]]
+
+
+def test_the_first_group_loads_from_storage_the_second_waits_then_pulls_rank_matched() -> None:
+    spec = group_spec()
+    identity = ident(spec)
+    # Planning creates both groups waiting: one LWS template serves every group.
+    first = plan(spec, observe([]))
+    assert [(d.replica, d.role, d.peers) for d in first.create] == [
+        (0, Role.TARGET, []),
+        (1, Role.TARGET, []),
+    ]
+    # Both groups exist, nothing handed yet: group 0 gets storage and the Source role, on every
+    # pod, with the rendezvous at its leader; group 1 waits.
+    pods = group_pods(spec, 0, "scheduled") + group_pods(spec, 1, "scheduled")
+    groups = collapse(pods, 2)
+    result = plan(spec, observe(groups))
+    by_name = {g.name: g for g in groups}
+    spread_handoffs(result, by_name, 2, PORT)
+    g0 = pod_name(NAME, identity, 0)
+    assert result.handoff == {
+        g0: PeerHandoff(storage=True, leader=f"10.0.0.1:{GROUP_PORT}"),
+        f"{g0}-1": PeerHandoff(storage=True, leader=f"10.0.0.1:{GROUP_PORT}"),
+    }
+    assert result.relabel == {g0: Role.SOURCE, f"{g0}-1": Role.SOURCE}
+    # Group 0 Ready: group 1's pod i pulls from group 0's pod i only.
+    pods = group_pods(spec, 0, "ready", Role.SOURCE) + group_pods(spec, 1, "scheduled")
+    groups = collapse(pods, 2)
+    result = plan(spec, observe(groups))
+    spread_handoffs(result, {g.name: g for g in groups}, 2, PORT)
+    g1 = pod_name(NAME, identity, 1)
+    leader1 = f"10.0.1.1:{GROUP_PORT}"
+    assert result.handoff[g1].leader == leader1
+    assert [(c.pod, c.address) for c in result.handoff[g1].peers] == [(g0, f"10.0.0.1:{PORT}")]
+    assert [(c.pod, c.address) for c in result.handoff[f"{g1}-1"].peers] == [
+        (f"{g0}-1", f"10.0.0.2:{PORT}")
+    ]
+    assert result.status.ready_replicas == 1
+    (entry,) = [r for r in result.status.replica_statuses if r.name == g0]
+    assert entry.pods is not None
+    assert [(p.name, p.ranks, p.loaded_from) for p in entry.pods] == [
+        (g0, [0], "storage:pvc"),
+        (f"{g0}-1", [1], "storage:pvc"),
+    ]
+
+
+def test_an_incomplete_group_is_handed_nothing_yet() -> None:
+    spec = group_spec(1)
+    pods = group_pods(spec, 0, "scheduled")
+    pods[1] = (pods[1][0], dataclasses.replace(pods[1][1], pod_ip=None))
+    groups = collapse(pods, 2)
+    result = plan(spec, observe(groups))
+    assert result.handoff and result.relabel  # planning hands the group storage...
+    spread_handoffs(result, {g.name: g for g in groups}, 2, PORT)
+    assert result.handoff == {} and result.relabel == {}  # ...once all its pods have IPs
+
+
+def test_lws_counts_follow_creates_and_a_failed_group_is_replaced_by_its_leader() -> None:
+    spec = group_spec(2)
+    identity = ident(spec)
+    result = Plan()
+    result.create = plan(spec, observe([])).create
+    actions = group_actions(NAME, spec, identity, [], result)
+    assert actions.replicas == {lws_name(NAME, identity): 2} and actions.delete_pods == {}
+    groups = collapse(group_pods(spec, 0, "failed") + group_pods(spec, 1, "ready"), 2)
+    result = Plan(delete={groups[0].name: "replacing failed replica: OOMKilled"})
+    actions = group_actions(NAME, spec, identity, groups, result)
+    assert actions.delete_pods == {groups[0].name: "replacing failed replica: OOMKilled"}
+    assert actions.replicas == {lws_name(NAME, identity): 2}
+    # Scaled down to 1: the count says it (LWS removes the highest group), no pod is deleted.
+    result = Plan(delete={groups[1].name: "scaled down"})
+    actions = group_actions(NAME, group_spec(1), identity, groups, result)
+    assert actions.delete_pods == {} and actions.replicas == {lws_name(NAME, identity): 1}
+
+
+def test_the_lws_template_waits_for_its_role_and_carries_the_owner_uid() -> None:
+    spec = group_spec(2)
+    identity = ident(spec)
+    lws = render_lws(
+        NAME, NAMESPACE, "uid-1", spec, identity, 2, plan_for(NAME, NAMESPACE, spec, identity)
+    )
+    assert lws["metadata"]["name"] == lws_name(NAME, identity)
+    assert f"{lws['metadata']['name']}-0" == pod_name(NAME, identity, 0)  # LWS's leader name
+    template = lws["spec"]["leaderWorkerTemplate"]
+    assert template["size"] == 2 and template["restartPolicy"] == "RecreateGroupOnPodRestart"
+    pod = template["workerTemplate"]
+    assert pod["metadata"]["labels"][DEPLOYMENT_UID_LABEL] == "uid-1"
+    assert REPLICA_LABEL not in pod["metadata"]["labels"]
+    assert pod["spec"]["restartPolicy"] == "Always"
+    (container,) = pod["spec"]["containers"]
+    # One GPU per rank of the pod, not the replica's tensor size.
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    assert {p["name"]: p["containerPort"] for p in container["ports"]}["group"] == GROUP_PORT
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert '"role":"Target"' in env["WEIGHTLIFT_ASSIGNMENT"]
+    assert lws["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
