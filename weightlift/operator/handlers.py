@@ -195,14 +195,23 @@ async def pod_changed(body: kopf.Body, event: kopf.RawEvent, memo: kopf.Memo, **
     for owner in body.metadata.get("ownerReferences", []):
         if owner.get("kind") == "ModelDeployment":
             state.wake(owner["uid"])
+    if group_owner := (body.metadata.get("labels") or {}).get(DEPLOYMENT_UID_LABEL):
+        state.wake(group_owner)  # a LeaderWorkerSet's pod (owned by its StatefulSet)
 
 
 @kopf.on.delete(GROUP, VERSION, PLURAL)
-async def delete_pods(name: str, namespace: str | None, memo: Any, **_: Any) -> None:
-    """Finalizer: the ModelDeployment goes away only once none of its pods is left."""
+async def delete_pods(
+    name: str, namespace: str | None, uid: str, spec: kopf.Spec, memo: Any, **_: Any
+) -> None:
+    """Finalizer: the ModelDeployment goes away only once none of its pods is left. Its
+    LeaderWorkerSets go first: they would recreate the pods of their groups."""
     assert namespace is not None
     state = _state(memo)
     selector = f"{DEPLOYMENT_LABEL}={name}"
+    pods_per_replica = (spec.get("parallelism") or {}).get("podsPerReplica")
+    multi_pod = isinstance(pods_per_replica, int) and pods_per_replica > 1
+    if multi_pod or state.deployment(uid).lws:
+        await asyncio.to_thread(kube.delete_lws_sets, state.custom, namespace, selector)
     pods = await asyncio.to_thread(kube.list_pods, state.core, namespace, selector)
     for pod in pods:
         if not pod["metadata"].get("deletionTimestamp"):

@@ -14,6 +14,7 @@ from typing import Any
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
+from weightlift.api.labels import LWS_GROUP
 from weightlift.api.model import GROUP, PLURAL, VERSION
 from weightlift.api.times import now_rfc3339
 from weightlift.operator import apicalls
@@ -266,6 +267,20 @@ def delete_lws(
 ) -> None:
     try:
         _done(api.delete_namespaced_custom_object(group, version, namespace, plural, name, **_WIRE))
+    except ApiException as exc:
+        if exc.status != 404:
+            raise
+
+
+def delete_lws_sets(api: client.CustomObjectsApi, namespace: str, selector: str) -> None:
+    """Every LeaderWorkerSet matching `selector` (a deleted ModelDeployment's); none when LWS is
+    not installed."""
+    try:
+        _done(
+            api.delete_collection_namespaced_custom_object(
+                LWS_GROUP, "v1", namespace, "leaderworkersets", label_selector=selector, **_WIRE
+            )
+        )
     except ApiException as exc:
         if exc.status != 404:
             raise

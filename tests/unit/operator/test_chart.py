@@ -164,7 +164,12 @@ def test_operator_rbac_is_least_privilege(helm: Path) -> None:
         ("", "events"): {"create"},
         ("", "configmaps"): {"create", "deletecollection"},
         ("", "secrets"): {"create", "patch"},
-        ("leaderworkerset.x-k8s.io", "leaderworkersets"): {"create", "patch", "delete"},
+        ("leaderworkerset.x-k8s.io", "leaderworkersets"): {
+            "create",
+            "patch",
+            "delete",
+            "deletecollection",
+        },
     }
     assert cluster == {
         ("", "nodes"): {"list"},
