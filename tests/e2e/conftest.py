@@ -19,6 +19,7 @@ import pytest
 from tests.support.e2e import alive, pids_of, wait_gone
 from tests.support.triton import triton_worker_env
 from tests.support.vllm import vllm_worker_env
+from weightlift.local.lws import LwsController, LwsError, lws_dir
 from weightlift.local.observe import Observer
 from weightlift.local.stack import LocalStack, make_demo_model, model_deployment
 
@@ -90,6 +91,19 @@ def stack(
     # After teardown not one worker process may be left.
     leftovers = [pid for pids in s.node.pids().values() for pid in pids if alive(pid)]
     assert not leftovers, f"worker processes left behind: {leftovers}"
+
+
+@pytest.fixture(scope="session")
+def lws(stack: LocalStack, e2e_dir: Path) -> Iterator[LwsController]:
+    """The real LeaderWorkerSet controller (`make lws`) against the session's stack."""
+    try:
+        lws_dir()
+    except LwsError as exc:
+        if os.environ.get("WEIGHTLIFT_REQUIRE_CLUSTER"):
+            pytest.fail(f"{exc} [WEIGHTLIFT_REQUIRE_CLUSTER is set]", pytrace=False)
+        pytest.skip(str(exc))
+    with LwsController(stack.kubeconfig, e2e_dir / "lws") as controller:
+        yield controller
 
 
 @pytest.fixture

@@ -5,14 +5,12 @@ env LWS's pod webhook injects (issue 35, the piece multi-pod replicas will run o
 
 from __future__ import annotations
 
-import os
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
@@ -23,8 +21,6 @@ from weightlift.local.lws import (
     SET_NAME_LABEL,
     WORKER_INDEX_LABEL,
     LwsController,
-    LwsError,
-    lws_dir,
 )
 from weightlift.local.processnode import LOCAL_NODE_LABEL
 from weightlift.local.stack import LocalStack
@@ -40,18 +36,6 @@ RANK = (
     "out.write_text('\\n'.join(f'{k}={os.environ.get(k, \"\")}' for k in keys))\n"
     "while True: time.sleep(1)\n"
 )
-
-
-@pytest.fixture(scope="module")
-def lws(stack: LocalStack, e2e_dir: Path) -> Iterator[LwsController]:
-    try:
-        lws_dir()
-    except LwsError as exc:
-        if os.environ.get("WEIGHTLIFT_REQUIRE_CLUSTER"):
-            pytest.fail(f"{exc} [WEIGHTLIFT_REQUIRE_CLUSTER is set]", pytrace=False)
-        pytest.skip(str(exc))
-    with LwsController(stack.kubeconfig, e2e_dir / "lws") as controller:
-        yield controller
 
 
 def _lws(name: str, size: int, out_dir: Path) -> JSON:

@@ -492,8 +492,11 @@ def _md(namespace: str) -> tuple[str, str, str, str]:
 # ------------------------------------------------------------------------------ the model
 
 
-def make_demo_model(out: Path, size_mb: float, *, hook: bool = True, seed: int = 0) -> JSON:
-    """Run `weightlift model make-demo` (torch stays out of this process); return probe.json."""
+def make_demo_model(
+    out: Path, size_mb: float, *, hook: bool = True, seed: int = 0, tp: int = 1
+) -> JSON:
+    """Run `weightlift model make-demo` (torch stays out of this process); return probe.json.
+    `tp`: tensor-parallel ranks, one file each (rank-<r>-of-<tp>.safetensors)."""
     argv = [
         weightlift_exe(),
         "model",
@@ -504,6 +507,8 @@ def make_demo_model(out: Path, size_mb: float, *, hook: bool = True, seed: int =
         str(size_mb),
         "--seed",
         str(seed),
+        "--tp",
+        str(tp),
     ]
     if not hook:
         argv.append("--no-hook")
@@ -532,6 +537,7 @@ def model_deployment(
     engine_args: list[str] | None = None,
     env: dict[str, str] | None = None,
     warm_spares: int = 0,
+    parallelism: JSON | None = None,
 ) -> JSON:
     """A ModelDeployment for a local demo model, pinned to process nodes. `model` overrides
     spec.model fields (another uri, endpoint, credentials: see local/demo_stores.py). engine "vLLM":
@@ -549,6 +555,7 @@ def model_deployment(
         },
         "replicas": replicas,
         **({"warmSpares": warm_spares} if warm_spares else {}),
+        **({"parallelism": parallelism} if parallelism else {}),
         "template": {
             "nodeSelector": {LOCAL_NODE_LABEL: "true"},
             "shmSize": "1Gi",

@@ -1,0 +1,156 @@
+"""Multi-pod replicas through the real LeaderWorkerSet controller (issue 35): a ModelDeployment of
+2 replicas x 2 pods (tensor 2, one rank per pod) on the process node, builtin runtime. The
+operator renders one LeaderWorkerSet; LWS creates the groups; the first group loads from
+storage, the second pulls rank-matched from it; each group computes its answer across both of
+its pods (torch.distributed, gloo); a killed rank fails its group, which is replaced."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import struct
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.support.e2e import pids_of
+from weightlift.local.lws import LwsController
+from weightlift.local.observe import Observer, infer
+from weightlift.local.stack import LocalStack, make_demo_model
+
+JSON = dict[str, Any]
+NAME = "grp"
+READY_TIMEOUT = 300.0
+
+pytestmark = pytest.mark.timeout(900)
+
+
+def shard_bytes(path: Path) -> int:
+    """Tensor bytes of one safetensors file, from its header (what a rank must load)."""
+    with path.open("rb") as f:
+        (size,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(size))
+    return sum(
+        end - begin
+        for k, v in header.items()
+        if k != "__metadata__"
+        for begin, end in [v["data_offsets"]]
+    )
+
+
+def _until(what: str, fn: Callable[[], Any], timeout: float, stack: LocalStack) -> Any:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        stack.check_operator()
+        last = fn()
+        if last:
+            return last
+        time.sleep(0.5)
+    raise AssertionError(
+        f"{what} not within {timeout:.0f}s; last: {last!r}\n{stack.operator_log_tail()}"
+    )
+
+
+def _groups(obs: Observer) -> dict[str, JSON]:
+    return {r["name"]: r for r in obs.replica_statuses()}
+
+
+def _ready(obs: Observer) -> dict[str, JSON] | None:
+    status = obs.status()
+    groups = _groups(obs)
+    if (
+        status.get("readyReplicas") == 2
+        and len(groups) == 2
+        and all(g["ready"] for g in groups.values())
+    ):
+        return groups
+    return None
+
+
+def test_two_groups_of_two_pods_load_rank_matched_and_compute_across_their_pods(
+    stack: LocalStack,
+    lws: LwsController,
+    deployments: Callable[..., Observer],
+    e2e_dir: Path,
+) -> None:
+    model_dir = e2e_dir / "tp2-model"
+    probe = make_demo_model(model_dir, 4.0, tp=2, hook=True, seed=3)
+    obs = deployments(
+        NAME,
+        model_dir,
+        probe,
+        replicas=2,
+        parallelism={"tensor": 2, "podsPerReplica": 2},
+    )
+    groups = _until("both groups Ready", lambda: _ready(obs), READY_TIMEOUT, stack)
+
+    by_role = {g["role"]: g for g in groups.values()}
+    assert set(by_role) == {"Source", "Target"}, groups
+    source, target = by_role["Source"], by_role["Target"]
+    for group in (source, target):
+        pods = group["pods"]
+        assert [p["index"] for p in pods] == [0, 1]
+        assert pods[0]["name"] == group["name"] and pods[1]["name"] == f"{group['name']}-1"
+        for index, pod in enumerate(pods):
+            # Each pod holds its own rank, and loaded exactly that rank's shard.
+            assert pod["ranks"] == [index]
+            own = shard_bytes(model_dir / f"rank-{index}-of-2.safetensors")
+            assert pod["bytesLoaded"] == pod["bytesTotal"] == own, pod
+    # The source group read storage; the target's pod i pulled from the source's pod i.
+    assert [p["loadedFrom"] for p in source["pods"]] == ["storage:hostpath"] * 2
+    assert [p["loadedFrom"] for p in target["pods"]] == [
+        f"peer:{p['name']}" for p in source["pods"]
+    ]
+
+    # Both leaders answer the probe with the same output, computed across their group: a
+    # follower serves no inference of its own.
+    model = NAME
+    answers = []
+    for group in (source, target):
+        leader, follower = group["pods"]
+        out = infer(f"{leader['podIP']}:8000", model, probe["request"])
+        answers.append(out["outputs"][0]["data"])
+        refused = httpx.post(
+            f"http://{follower['podIP']}:8000/v2/models/{model}/infer",
+            json=probe["request"],
+            timeout=10,
+        )
+        assert 400 <= refused.status_code < 500, refused.text
+    assert answers[0] == answers[1]
+    expected = probe["expectedOutputs"][0]["data"]
+    assert max(abs(a - b) for a, b in zip(answers[0], expected, strict=True)) < 1e-3
+
+    # Kill rank 1 of the target group: its leader can no longer compute, the group stops being
+    # Ready, and LWS + the operator replace it; both groups end up Ready again.
+    victim = target["pods"][1]["name"]
+    pids = pids_of(stack, victim)
+    assert pids, f"no process for {victim}"
+    old_uids = {
+        p["metadata"]["uid"]
+        for p in stack.pods(NAME)
+        if p["metadata"]["name"].startswith(target["name"])
+    }
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
+
+    def target_not_ready() -> bool:
+        group = _groups(obs).get(target["name"])
+        return group is None or not group["ready"]
+
+    _until("the target group's probe to fail", target_not_ready, 90, stack)
+    groups = _until("both groups Ready again", lambda: _ready(obs), READY_TIMEOUT, stack)
+    new_uids = {
+        p["metadata"]["uid"]
+        for p in stack.pods(NAME)
+        if p["metadata"]["name"].startswith(target["name"])
+    }
+    assert not (new_uids & old_uids), "the group's pods were not replaced"
+    leaders = [g["pods"][0]["podIP"] for g in groups.values()]
+    outs = [infer(f"{ip}:8000", model, probe["request"])["outputs"][0]["data"] for ip in leaders]
+    assert outs[0] == outs[1] == answers[0]
