@@ -114,7 +114,7 @@ def test_two_groups_of_two_pods_load_rank_matched_and_compute_across_their_pods(
     answers = []
     for group in (source, target):
         leader, follower = group["pods"]
-        out = infer(f"{leader['podIP']}:8000", model, probe["request"])
+        out = infer(f"http://{leader['podIP']}:8000", model, probe["request"])
         answers.append(out["outputs"][0]["data"])
         refused = httpx.post(
             f"http://{follower['podIP']}:8000/v2/models/{model}/infer",
@@ -152,5 +152,5 @@ def test_two_groups_of_two_pods_load_rank_matched_and_compute_across_their_pods(
     }
     assert not (new_uids & old_uids), "the group's pods were not replaced"
     leaders = [g["pods"][0]["podIP"] for g in groups.values()]
-    outs = [infer(f"{ip}:8000", model, probe["request"])["outputs"][0]["data"] for ip in leaders]
+    outs = [infer(f"http://{ip}:8000", model, probe["request"])["outputs"][0]["data"] for ip in leaders]
     assert outs[0] == outs[1] == answers[0]
