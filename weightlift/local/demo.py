@@ -208,6 +208,15 @@ def _sigterm_raises() -> Iterator[None]:
     "from the scale patch to Ready, also in --json (scaleUps).",
 )
 @click.option(
+    "--pods-per-replica",
+    type=click.IntRange(1, 8),
+    default=1,
+    show_default=True,
+    help="Pods one replica spans (builtin runtime): a tensor-parallel model of that many ranks, "
+    "one per pod, each replica a LeaderWorkerSet group (the real LWS controller, `make lws`); "
+    "prints each group's per-rank table.",
+)
+@click.option(
     "--prometheus",
     "with_prometheus",
     is_flag=True,
@@ -231,6 +240,7 @@ def demo_command(
     node_kind: NodeKindName,
     enforce_eager: bool,
     scale_up: bool,
+    pods_per_replica: int,
     with_prometheus: bool,
 ) -> None:
     """Control plane, process node, operator, demo model, ModelDeployment: watch it get Ready."""
@@ -247,8 +257,17 @@ def demo_command(
     llm = runtime in ("vllm", "triton")
     engine = {"vllm": "vLLM", "triton": "Triton"}.get(runtime, "Builtin")
     model_dir = state_dir / ("llm" if llm else "model")
+    groups = pods_per_replica > 1
+    if groups and llm:
+        raise click.BadParameter(
+            "multi-pod replicas run the builtin runtime", param_hint="--runtime"
+        )
     stack = LocalStack(
-        state_dir, model_path_prefixes=(str(model_dir),), install=install, node_kind=node_kind
+        state_dir,
+        model_path_prefixes=(str(model_dir),),
+        install=install,
+        node_kind=node_kind,
+        with_lws=groups,
     )
     where: DemoStorage | None = None
     prom: LocalPrometheus | None = None
@@ -260,7 +279,7 @@ def demo_command(
                     _prepare_triton(console, stack)
             else:
                 with console.status("making the demo model (PT2 + safetensors + init hook)"):
-                    probe = make_demo_model(model_dir, model_size_mb)
+                    probe = make_demo_model(model_dir, model_size_mb, tp=pods_per_replica)
             console.print(f"[green]✓[/] demo model in {model_dir}")
             with console.status("bringing up the local cluster") as status:
                 stack.up(progress=lambda msg: status.update(msg))
@@ -285,6 +304,9 @@ def demo_command(
                 engine_args=vllm_engine_args(enforce_eager) if llm else None,
                 env=VLLM_ENV if llm else None,
                 warm_spares=1 if scale_up else 0,
+                parallelism={"tensor": pods_per_replica, "podsPerReplica": pods_per_replica}
+                if groups
+                else None,
             )
             obs = Observer(stack, name)
             stack.apply(manifest)
@@ -298,6 +320,9 @@ def demo_command(
                 "operator": operator,
             }
             ups = (lambda: _scale_ups(console, obs, replicas, timeout)) if scale_up else None
+            if groups:
+                summary["groups"] = _group_rows(obs.replica_statuses())
+                _print_groups(console, summary["groups"])
             _report(console, summary, probe, name, json_out, plot, ups)
             _linger(console, stack, summary, name, linger, prom)
         except (KeyboardInterrupt, _Terminated):
@@ -315,6 +340,34 @@ def demo_command(
                     where.close()
                 stack.down()
             console.print("[green]✓[/] everything stopped")
+
+
+def _group_rows(replicas: list[JSON]) -> list[JSON]:
+    """Each group's pods, as the status tells them (--json "groups")."""
+    return [
+        {"replica": r["name"], "role": r.get("role"), **pod}
+        for r in replicas
+        for pod in r.get("pods") or []
+    ]
+
+
+def _print_groups(console: Any, rows: list[JSON]) -> None:
+    from rich.table import Table
+
+    table = Table(title="multi-pod replicas: each rank's pod, its shard and where it came from")
+    for col in ("replica", "role", "pod", "ranks", "loaded from", "MB", "phase"):
+        table.add_column(col)
+    for row in rows:
+        table.add_row(
+            row["replica"],
+            str(row.get("role")),
+            row["name"],
+            ",".join(str(r) for r in row.get("ranks") or []),
+            str(row.get("loadedFrom") or "-"),
+            f"{row.get('bytesLoaded', 0) / 1e6:.1f}",
+            str(row.get("phase")),
+        )
+    console.print(table)
 
 
 def _linger(

@@ -117,6 +117,8 @@ class LocalStack(UpDown):
     # worker image and, with install "helm", the operator image).
     node_kind: NodeKindName = "process"
     images: tuple[str, ...] | None = None
+    # Run the LeaderWorkerSet controller (`make lws`): multi-pod replicas need it.
+    with_lws: bool = False
 
     kube: Kube = field(init=False)
     node: NodeKind = field(init=False)
@@ -133,6 +135,7 @@ class LocalStack(UpDown):
     _net: Any = field(init=False, default=None)  # the kubelet node's NodeNetwork
     _cluster_info: Any = field(init=False, default=None)
     release: HelmRelease | None = field(init=False, default=None)
+    _lws: Any = field(init=False, default=None)  # the LwsController
 
     # -- up
     def up(self, progress: Callable[[str], None] = lambda _msg: None) -> None:
@@ -164,6 +167,7 @@ class LocalStack(UpDown):
         if self.install == "helm":  # the CRD comes from the chart
             progress(f"starting {self.node_kind} node {self.node_name}")
             self._start_node(info)
+            self._start_lws(progress)
             progress("helm install helm/weightlift (the operator runs as the chart's pod)")
             self._install_release()
             return
@@ -171,8 +175,18 @@ class LocalStack(UpDown):
         apply_crd(self.kube)
         progress(f"starting {self.node_kind} node {self.node_name}")
         self._start_node(info)
+        self._start_lws(progress)
         progress("starting operator")
         self._start_operator()
+
+    def _start_lws(self, progress: Callable[[str], None]) -> None:
+        if not self.with_lws:
+            return
+        from weightlift.local.lws import LwsController
+
+        progress("starting the LeaderWorkerSet controller")
+        self._lws = LwsController(self.kubeconfig, self.state_dir / "lws")
+        self._lws.up()
 
     def chart_values(self) -> JSON:
         """The chart values that give the operator pod what `_start_operator` gives the
@@ -407,8 +421,12 @@ class LocalStack(UpDown):
 
     # -- down
     def down(self) -> None:
-        """Operator first (so nothing is recreated), then every worker process, then the cluster."""
+        """Operator and LWS first (so nothing is recreated), then every worker process, then the
+        cluster."""
         self._stop_operators()
+        if self._lws is not None:
+            self._lws.down()
+            self._lws = None
         if self._node_started:
             self.node.stop(timeout=20.0)
             self._node_started = False
