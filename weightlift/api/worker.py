@@ -116,6 +116,9 @@ class SharedPlan(ApiModel):
     # pods wait in Standby for a hand-off (role and the group's leader) and compute together
     # over torch.distributed.
     pods_per_replica: int | None = None
+    # Pipeline stages, when more than one (None: 1). A multi-pod replica's worker refuses more
+    # than one (it runs tensor-parallel blocks only), so it must know.
+    pipeline_parallel: int | None = None
     # "cpu", or "cuda" (rank r uses cuda:r) ; the operator writes "auto" and the worker decides.
     device: str = "auto"
     loading: LoadingSpec = Field(default_factory=LoadingSpec)

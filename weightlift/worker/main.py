@@ -15,6 +15,12 @@ On failure the phase is Failed with a message naming file/tensor/library/symbol 
 keeps answering /v2/health/live and /weightlift/v1/status (ready stays 503) for
 WEIGHTLIFT_FAIL_LINGER_SECONDS (default 30) so the operator can read why, writes the message
 to the termination log (/dev/termination-log or WEIGHTLIFT_TERMINATION_LOG), then exits 1.
+
+A pod of a multi-pod replica (`podsPerReplica` > 1: a LeaderWorkerSet group, whose pods run
+restartPolicy Always) narrows its plan to its own ranks (plan.group_place) and never exits on
+a permanent failure: it keeps answering /weightlift/v1/status (Failed, permanentFailure) until
+stopped, so it is never a silent crash loop. A broken group (a rank gone) exits 1 as above: the
+container restarts and LeaderWorkerSet recreates the group.
 """
 
 from __future__ import annotations
@@ -39,7 +45,7 @@ from weightlift.worker.engines.base import BringUp, Engine, in_daemon_thread, wr
 from weightlift.worker.hooks import HookError
 from weightlift.worker.loaders.strategy import wants_peer_to_peer
 from weightlift.worker.peer_auth import RedactingFilter
-from weightlift.worker.plan import read_plan
+from weightlift.worker.plan import GroupPlace, group_place, read_plan
 from weightlift.worker.server import WorkerState, build_app
 from weightlift.worker.standby import hand_off, handoff_path, starts_in_standby
 from weightlift.worker.storage.fetch import is_remote, materialize
@@ -93,6 +99,7 @@ class Worker:
         self.runner: web.AppRunner | None = None
         self.engine: Engine | None = None
         self.published = False  # bring-up done, its publish step included (source or not)
+        self.group: GroupPlace | None = None
         started = process_started()
         if started is not None:
             self.state.report.timeline["process"] = started
@@ -130,7 +137,7 @@ class Worker:
         ctx.has_weights = weights
 
     async def _bring_up(self, app: web.Application) -> None:
-        ctx = BringUp(state=self.state, app=app, pull_options=self.pull_options)
+        ctx = BringUp(state=self.state, app=app, pull_options=self.pull_options, group=self.group)
         path = handoff_path()
         if starts_in_standby(self.plan, path):
             ctx.handoff_file = path
@@ -145,6 +152,18 @@ class Worker:
             self.engine = self.state.engine = create_engine(self.plan)
         await self.engine.bring_up(ctx)
         self.published = True
+
+    def take_group_place(self) -> None:
+        """A pod of a multi-pod replica: its own ranks from here on (GroupRefused otherwise)."""
+        self.group = None
+        self.plan, place = group_place(self.plan)
+        if place is not None:
+            self.group = place
+            self.state.plan = self.plan
+            self.state.report.ranks = list(self.plan.ranks)
+            log.info(
+                "pod %d of a %d-pod replica: ranks %s", place.index, place.size, self.plan.ranks
+            )
 
     async def shutdown(self) -> None:
         self.state.ready = False
@@ -174,8 +193,10 @@ class Worker:
         rep = self.state.report
         stop_task = asyncio.ensure_future(self.stop.wait())
         try:
-            self.engine = self.state.engine = create_engine(self.plan)
+            # The front door first: a refused group place is reported, not a crash.
             app = await self.start_server()
+            self.take_group_place()
+            self.engine = self.state.engine = create_engine(self.plan)
             work = asyncio.ensure_future(self._bring_up(app))
             done, _ = await asyncio.wait({work, stop_task}, return_when=asyncio.FIRST_COMPLETED)
             if work not in done:
@@ -195,7 +216,9 @@ class Worker:
         except Exception as exc:
             self._fail(exc)
             if app is not None:
-                linger = float(os.environ.get(FAIL_LINGER_ENV, "30") or 0)
+                linger: float | None = float(os.environ.get(FAIL_LINGER_ENV, "30") or 0)
+                if rep.permanent_failure and (self.plan.pods_per_replica or 1) > 1:
+                    linger = None  # restartPolicy Always: say why until stopped, never loop
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(asyncio.shield(stop_task), timeout=linger)
             return 1

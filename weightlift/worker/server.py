@@ -28,7 +28,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from weightlift.api.worker import WorkerPlan, WorkerReport
+from weightlift.api.worker import WorkerPhase, WorkerPlan, WorkerReport
 from weightlift.worker.peer_auth import peer_token, redact, refusal, secret_values
 from weightlift.worker.weights.progress import LoadProgress
 
@@ -222,8 +222,9 @@ class FrontDoor:
             return engine
         if not self.state.ready:
             self.state.metrics.requests.labels(self.name, "unavailable").inc()
-            phase = self.state.report.phase
-            return _error(f"model {self.name!r} is not ready (phase {phase})", 503)
+            rep = self.state.report
+            why = f": {rep.message}" if rep.phase == WorkerPhase.FAILED and rep.message else ""
+            return _error(f"model {self.name!r} is not ready (phase {rep.phase}){why}", 503)
         return engine
 
     async def infer(self, request: web.Request) -> web.StreamResponse:

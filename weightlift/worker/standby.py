@@ -11,6 +11,11 @@ The wait is bounded twice: the operator hands storage when no source is Ready wi
 `waitForSourceSeconds`; should the operator say nothing (it is down), the worker itself loads
 from storage a grace period later. A warm spare (spec.warmSpares) is the exception: it waits
 until a scale-up hands it something.
+
+A pod of a multi-pod replica (`podsPerReplica` > 1, a LeaderWorkerSet group) always starts
+here, whatever its assignment says: one template serves every group, so its role (storage: a
+source group; peers: a target group, rank-matched) and its group's `leader` come with the
+hand-off. It waits without a bound of its own: storage alone would not say where its leader is.
 """
 
 from __future__ import annotations
@@ -44,8 +49,22 @@ def handoff_path(environ: dict[str, str] | None = None) -> Path | None:
     return Path(value) if value else None
 
 
+def in_group(plan: WorkerPlan) -> bool:
+    return (plan.pods_per_replica or 1) > 1
+
+
+class HandoffRefused(LoadError):
+    """The hand-off cannot be followed (a group pod's without its leader); the operator's
+    annotation stays as it is, so retrying does not help."""
+
+    permanent = True
+
+
 def starts_in_standby(plan: WorkerPlan, path: Path | None) -> bool:
-    """A Target that may pull from peers, created without any: it waits to be handed them."""
+    """A Target that may pull from peers, created without any: it waits to be handed them. A
+    pod of a group, always."""
+    if in_group(plan):
+        return path is not None
     return (
         path is not None
         and plan.role == Role.TARGET
@@ -89,8 +108,9 @@ def wait_for_handoff_blocking(path: Path, limit: float) -> PeerHandoff:
 
 
 def wait_limit(plan: WorkerPlan) -> float:
-    if plan.spare:
-        return SPARE_WAIT_SECONDS  # a spare serves only when a scale-up asks for it
+    if plan.spare or in_group(plan):
+        # A spare serves only when a scale-up asks for it; a group pod needs its leader.
+        return SPARE_WAIT_SECONDS
     return plan.loading.wait_for_source_seconds + OPERATOR_GRACE_SECONDS
 
 
@@ -119,7 +139,16 @@ def reserve_destination(plan: WorkerPlan, devices: dict[int, torch.device]) -> i
 
 
 def apply_handoff(plan: WorkerPlan, handoff: PeerHandoff) -> WorkerPlan:
-    """The plan with the handed peers (none: storage), and reserved memory freed for storage."""
+    """The plan with the handed peers (none: storage), and reserved memory freed for storage.
+    A group pod's role is the hand-off's (Target with peers, else Source)."""
+    if in_group(plan):
+        if not handoff.leader:
+            raise HandoffRefused(
+                f"a pod of a {plan.pods_per_replica}-pod replica was handed "
+                f"{handoff.to_text()} without its group's leader (host:port)"
+            )
+        role = Role.TARGET if handoff.peers and not handoff.storage else Role.SOURCE
+        plan = plan.model_copy(update={"role": role})
     if handoff.storage or not handoff.peers:
         from weightlift.worker.p2p import reserve
 
@@ -130,15 +159,22 @@ def apply_handoff(plan: WorkerPlan, handoff: PeerHandoff) -> WorkerPlan:
     return plan.model_copy(update={"peers": list(handoff.peers)})
 
 
-async def hand_off(report: WorkerReport, path: Path, plan: WorkerPlan) -> WorkerPlan:
-    """Phase Standby until the hand-off file names peers or storage; the plan to load with.
-    The report's timeline gets `standby` (prepared, waiting) and `peers` (handed)."""
+async def receive_handoff(
+    report: WorkerReport, path: Path, plan: WorkerPlan
+) -> tuple[WorkerPlan, PeerHandoff]:
+    """Phase Standby until the hand-off file names peers or storage; the plan to load with and
+    the hand-off. The report's timeline gets `standby` (prepared, waiting) and `peers`
+    (handed)."""
     report.phase = WorkerPhase.STANDBY
     report.timeline["standby"] = round(time.time(), 3)
     handoff = await wait_for_handoff(path, wait_limit(plan))
     report.timeline["peers"] = round(time.time(), 3)
-    handed = apply_handoff(plan, handoff)
-    if not handed.peers:
-        report.role = str(Role.SOURCE)
     log.info("standby over: %s", handoff.to_text())
-    return handed
+    handed = apply_handoff(plan, handoff)
+    report.role = str(Role.SOURCE) if not handed.peers else str(handed.role)
+    return handed, handoff
+
+
+async def hand_off(report: WorkerReport, path: Path, plan: WorkerPlan) -> WorkerPlan:
+    """`receive_handoff`'s plan."""
+    return (await receive_handoff(report, path, plan))[0]

@@ -24,6 +24,7 @@ from weightlift.worker.server import EngineFront, WorkerState
 
 if TYPE_CHECKING:
     from weightlift.worker.p2p.target import PullOptions
+    from weightlift.worker.plan import GroupPlace
     from weightlift.worker.storage.fetch import Fetched
 
 TERMINATION_LOG_ENV = "WEIGHTLIFT_TERMINATION_LOG"
@@ -47,6 +48,8 @@ class BringUp:
     # A Target created before any source was Ready: its hand-off file (worker/standby.py), to
     # wait on once everything that needs no weights is done. None: no standby.
     handoff_file: Path | None = None
+    # A pod of a multi-pod replica: its place in the group (plan.group_place); None otherwise.
+    group: GroupPlace | None = None
 
     def stamp(self, step: str) -> None:
         """The report's timeline: when `step` ended (wall clock, so the demo can line it up

@@ -1,6 +1,10 @@
 """The builtin engine: init hooks in the worker's process, each local rank's weights by the
 strategy loaders/strategy.py picks (PeerToPeer with storage fallback, Preload or Direct), bound
-into the model's PT2 program, served as KServe v2 infer, published as a P2P source."""
+into the model's PT2 program, served as KServe v2 infer, published as a P2P source.
+
+A pod of a multi-pod replica (ctx.group) holds only its own ranks, waits for its hand-off
+(role and leader) whatever its assignment says, joins its group once bound (group.py) and is
+Ready only then; its leader serves inference across the group, a follower refuses it (421)."""
 
 from __future__ import annotations
 
@@ -21,6 +25,7 @@ from weightlift.worker.engines.base import (
     not_served,
     write_termination_log,
 )
+from weightlift.worker.engines.builtin.group import Group, GroupBroken, GroupRunner, Member
 from weightlift.worker.engines.builtin.runtime import InferError, Pt2Runtime
 from weightlift.worker.engines.builtin.v2codec import HEADER_LEN, decode_inputs, encode_outputs
 from weightlift.worker.hooks import INIT_SYMBOL, HookError, InitHookSession, run_init_hooks
@@ -33,7 +38,7 @@ from weightlift.worker.loaders.strategy import (
 from weightlift.worker.p2p import reserve
 from weightlift.worker.peer_auth import warn_if_open
 from weightlift.worker.server import WorkerState, set_p2p_handler
-from weightlift.worker.standby import hand_off, reserve_destination
+from weightlift.worker.standby import receive_handoff, reserve_destination
 from weightlift.worker.storage.fetch import materialize
 from weightlift.worker.weights.files import shard_index
 from weightlift.worker.weights.progress import LoadError, LoadProgress
@@ -47,13 +52,14 @@ Bound = dict[int, dict[str, torch.Tensor]]
 
 
 def resolve_devices(plan: WorkerPlan) -> dict[int, torch.device]:
-    """rank -> device: "cpu"; "cuda" means cuda:r; "auto" is cuda when every rank has a GPU."""
+    """rank -> device: "cpu"; "cuda" means the pod's i-th GPU for its i-th rank (cuda:r when the
+    pod holds all ranks); "auto" is cuda when every local rank has a GPU."""
     want = plan.device
     if want == "auto":
         n = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        want = "cuda" if n > 0 and max(plan.ranks, default=0) < n else "cpu"
+        want = "cuda" if n > 0 and len(plan.ranks) <= n else "cpu"
     if want.startswith("cuda"):
-        return {r: torch.device("cuda", r) for r in plan.ranks}
+        return {r: torch.device("cuda", i) for i, r in enumerate(plan.ranks)}
     return {r: torch.device("cpu") for r in plan.ranks}
 
 
@@ -71,6 +77,9 @@ class BuiltinEngine:
         self.runtime: Pt2Runtime | None = None
         self.ctx: BringUp | None = None
         self._weights_lock = threading.Lock()
+        # A pod of a group: the hand-off's leader (host:port) and, once joined, the collectives.
+        self.leader: str | None = None
+        self.group: GroupRunner | None = None
 
     # ------------------------------------------------------------------ bring-up
     async def bring_up(self, ctx: BringUp) -> None:
@@ -86,6 +95,8 @@ class BuiltinEngine:
         for p in ctx.state.progress.values():
             if p.finished is None:
                 p.finish()
+        if ctx.group is not None:
+            await self.join_group(ctx)
         ctx.state.report.phase = WorkerPhase.SERVING
         ctx.state.ready = True
         ctx.stamp("serving")
@@ -110,7 +121,9 @@ class BuiltinEngine:
         self._prewarm_p2p()
         hooks = self.plan.init_hooks
         if hooks is not None:
-            dev_indices = list(self.plan.ranks)
+            # The device index local to this pod: its i-th rank's (a pod of a group holds a
+            # share of the ranks; a pod holding all of them, index = rank).
+            dev_indices = list(range(len(self.plan.ranks)))
             limit = self.plan.loading.load_timeout_seconds
             where = f"init hook {hooks.library} ({INIT_SYMBOL}, model dir {self.plan.model_dir})"
             # Native code can kill the process (a segfault) before Python can say anything: the
@@ -191,8 +204,19 @@ class BuiltinEngine:
             in_daemon_thread(reserve_destination, self.plan, self.devices),
         )
         log.info("standby: program open, %d bytes of pull buffers faulted in", reserved)
-        self.plan = await hand_off(ctx.state.report, ctx.handoff_file, self.plan)
+        self.plan, handoff = await receive_handoff(ctx.state.report, ctx.handoff_file, self.plan)
+        self.leader = handoff.leader
         return runtime
+
+    async def join_group(self, ctx: BringUp) -> None:
+        """Join the group at the hand-off's leader; phase stays Loading until every pod has."""
+        place, runtime = ctx.group, self.runtime
+        assert place is not None and runtime is not None and self.leader is not None
+        host = place.pod_ip or self.plan.host
+        me = Member(place.index, self.plan.pod_name, f"{host}:{self.plan.runtime.port}")
+        group = await in_daemon_thread(Group.join, place, self.leader, me)
+        self.group = GroupRunner(group, runtime).start()
+        ctx.stamp("group")
 
     async def load_and_bind(self, ctx: BringUp, runtime: Pt2Runtime | None = None) -> Bound:
         state, rep = ctx.state, ctx.state.report
@@ -221,8 +245,10 @@ class BuiltinEngine:
             sorted({state.progress[r].loaded_from or self.storage_label for r in self.plan.ranks})
         )
         tensors_by_rank = {r: t for r, (_, t) in zip(self.plan.ranks, results, strict=True)}
+        # A pod of a group binds its own ranks only.
+        ranks = list(self.plan.ranks) if ctx.group is not None else None
         bound: Bound = await in_daemon_thread(
-            opened.bind, tensors_by_rank, self._files_by_rank(), self.plan.model.dtype
+            opened.bind, tensors_by_rank, self._files_by_rank(), self.plan.model.dtype, ranks
         )
         self.runtime = opened
         ctx.stamp("bind")
@@ -254,9 +280,17 @@ class BuiltinEngine:
         warn_if_open(state.peer_token)
 
     async def serve_until(self, stop: asyncio.Future[Any]) -> None:
-        await stop
+        if self.group is None:
+            await stop
+            return
+        broken = asyncio.wrap_future(self.group.failed)
+        await asyncio.wait({stop, broken}, return_when=asyncio.FIRST_COMPLETED)
+        if broken.done() and not stop.done():
+            broken.result()  # raises GroupBroken: the worker fails and exits
 
     async def close(self) -> None:
+        if self.group is not None:
+            self.group.stop()
         if self.ctx is not None:
             set_p2p_handler(self.ctx.app, None)
         if self.publisher is not None:
@@ -278,6 +312,16 @@ class BuiltinEngine:
 
     async def infer(self, request: web.Request) -> web.StreamResponse:
         assert self.ctx is not None and self.runtime is not None  # the front door checks Ready
+        place = self.ctx.group
+        if place is not None and not place.leader:
+            leader = self.group.group.members[0].name() if self.group is not None else "rank 0"
+            return web.json_response(
+                {
+                    "error": f"pod {place.index} of a group of {place.size}: send inference to "
+                    f"the group leader, {leader}"
+                },
+                status=421,
+            )
         state, name, runtime = self.ctx.state, self.plan.served_model_name, self.runtime
         t0 = time.perf_counter()
         try:
@@ -290,11 +334,19 @@ class BuiltinEngine:
             req, arrays = decode_inputs(body, header_len)
             loop = asyncio.get_running_loop()
             async with state.infer_lock:
-                outputs = await loop.run_in_executor(None, runtime.infer, arrays)
+                if self.group is not None:
+                    args = runtime.inputs_of(arrays)
+                    flat = await asyncio.wrap_future(self.group.submit(args))
+                    outputs = runtime.outputs_of(flat)
+                else:
+                    outputs = await loop.run_in_executor(None, runtime.infer, arrays)
             resp = encode_outputs(name, req, outputs)
         except InferError as exc:
             state.metrics.requests.labels(name, "bad_request").inc()
             return web.json_response({"error": str(exc)}, status=400)
+        except GroupBroken as exc:
+            state.metrics.requests.labels(name, "error").inc()
+            return web.json_response({"error": str(exc)}, status=503)
         state.metrics.requests.labels(name, "ok").inc()
         state.metrics.latency.labels(name).observe(time.perf_counter() - t0)
         return resp

@@ -10,7 +10,9 @@ holds the graph only; the weights come exclusively from the loaded safetensors a
   tensors are named `layers.{i}.<param>` in each rank's files. For each layer,
   x = x + sum over ranks r of program_r,i(x), which is column-parallel up-projection, GELU,
   row-parallel down-projection, then the all-reduce (a sum here: one process drives all local
-  ranks; partial results move to rank 0's device).
+  ranks; partial results move to rank 0's device). A pod of a multi-pod replica binds only its
+  own ranks and sums their partials; `forward`'s `reduce` then sums that across the group's
+  pods (engines/builtin/group.py: torch.distributed, gloo).
 
 AOTInductor packages: `torch._inductor.aoti_compile_and_package` with
 `aot_inductor.package_constants_in_so=False` plus `load_constants` can bind external weights,
@@ -23,6 +25,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -174,6 +177,8 @@ class Pt2Runtime:
         self._params: dict[str, torch.Tensor] = {k: v for k, v in self.program.state_dict.items()}
         self._bound: list[list[tuple[torch.device, dict[str, torch.Tensor]]]] = []
         self._lock = threading.Lock()
+        # The ranks bound here: all of them, or (a pod of a group) this pod's share.
+        self.ranks: list[int] = []
 
     @classmethod
     def open(cls, model_dir: str | Path) -> Pt2Runtime:
@@ -204,6 +209,11 @@ class Pt2Runtime:
     def bound(self) -> bool:
         return bool(self._bound)
 
+    @property
+    def device(self) -> torch.device:
+        """Where inputs go and outputs come from: the first bound rank's device."""
+        return self._bound[0][0][0] if self._bound else torch.device("cpu")
+
     def required(self) -> dict[str, tuple[torch.dtype, tuple[int, ...]]]:
         """Every tensor name one rank must provide, with dtype and shape."""
         params = {k: (v.dtype, tuple(v.shape)) for k, v in self._params.items()}
@@ -218,13 +228,24 @@ class Pt2Runtime:
         tensors_by_rank: dict[int, dict[str, torch.Tensor]],
         files_by_rank: dict[int, dict[str, str]] | None = None,
         dtype: str = "auto",
+        ranks: list[int] | None = None,
     ) -> dict[int, dict[str, torch.Tensor]]:
         """Check every rank's tensors against the program, then bind them. Returns the bound
-        tensors (cast when `dtype` is not auto). Raises BindError naming tensor and file."""
+        tensors (cast when `dtype` is not auto). Raises BindError naming tensor and file.
+        `ranks`: the ranks this process holds (a pod of a group: its share; layout tp-blocks);
+        by default all of the model's."""
         tp = self.config.tensor_parallel
-        if sorted(tensors_by_rank) != list(range(tp)):
+        want = list(range(tp)) if ranks is None else sorted(ranks)
+        if want != list(range(tp)) and (
+            self.config.layout != "tp-blocks" or not set(want) <= set(range(tp))
+        ):
             raise BindError(
-                f"model needs ranks {list(range(tp))} in one process, got {sorted(tensors_by_rank)}"
+                f"{CONFIG_FILE}: layout {self.config.layout!r} with tensorParallel {tp} cannot "
+                f"run ranks {want} alone (a multi-pod replica needs layout 'tp-blocks')"
+            )
+        if sorted(tensors_by_rank) != want:
+            raise BindError(
+                f"model needs ranks {want} in this process, got {sorted(tensors_by_rank)}"
             )
         cast = CAST_DTYPES.get(dtype)
         need = self.required()
@@ -269,12 +290,13 @@ class Pt2Runtime:
             names = list(self._params)
             for i in range(self.config.num_layers):
                 layer = []
-                for r in range(tp):
+                for r in want:
                     params = {k: out[r][f"layers.{i}.{k}"] for k in names}
                     dev = next(iter(params.values())).device if params else torch.device("cpu")
                     layer.append((dev, params))
                 bound.append(layer)
         self._bound = bound
+        self.ranks = want
         return out
 
     def _placed(self, rank: int, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -320,7 +342,9 @@ class Pt2Runtime:
                 f"input {spec.name!r} has shape {list(arr.shape)}, model expects {spec.shape}"
             )
 
-    def infer(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def inputs_of(self, inputs: dict[str, np.ndarray]) -> list[torch.Tensor]:
+        """The request's inputs, checked against the model, as tensors on the first bound
+        device (floating point ones in the weights' dtype)."""
         if not self._bound:
             raise InferError("model weights are not bound yet")
         specs = self.config.inputs
@@ -340,20 +364,33 @@ class Pt2Runtime:
         for s in specs:
             t = torch.from_numpy(np.array(inputs[s.name], copy=True, order="C")).to(first_dev)
             args.append(t.to(pdtype) if t.is_floating_point() else t)
+        return args
+
+    def forward(
+        self,
+        args: list[torch.Tensor],
+        reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    ) -> list[torch.Tensor]:
+        """Run the bound program. tp-blocks: per layer, the local ranks' partial sums, then
+        `reduce` (a pod of a group: the sum over the group's pods) before the residual add."""
+        first_dev, first_params = self._bound[0][0]
         with self._lock, torch.inference_mode():
             if self.config.layout == "whole":
                 res = functional_call(self.module, first_params, tuple(args))
-                flat = list(res) if isinstance(res, list | tuple) else [res]
-            else:
-                x = args[0]
-                for layer in self._bound:
-                    acc = None
-                    for dev, params in layer:
-                        part = functional_call(self.module, params, (x.to(dev),)).to(first_dev)
-                        acc = part if acc is None else acc + part
-                    assert acc is not None
-                    x = x + acc
-                flat = [x]
+                return list(res) if isinstance(res, list | tuple) else [res]
+            x = args[0]
+            for layer in self._bound:
+                acc = None
+                for dev, params in layer:
+                    part = functional_call(self.module, params, (x.to(dev),)).to(first_dev)
+                    acc = part if acc is None else acc + part
+                assert acc is not None
+                if reduce is not None:
+                    acc = reduce(acc)
+                x = x + acc
+            return [x]
+
+    def outputs_of(self, flat: list[torch.Tensor]) -> dict[str, np.ndarray]:
         outs: dict[str, np.ndarray] = {}
         for s, t in zip(self.config.outputs, flat, strict=False):
             np_dtype = V2_TO_NUMPY.get(s.datatype, np.float32)
@@ -361,3 +398,6 @@ class Pt2Runtime:
                 t = t.float()
             outs[s.name] = t.detach().cpu().numpy().astype(np_dtype, copy=False)
         return outs
+
+    def infer(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return self.outputs_of(self.forward(self.inputs_of(inputs)))
