@@ -1,0 +1,149 @@
+"""A pod of a multi-pod replica: its ranks and env checks, its hand-off, and the group's
+collective inference equal to one process running every rank."""
+
+from __future__ import annotations
+
+import concurrent.futures
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from safetensors.torch import load_file
+
+from tests.support.worker import free_port, make_plan
+from weightlift.api.model import Role
+from weightlift.api.worker import (
+    GROUP_INDEX_ENV,
+    GROUP_SIZE_ENV,
+    PEERS_FILE_ENV,
+    PeerCandidate,
+    PeerHandoff,
+    WorkerPlan,
+)
+from weightlift.local.models import DemoModel
+from weightlift.worker.engines.builtin.group import Group, GroupBroken, GroupRunner, Member
+from weightlift.worker.engines.builtin.runtime import BindError, Pt2Runtime
+from weightlift.worker.plan import GroupPlace, GroupRefused, group_place
+from weightlift.worker.standby import HandoffRefused, apply_handoff, starts_in_standby, wait_limit
+from weightlift.worker.weights.files import rank_files
+
+ENV = {
+    GROUP_INDEX_ENV: "1",
+    GROUP_SIZE_ENV: "2",
+    PEERS_FILE_ENV: "/etc/weightlift/peers/peers.json",
+    "WEIGHTLIFT_BIND_HOST": "127.0.7.2",
+}
+
+
+def _group_plan(model_dir: Path, tp: int = 4, pods: int = 2, **extra: Any) -> WorkerPlan:
+    return make_plan(model_dir, tp=tp, podsPerReplica=pods, **extra)
+
+
+def test_a_pod_narrows_to_its_share_of_the_ranks(tmp_path: Path) -> None:
+    plan, place = group_place(_group_plan(tmp_path), ENV)
+    assert plan.ranks == [2, 3] and place == GroupPlace(index=1, size=2, pod_ip="127.0.7.2")
+    plan, place = group_place(_group_plan(tmp_path), {**ENV, GROUP_INDEX_ENV: "0"})
+    assert plan.ranks == [0, 1] and place is not None and place.leader
+    single = make_plan(tmp_path, tp=2)
+    assert group_place(single, ENV) == (single, None), "one pod per replica: nothing changes"
+
+
+@pytest.mark.parametrize(
+    ("env", "says"),
+    [
+        ({GROUP_SIZE_ENV: "3"}, [f"{GROUP_SIZE_ENV}=3", "podsPerReplica is 2"]),
+        ({GROUP_INDEX_ENV: ""}, [GROUP_INDEX_ENV, GROUP_SIZE_ENV]),
+        ({GROUP_INDEX_ENV: "2"}, [f"{GROUP_INDEX_ENV}=2", "pod 2 of 2"]),
+        ({PEERS_FILE_ENV: ""}, [PEERS_FILE_ENV, "hand-off"]),
+    ],
+)
+def test_env_that_does_not_fit_the_plan_is_refused_for_good(
+    tmp_path: Path, env: dict[str, str], says: list[str]
+) -> None:
+    with pytest.raises(GroupRefused) as err:
+        group_place(_group_plan(tmp_path), {**ENV, **env})
+    assert err.value.permanent
+    for word in says:
+        assert word in str(err.value)
+
+
+def test_other_engines_and_pipeline_stages_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(GroupRefused, match="builtin runtime only"):
+        group_place(_group_plan(tmp_path, runtime={"engine": "vLLM"}), ENV)
+    with pytest.raises(GroupRefused, match="pipeline 2"):
+        group_place(_group_plan(tmp_path, pipelineParallel=2), ENV)
+
+
+def test_a_group_pod_waits_for_its_role_and_leader(tmp_path: Path) -> None:
+    handoff = Path(ENV[PEERS_FILE_ENV])
+    plan = _group_plan(tmp_path, role="Source")
+    assert starts_in_standby(plan, handoff), "whatever its assignment's role"
+    assert wait_limit(plan) > 3600, "no storage of its own: storage alone names no leader"
+    with pytest.raises(HandoffRefused, match="without its group's leader") as err:
+        apply_handoff(plan, PeerHandoff(storage=True))
+    assert err.value.permanent
+    peer = PeerCandidate(pod="src-1", address="127.0.7.9:8000")
+    pulled = apply_handoff(plan, PeerHandoff(peers=[peer], leader="127.0.7.1:29500"))
+    assert pulled.role == Role.TARGET and pulled.peers == [peer]
+    target = _group_plan(tmp_path, role="Target")
+    stored = apply_handoff(target, PeerHandoff(storage=True, leader="127.0.7.1:29500"))
+    assert stored.role == Role.SOURCE and stored.peers == []
+
+
+def _runtime(demo: DemoModel, ranks: list[int]) -> Pt2Runtime:
+    rt = Pt2Runtime.open(demo.out)
+    tensors = {
+        r: {k: v for p in rank_files(demo.out, r, 2) for k, v in load_file(p).items()}
+        for r in ranks
+    }
+    rt.bind(tensors, ranks=ranks if ranks != [0, 1] else None)
+    return rt
+
+
+def test_a_pod_binds_only_its_ranks_of_a_tp_blocks_model(demo_tp2: DemoModel) -> None:
+    rt = _runtime(demo_tp2, [1])
+    assert rt.ranks == [1]
+    with pytest.raises(BindError, match=r"needs ranks \[0\]"):
+        Pt2Runtime.open(demo_tp2.out).bind({1: {}}, ranks=[0])
+
+
+def test_the_group_computes_what_one_process_does(demo_tp2: DemoModel) -> None:
+    """Two pods in threads (process groups are not torch's global one): the leader's inference
+    across the group equals the single-process TP result, bit for bit."""
+    whole = _runtime(demo_tp2, [0, 1])
+    pods = [_runtime(demo_tp2, [0]), _runtime(demo_tp2, [1])]
+    port = free_port()
+    leader = f"127.0.0.1:{port}"
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        joins = [
+            pool.submit(
+                Group.join,
+                GroupPlace(i, 2, "127.0.0.1"),
+                leader,
+                Member(i, f"pod-{i}", f"127.0.0.1:{free_port()}"),
+                20.0,
+                3.0,
+            )
+            for i in range(2)
+        ]
+        groups = [j.result(timeout=60) for j in joins]
+    assert [m.pod for m in groups[1].members] == ["pod-0", "pod-1"]
+    runners = [GroupRunner(g, rt).start() for g, rt in zip(groups, pods, strict=True)]
+    try:
+        x = np.random.default_rng(3).standard_normal((3, demo_tp2.d_model)).astype(np.float32)
+        want = whole.infer({"INPUT0": x})["OUTPUT0"]
+        for _ in range(2):  # the followers serve one request after another
+            flat = runners[0].submit(pods[0].inputs_of({"INPUT0": x})).result(timeout=30)
+            got = pods[0].outputs_of(flat)["OUTPUT0"]
+            assert np.array_equal(got, want)
+        alone = pods[0].infer({"INPUT0": x})["OUTPUT0"]
+        assert not np.allclose(alone, want), "one pod's ranks alone are not the model"
+    finally:
+        runners[0].stop()
+    # The leader went quiet (no heartbeat): the follower's wait times out and names the rank
+    # gone (its front door does not answer either).
+    with pytest.raises(GroupBroken, match=r"group rank 0 \(pod pod-0 at 127.0.0.1:\d+\) is gone"):
+        runners[1].failed.result(timeout=30)
+    with pytest.raises(GroupBroken):
+        runners[1].submit([]).result(timeout=1)
