@@ -147,3 +147,41 @@ def test_the_group_computes_what_one_process_does(demo_tp2: DemoModel) -> None:
         runners[1].failed.result(timeout=30)
     with pytest.raises(GroupBroken):
         runners[1].submit([]).result(timeout=1)
+
+
+def test_a_pod_downloads_only_its_own_ranks_files(
+    demo_tp2: DemoModel, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """hf:// (s3:// chooses the same way): pod 1 of a 2-pod replica fetches rank 1's shard and
+    the small files, into a node-cache entry of its own (a whole-model entry stays whole)."""
+    from weightlift.local.hubserver import HubRepo, HubServer
+    from weightlift.worker.storage.fetch import cache_key, materialize
+    from weightlift.worker.weights.progress import LoadProgress
+
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.delenv("HF_ENDPOINT", raising=False)
+    repo = HubRepo()
+    repo.add_commit(demo_tp2.out)
+    with HubServer({"acme/tp2": repo}) as hub:
+        plan = make_plan(tmp_path / "dir", tp=2, podsPerReplica=2)
+        plan = plan.model_copy(
+            update={
+                "model": plan.model.model_copy(
+                    update={"uri": "hf://acme/tp2", "endpoint": hub.endpoint}
+                )
+            }
+        )
+        plan, _ = group_place(plan, ENV)
+        progress = LoadProgress()
+        fetched = materialize(plan, progress)
+    got = sorted(p.name for p in Path(fetched.model_dir).glob("*.safetensors"))
+    own = rank_files(demo_tp2.out, 1, 2)
+    assert got == [p.name for p in own] and all(n.startswith("rank-1-of-2") for n in got), got
+    assert (Path(fetched.model_dir) / "model.pt2").is_file()
+    small = sum(
+        p.stat().st_size
+        for p in demo_tp2.out.rglob("*")
+        if p.is_file() and p.suffix != ".safetensors"
+    )
+    assert progress.bytes_total == small + sum(p.stat().st_size for p in own)
+    assert cache_key(plan) == f"{plan.model_identity}.ranks-1"

@@ -6,7 +6,8 @@ verified entry if one is there. Downloads write straight into the files' pages (
 preload loader that follows maps the same pages. Progress counts from the first byte.
 
 A target (weights=False) fetches only the small files (model.pt2, config, tokenizer) and pulls
-its weights from a peer; on a peer failure the worker calls again with weights=True.
+its weights from a peer; on a peer failure the worker calls again with weights=True. A pod of a
+multi-pod replica fetches only its own ranks' weight files, into a cache entry of its own.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from weightlift.api.uri import REMOTE_SCHEMES, ModelUri, hf_repo
 from weightlift.api.worker import WorkerPlan
 from weightlift.worker.storage.cache import CacheMismatch, NodeCache
 from weightlift.worker.storage.errors import StorageError
+from weightlift.worker.weights.files import is_rank_file
 from weightlift.worker.weights.header import SafetensorsFormatError, parse_header
 from weightlift.worker.weights.progress import LoadProgress
 
@@ -42,6 +44,28 @@ def is_remote(plan: WorkerPlan) -> bool:
 
 def _is_weights(name: str) -> bool:
     return name.endswith(".safetensors")
+
+
+def _wanted(plan: WorkerPlan, weights: bool) -> Callable[[str], bool]:
+    """Which files to fetch: the small ones always; weights when asked, and for a pod of a
+    multi-pod replica only its own ranks' (presharded: rank-{r}-of-{tp}*.safetensors)."""
+    group = (plan.pods_per_replica or 1) > 1
+
+    def wanted(name: str) -> bool:
+        if not _is_weights(name):
+            return True
+        if not weights:
+            return False
+        return not group or is_rank_file(name, plan.ranks, plan.tensor_parallel)
+
+    return wanted
+
+
+def cache_key(plan: WorkerPlan) -> str:
+    """The node cache entry: the model identity's; a group pod's own ranks' files apart."""
+    if (plan.pods_per_replica or 1) > 1:
+        return f"{plan.model_identity}.ranks-{'-'.join(str(r) for r in plan.ranks)}"
+    return plan.model_identity
 
 
 def _check_safetensors(paths: list[Path], dest: Path, where: Callable[[str], str]) -> None:
@@ -84,7 +108,8 @@ def _download(plan: WorkerPlan, dest: Path, progress: LoadProgress, weights: boo
             raise StorageError(
                 f"{store.uri()}/: no .safetensors objects under the prefix (found {names})"
             )
-        chosen = [o for o in objects if weights or not _is_weights(o.name)]
+        want = _wanted(plan, weights)
+        chosen = [o for o in objects if want(o.name)]
         progress.set_total(sum(o.size for o in chosen))
         paths = store.fetch(chosen, dest, progress.add)
         _check_safetensors(paths, dest, lambda rel: store.uri(f"{store.prefix}/{rel}".lstrip("/")))
@@ -95,7 +120,8 @@ def _download(plan: WorkerPlan, dest: Path, progress: LoadProgress, weights: boo
     endpoint = plan.model.endpoint or os.environ.get("HF_ENDPOINT") or None
     token = os.environ.get("HF_TOKEN") or None
     snap = hf.resolve(repo_id, revision, endpoint=endpoint, token=token)
-    wanted = [f.name for f in snap.files if weights or not _is_weights(f.name)]
+    want = _wanted(plan, weights)
+    wanted = [f.name for f in snap.files if want(f.name)]
     progress.set_total(sum(f.size for f in snap.files if f.name in wanted))
     paths = hf.fetch(
         snap,
@@ -120,7 +146,8 @@ def materialize(plan: WorkerPlan, progress: LoadProgress, *, weights: bool = Tru
         return Fetched(plan.model_dir, fetched_from)
     node_cache = NodeCache(cache.path, cache.max_size_gib << 30)
     warnings: list[str] = []
-    with node_cache.locked(plan.model_identity) as entry:
+    key = cache_key(plan)
+    with node_cache.locked(key) as entry:
         if entry.complete():
             try:
                 entry.verify()
@@ -136,5 +163,5 @@ def materialize(plan: WorkerPlan, progress: LoadProgress, *, weights: bool = Tru
         entry.drop()  # leftovers of a download that died half-way
         _download(plan, entry.partial, progress, weights)
         entry.commit(plan.model.uri)
-    node_cache.evict(keep=plan.model_identity)
+    node_cache.evict(keep=key)
     return Fetched(str(entry.files), fetched_from, warnings)

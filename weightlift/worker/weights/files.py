@@ -26,6 +26,11 @@ def _rank_re(rank: int, tp: int) -> re.Pattern[str]:
     return re.compile(rf"^rank-{rank}-of-{tp}(?:-(\d+))?\.safetensors$")
 
 
+def is_rank_file(name: str, ranks: Sequence[int], tp: int) -> bool:
+    """Whether a file name (in the model dir's root) holds a shard of one of `ranks`."""
+    return any(_rank_re(r, tp).match(name) for r in ranks)
+
+
 def rank_files(model_dir: str | Path, rank: int, tp: int) -> list[Path]:
     """The safetensors files holding rank `rank`'s shard, in load order. Raises LoadError."""
     d = Path(model_dir)
