@@ -58,12 +58,13 @@ def _until(what: str, fn: Callable[[], Any], timeout: float, stack: LocalStack) 
 
 
 def _groups(obs: Observer) -> dict[str, JSON]:
+    obs.poll()  # the Observer holds the last ModelDeployment it read
     return {r["name"]: r for r in obs.replica_statuses()}
 
 
 def _ready(obs: Observer) -> dict[str, JSON] | None:
-    status = obs.status()
     groups = _groups(obs)
+    status = obs.status()
     if (
         status.get("readyReplicas") == 2
         and len(groups) == 2
@@ -152,5 +153,7 @@ def test_two_groups_of_two_pods_load_rank_matched_and_compute_across_their_pods(
     }
     assert not (new_uids & old_uids), "the group's pods were not replaced"
     leaders = [g["pods"][0]["podIP"] for g in groups.values()]
-    outs = [infer(f"http://{ip}:8000", model, probe["request"])["outputs"][0]["data"] for ip in leaders]
+    outs = [
+        infer(f"http://{ip}:8000", model, probe["request"])["outputs"][0]["data"] for ip in leaders
+    ]
     assert outs[0] == outs[1] == answers[0]

@@ -44,6 +44,9 @@ from weightlift.api.worker import (
 # host's network), a real pod POD_IP (the downward API).
 BIND_HOST_ENV = "WEIGHTLIFT_BIND_HOST"
 POD_IP_ENV = "POD_IP"
+# The pod's own name (the downward API): one LeaderWorkerSet template serves every pod of every
+# group, so the assignment's pod name is the template's, not this pod's.
+POD_NAME_ENV = "POD_NAME"
 
 
 class PlanRefused(ValueError):
@@ -148,4 +151,6 @@ def group_place(
     except ValueError as exc:
         raise GroupRefused(f"{GROUP_INDEX_ENV}={index}: {exc}") from None
     pod_ip = env.get(BIND_HOST_ENV) or env.get(POD_IP_ENV) or None
-    return plan.model_copy(update={"ranks": ranks}), GroupPlace(index, size, pod_ip)
+    pod_name = env.get(POD_NAME_ENV) or plan.pod_name
+    narrowed = plan.model_copy(update={"ranks": ranks, "pod_name": pod_name})
+    return narrowed, GroupPlace(index, size, pod_ip)

@@ -45,6 +45,9 @@ def test_a_pod_narrows_to_its_share_of_the_ranks(tmp_path: Path) -> None:
     assert plan.ranks == [2, 3] and place == GroupPlace(index=1, size=2, pod_ip="127.0.7.2")
     plan, place = group_place(_group_plan(tmp_path), {**ENV, GROUP_INDEX_ENV: "0"})
     assert plan.ranks == [0, 1] and place is not None and place.leader
+    assert plan.pod_name == "demo-0", "no POD_NAME: the assignment's"
+    plan, _ = group_place(_group_plan(tmp_path), {**ENV, "POD_NAME": "md-abc123-0-1"})
+    assert plan.pod_name == "md-abc123-0-1", "one template names every pod alike: its own name"
     single = make_plan(tmp_path, tp=2)
     assert group_place(single, ENV) == (single, None), "one pod per replica: nothing changes"
 
