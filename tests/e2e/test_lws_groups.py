@@ -18,7 +18,6 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.support.e2e import pids_of
 from weightlift.local.lws import LwsController
 from weightlift.local.observe import Observer, infer
 from weightlift.local.stack import LocalStack, make_demo_model
@@ -130,7 +129,10 @@ def test_two_groups_of_two_pods_load_rank_matched_and_compute_across_their_pods(
     # Kill rank 1 of the target group: its leader can no longer compute, the group stops being
     # Ready, and LWS + the operator replace it; both groups end up Ready again.
     victim = target["pods"][1]["name"]
-    pids = pids_of(stack, victim)
+    # One pod, named exactly (tests.support.e2e.pids_of matches "<name>-..." prefixes).
+    pids = [
+        pid for key, ps in stack.node.pids().items() if key == f"default/{victim}" for pid in ps
+    ]
     assert pids, f"no process for {victim}"
     old_uids = {
         p["metadata"]["uid"]
