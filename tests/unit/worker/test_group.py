@@ -188,3 +188,35 @@ def test_a_pod_downloads_only_its_own_ranks_files(
     )
     assert progress.bytes_total == small + sum(p.stat().st_size for p in own)
     assert cache_key(plan) == f"{plan.model_identity}.ranks-1"
+
+
+def test_a_storage_load_after_a_download_counts_the_pods_own_shard(
+    demo_tp2: DemoModel, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A group pod fetches no weights while it waits; handed storage, it downloads its own
+    files, then loads them: its bytesLoaded is its shard, not download plus load."""
+    from aiohttp import web
+
+    from weightlift.local.hubserver import HubRepo, HubServer
+    from weightlift.worker.engines.base import BringUp
+    from weightlift.worker.engines.builtin.engine import BuiltinEngine
+    from weightlift.worker.server import WorkerState
+    from weightlift.worker.weights.files import shard_index
+    from weightlift.worker.weights.progress import LoadProgress
+
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.delenv("HF_ENDPOINT", raising=False)
+    repo = HubRepo()
+    repo.add_commit(demo_tp2.out)
+    with HubServer({"acme/tp2": repo}) as hub:
+        plan = make_plan(tmp_path / "dir", tp=2, podsPerReplica=2)
+        model = plan.model.model_copy(update={"uri": "hf://acme/tp2", "endpoint": hub.endpoint})
+        plan, _ = group_place(plan.model_copy(update={"model": model}), ENV)
+        engine = BuiltinEngine(plan)
+        state = WorkerState.for_plan(plan)
+        engine.ctx = BringUp(state=state, app=web.Application(), has_weights=False)
+        progress = LoadProgress()
+        strategy, tensors = engine._load_rank(1, progress)
+    want = shard_index(demo_tp2.out, 1, 2).data_bytes
+    assert strategy in ("preload", "direct") and tensors
+    assert progress.bytes_loaded == progress.bytes_total == want

@@ -171,6 +171,11 @@ class BuiltinEngine:
             self.ctx.fetched = materialize(self.plan, progress, weights=True)
             self.plan = self.plan.model_copy(update={"model_dir": self.ctx.fetched.model_dir})
             self.ctx.has_weights = True
+            # The download showed as this rank's progress; the load that follows counts the
+            # rank's shard (bytesLoaded = its own shard), on the clock the download started.
+            started = progress.started
+            progress.reset()
+            progress.started = started
 
     def _load_rank(self, rank: int, progress: LoadProgress) -> tuple[str, dict[str, torch.Tensor]]:
         """(strategy used, tensors) for one rank; runs in a thread."""
