@@ -257,11 +257,7 @@ def demo_command(
     llm = runtime in ("vllm", "triton")
     engine = {"vllm": "vLLM", "triton": "Triton"}.get(runtime, "Builtin")
     model_dir = state_dir / ("llm" if llm else "model")
-    groups = pods_per_replica > 1
-    if groups and llm:
-        raise click.BadParameter(
-            "multi-pod replicas run the builtin runtime", param_hint="--runtime"
-        )
+    groups = _parallelism(pods_per_replica, llm) is not None
     stack = LocalStack(
         state_dir,
         model_path_prefixes=(str(model_dir),),
@@ -273,21 +269,10 @@ def demo_command(
     prom: LocalPrometheus | None = None
     with _sigterm_raises():
         try:
-            if llm:
-                probe = _prepare_vllm(console, stack, model_dir)
-                if runtime == "triton":
-                    _prepare_triton(console, stack)
-            else:
-                with console.status("making the demo model (PT2 + safetensors + init hook)"):
-                    probe = make_demo_model(model_dir, model_size_mb, tp=pods_per_replica)
-            console.print(f"[green]✓[/] demo model in {model_dir}")
-            with console.status("bringing up the local cluster") as status:
-                stack.up(progress=lambda msg: status.update(msg))
-            operator = stack.operator_info()
-            console.print(
-                f"[green]✓[/] control plane, {node_kind} node [bold]{stack.node_name}[/], "
-                f"operator up ({_who(operator)})  (KUBECONFIG={stack.kubeconfig})"
+            probe = _prepare_model(
+                console, stack, runtime, model_dir, model_size_mb, pods_per_replica
             )
+            operator = _bring_up(console, stack)
             prom = _start_prometheus(console, stack, state_dir) if with_prometheus else None
             with console.status(f"putting the model in {storage} storage"):
                 where = prepare_storage(
@@ -304,9 +289,7 @@ def demo_command(
                 engine_args=vllm_engine_args(enforce_eager) if llm else None,
                 env=VLLM_ENV if llm else None,
                 warm_spares=1 if scale_up else 0,
-                parallelism={"tensor": pods_per_replica, "podsPerReplica": pods_per_replica}
-                if groups
-                else None,
+                parallelism=_parallelism(pods_per_replica),
             )
             obs = Observer(stack, name)
             stack.apply(manifest)
@@ -321,8 +304,7 @@ def demo_command(
             }
             ups = (lambda: _scale_ups(console, obs, replicas, timeout)) if scale_up else None
             if groups:
-                summary["groups"] = _group_rows(obs.replica_statuses())
-                _print_groups(console, summary["groups"])
+                _print_groups(console, summary, obs.replica_statuses())
             _report(console, summary, probe, name, json_out, plot, ups)
             _linger(console, stack, summary, name, linger, prom)
         except (KeyboardInterrupt, _Terminated):
@@ -342,6 +324,44 @@ def demo_command(
             console.print("[green]✓[/] everything stopped")
 
 
+def _bring_up(console: Any, stack: LocalStack) -> JSON:
+    """The local cluster up; returns who runs the operator."""
+    with console.status("bringing up the local cluster") as status:
+        stack.up(progress=lambda msg: status.update(msg))
+    operator = stack.operator_info()
+    console.print(
+        f"[green]✓[/] control plane, {stack.node_kind} node [bold]{stack.node_name}[/], "
+        f"operator up ({_who(operator)})  (KUBECONFIG={stack.kubeconfig})"
+    )
+    return operator
+
+
+def _prepare_model(
+    console: Any, stack: LocalStack, runtime: str, model_dir: Path, size_mb: float, tp: int
+) -> JSON:
+    """The demo's model (a PT2 one of `tp` ranks, or the tiny Llama); returns its probe."""
+    if runtime in ("vllm", "triton"):
+        probe = _prepare_vllm(console, stack, model_dir)
+        if runtime == "triton":
+            _prepare_triton(console, stack)
+    else:
+        with console.status("making the demo model (PT2 + safetensors + init hook)"):
+            probe = make_demo_model(model_dir, size_mb, tp=tp)
+    console.print(f"[green]✓[/] demo model in {model_dir}")
+    return probe
+
+
+def _parallelism(pods_per_replica: int, llm: bool = False) -> JSON | None:
+    """--pods-per-replica N: N tensor ranks, one per pod; None for one-pod replicas."""
+    if pods_per_replica == 1:
+        return None
+    if llm:
+        raise click.BadParameter(
+            "multi-pod replicas run the builtin runtime", param_hint="--runtime"
+        )
+    return {"tensor": pods_per_replica, "podsPerReplica": pods_per_replica}
+
+
 def _group_rows(replicas: list[JSON]) -> list[JSON]:
     """Each group's pods, as the status tells them (--json "groups")."""
     return [
@@ -351,9 +371,11 @@ def _group_rows(replicas: list[JSON]) -> list[JSON]:
     ]
 
 
-def _print_groups(console: Any, rows: list[JSON]) -> None:
+def _print_groups(console: Any, summary: JSON, replicas: list[JSON]) -> None:
+    """The per-rank table of multi-pod replicas, also in --json ("groups")."""
     from rich.table import Table
 
+    rows = summary["groups"] = _group_rows(replicas)
     table = Table(title="multi-pod replicas: each rank's pod, its shard and where it came from")
     for col in ("replica", "role", "pod", "ranks", "loaded from", "MB", "phase"):
         table.add_column(col)
