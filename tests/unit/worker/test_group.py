@@ -220,3 +220,40 @@ def test_a_storage_load_after_a_download_counts_the_pods_own_shard(
     want = shard_index(demo_tp2.out, 1, 2).data_bytes
     assert strategy in ("preload", "direct") and tensors
     assert progress.bytes_loaded == progress.bytes_total == want
+
+
+def test_a_follower_learns_that_its_leader_failed_for_good() -> None:
+    """A follower whose join fails asks the leader's front door: a permanent failure there
+    makes the follower's own permanent (no exit, no group crash loop); anything else does not."""
+    import http.server
+    import json as json_
+    import threading
+
+    from weightlift.worker.engines.builtin.group import leader_failure
+
+    answers = [{"phase": "Failed", "permanentFailure": True, "message": "libinit.so: no symbol"}]
+
+    class Status(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = json_.dumps(answers[0]).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Status)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        port = server.server_address[1]
+        assert leader_failure("127.0.0.1:29500", port) == "libinit.so: no symbol"
+        answers[0] = {"phase": "Failed", "permanentFailure": False, "message": "OOM"}
+        assert leader_failure("127.0.0.1:29500", port) is None
+        answers[0] = {"phase": "Loading"}
+        assert leader_failure("127.0.0.1:29500", port) is None
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert leader_failure("127.0.0.1:29500", port) is None  # nobody answers

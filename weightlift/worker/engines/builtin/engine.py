@@ -25,7 +25,14 @@ from weightlift.worker.engines.base import (
     not_served,
     write_termination_log,
 )
-from weightlift.worker.engines.builtin.group import Group, GroupBroken, GroupRunner, Member
+from weightlift.worker.engines.builtin.group import (
+    Group,
+    GroupBroken,
+    GroupRunner,
+    LeaderFailed,
+    Member,
+    leader_failure,
+)
 from weightlift.worker.engines.builtin.runtime import InferError, Pt2Runtime
 from weightlift.worker.engines.builtin.v2codec import HEADER_LEN, decode_inputs, encode_outputs
 from weightlift.worker.hooks import INIT_SYMBOL, HookError, InitHookSession, run_init_hooks
@@ -219,7 +226,17 @@ class BuiltinEngine:
         assert place is not None and runtime is not None and self.leader is not None
         host = place.pod_ip or self.plan.host
         me = Member(place.index, self.plan.pod_name, f"{host}:{self.plan.runtime.port}")
-        group = await in_daemon_thread(Group.join, place, self.leader, me)
+        try:
+            group = await in_daemon_thread(Group.join, place, self.leader, me)
+        except GroupBroken as exc:
+            why = None
+            if not place.leader:
+                why = await in_daemon_thread(leader_failure, self.leader, self.plan.runtime.port)
+            if why is not None:
+                raise LeaderFailed(
+                    f"the group's leader at {self.leader} failed permanently: {why}"
+                ) from exc
+            raise
         self.group = GroupRunner(group, runtime).start()
         ctx.stamp("group")
 

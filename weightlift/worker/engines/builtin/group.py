@@ -61,6 +61,29 @@ class GroupBroken(RuntimeError):
     """A collective of the group failed: a rank is gone. Not permanent."""
 
 
+class LeaderFailed(GroupBroken):
+    """The group's leader failed for good (bad files, missing init symbol): so does this pod,
+    without exiting. Exiting would restart it, LWS would recreate the group, and the leader
+    would fail the same way: a crash loop of the whole group."""
+
+    permanent = True
+
+
+def leader_failure(leader: str, port: int) -> str | None:
+    """The leader's message if its front door (its IP, the worker `port`) reports a permanent
+    failure; None when it does not, or does not answer."""
+    host, _ = split_address(leader)
+    where = f"[{host}]" if ":" in host else host
+    try:
+        report = httpx.get(f"http://{where}:{port}/weightlift/v1/status", timeout=PROBE_SECONDS)
+        doc = report.json()
+    except (httpx.HTTPError, ValueError):
+        return None
+    if isinstance(doc, dict) and doc.get("phase") == "Failed" and doc.get("permanentFailure"):
+        return str(doc.get("message") or "failed")
+    return None
+
+
 @dataclass(frozen=True)
 class Member:
     index: int
