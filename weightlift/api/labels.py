@@ -36,6 +36,8 @@ FIRST_RECONCILE_ANNOTATION = "weightlift.dev/first-reconcile-time"
 # revision (sigs.k8s.io/lws); its pods carry these labels (set by LWS), and ours carry the
 # ModelDeployment's uid, since their owner is LWS's StatefulSet, not the ModelDeployment.
 LWS_GROUP = "leaderworkerset.x-k8s.io"
+LWS_API_VERSION = "v1"
+LWS_PLURAL = "leaderworkersets"
 LWS_NAME_LABEL = "leaderworkerset.sigs.k8s.io/name"
 LWS_WORKER_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/worker-index"
 LWS_GROUP_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/group-index"

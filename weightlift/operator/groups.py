@@ -24,6 +24,7 @@ from weightlift.api.labels import (
     DEPLOYMENT_UID_LABEL,
     IDENTITY_LABEL,
     LWS_GROUP,
+    LWS_API_VERSION,
     LWS_WORKER_INDEX_LABEL,
     MANAGED_BY,
     REPLICA_LABEL,
@@ -41,8 +42,6 @@ from weightlift.operator.pods import render_pod
 from weightlift.operator.settings import Settings
 from weightlift.operator.shared_objects import PlanConfigMap
 
-LWS_VERSION = "v1"
-LWS_PLURAL = "leaderworkersets"
 LWS_KIND = "LeaderWorkerSet"
 # Planning's reasons for deleting a replica that LeaderWorkerSets carry out by their replica
 # count (they remove the highest groups) rather than by deleting a leader pod.
@@ -81,7 +80,7 @@ def render_lws(
         {"name": GROUP_PORT_NAME, "containerPort": GROUP_PORT, "protocol": "TCP"}
     )
     return {
-        "apiVersion": f"{LWS_GROUP}/{LWS_VERSION}",
+        "apiVersion": f"{LWS_GROUP}/{LWS_API_VERSION}",
         "kind": LWS_KIND,
         "metadata": {
             "name": set_name,

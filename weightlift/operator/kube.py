@@ -14,7 +14,7 @@ from typing import Any
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from weightlift.api.labels import LWS_GROUP
+from weightlift.api.labels import LWS_GROUP, LWS_PLURAL, LWS_API_VERSION
 from weightlift.api.model import GROUP, PLURAL, VERSION
 from weightlift.api.times import now_rfc3339
 from weightlift.operator import apicalls
@@ -227,33 +227,23 @@ def ensure_owned_secret(core: client.CoreV1Api, namespace: str, manifest: Obj) -
     raise RuntimeError(f"secret {namespace}/{name} kept vanishing while being created")
 
 
-# LeaderWorkerSets (multi-pod replicas, groups.py): group, version and plural are LWS's.
-def create_lws(
-    api: client.CustomObjectsApi, namespace: str, manifest: Obj, version: str, plural: str
-) -> bool:
-    group = manifest["apiVersion"].split("/")[0]
-
+# LeaderWorkerSets (multi-pod replicas, groups.py).
+def create_lws(api: client.CustomObjectsApi, namespace: str, manifest: Obj) -> bool:
     def create(ns: str, body: Obj, **kwargs: Any) -> Any:
-        return api.create_namespaced_custom_object(group, version, ns, plural, body, **kwargs)
+        return api.create_namespaced_custom_object(
+            LWS_GROUP, LWS_API_VERSION, ns, LWS_PLURAL, body, **kwargs
+        )
 
     return _create_if_absent(create, namespace, manifest)
 
 
-def scale_lws(
-    api: client.CustomObjectsApi,
-    namespace: str,
-    name: str,
-    replicas: int,
-    group: str,
-    version: str,
-    plural: str,
-) -> None:
+def scale_lws(api: client.CustomObjectsApi, namespace: str, name: str, replicas: int) -> None:
     _done(
         api.patch_namespaced_custom_object(
-            group,
-            version,
+            LWS_GROUP,
+            LWS_API_VERSION,
             namespace,
-            plural,
+            LWS_PLURAL,
             name,
             {"spec": {"replicas": replicas}},
             _content_type="application/merge-patch+json",
@@ -262,11 +252,13 @@ def scale_lws(
     )
 
 
-def delete_lws(
-    api: client.CustomObjectsApi, namespace: str, name: str, group: str, version: str, plural: str
-) -> None:
+def delete_lws(api: client.CustomObjectsApi, namespace: str, name: str) -> None:
     try:
-        _done(api.delete_namespaced_custom_object(group, version, namespace, plural, name, **_WIRE))
+        _done(
+            api.delete_namespaced_custom_object(
+                LWS_GROUP, LWS_API_VERSION, namespace, LWS_PLURAL, name, **_WIRE
+            )
+        )
     except ApiException as exc:
         if exc.status != 404:
             raise
@@ -278,7 +270,7 @@ def delete_lws_sets(api: client.CustomObjectsApi, namespace: str, selector: str)
     try:
         _done(
             api.delete_collection_namespaced_custom_object(
-                LWS_GROUP, "v1", namespace, "leaderworkersets", label_selector=selector, **_WIRE
+                LWS_GROUP, LWS_API_VERSION, namespace, LWS_PLURAL, label_selector=selector, **_WIRE
             )
         )
     except ApiException as exc:

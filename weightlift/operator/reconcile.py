@@ -15,7 +15,6 @@ from pydantic import ValidationError
 
 from weightlift.api.labels import (
     IDENTITY_LABEL,
-    LWS_GROUP,
     LWS_GROUP_INDEX_LABEL,
     LWS_WORKER_INDEX_LABEL,
     PEERS_ANNOTATION,
@@ -39,8 +38,6 @@ from weightlift.api.times import parse_rfc3339, rfc3339
 from weightlift.api.worker import PeerHandoff, WorkerPhase, WorkerReport
 from weightlift.operator import kube
 from weightlift.operator.groups import (
-    LWS_PLURAL,
-    LWS_VERSION,
     collapse,
     group_actions,
     group_index,
@@ -584,35 +581,23 @@ async def _apply_groups(
         logger.info("deleting group leader %s (LWS recreates its group): %s", pod, why)
         await asyncio.to_thread(kube.delete_pod, state.core, namespace, pod)
     plan = plan_for(name, namespace, spec, identity)
-    where = (LWS_VERSION, LWS_PLURAL)
     for set_name, replicas in actions.replicas.items():
         if record.lws.get(set_name) == replicas:
             continue
         try:
             if replicas == 0:
-                await asyncio.to_thread(
-                    kube.delete_lws, state.custom, namespace, set_name, LWS_GROUP, *where
-                )
+                await asyncio.to_thread(kube.delete_lws, state.custom, namespace, set_name)
             elif set_name in record.lws:
-                await asyncio.to_thread(
-                    kube.scale_lws, state.custom, namespace, set_name, replicas, LWS_GROUP, *where
-                )
+                await asyncio.to_thread(kube.scale_lws, state.custom, namespace, set_name, replicas)
             else:
                 await _ensure_beside_pods(state, meta, spec, identity, plan)
                 manifest = render_lws(
                     name, namespace, uid, spec, identity, replicas, plan, state.settings
                 )
-                if not await asyncio.to_thread(
-                    kube.create_lws, state.custom, namespace, manifest, *where
-                ):
+                if not await asyncio.to_thread(kube.create_lws, state.custom, namespace, manifest):
+                    # It exists (an earlier operator made it): set its count.
                     await asyncio.to_thread(
-                        kube.scale_lws,
-                        state.custom,
-                        namespace,
-                        set_name,
-                        replicas,
-                        LWS_GROUP,
-                        *where,
+                        kube.scale_lws, state.custom, namespace, set_name, replicas
                     )
                 logger.info("LeaderWorkerSet %s: %d group(s)", set_name, replicas)
         except ApiException as exc:
