@@ -14,7 +14,7 @@ from typing import Any
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from weightlift.api.labels import LWS_GROUP, LWS_PLURAL, LWS_API_VERSION
+from weightlift.api.labels import LWS_API_VERSION, LWS_GROUP, LWS_PLURAL
 from weightlift.api.model import GROUP, PLURAL, VERSION
 from weightlift.api.times import now_rfc3339
 from weightlift.operator import apicalls
