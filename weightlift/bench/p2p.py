@@ -59,6 +59,7 @@ What mattered when tuning on one host (2 vCPUs, UCX from the nixl-cu12 wheel):
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -368,6 +369,32 @@ def run_fault(model: Path, workdir: Path, env: dict[str, str], throttle_s: float
     }
 
 
+def print_group_table(group: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="multi-pod replicas: 2 pods per replica, one rank per pod")
+    for col in ("group", "pod", "ranks", "loaded from", "MB", "GB/s", "load s", "group ready s"):
+        table.add_column(col)
+    for kind in ("source", "target"):
+        for i, pod in enumerate(group[kind]["pods"]):
+            table.add_row(
+                kind if i == 0 else "",
+                pod["pod"],
+                ",".join(str(r) for r in pod["ranks"]),
+                str(pod["loadedFrom"]),
+                f"{pod['bytes'] / 1e6:.1f}",
+                f"{pod['gbps']:.2f}" if pod.get("gbps") else "-",
+                f"{pod['loadSeconds']:.3f}" if pod.get("loadSeconds") else "-",
+                f"{group[kind]['readySeconds']:.2f}" if i == 0 else "",
+            )
+    table.caption = (
+        f"target group / source group (storage) time to Ready: {group['targetOverSource']:.2f}x "
+        "(from each group's hand-off to its last pod Serving: load + torch.distributed join)"
+    )
+    Console().print(table)
+
+
 def print_table(result: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -518,6 +545,14 @@ def _breakdown(phases: dict[str, float]) -> tuple[float, str]:
     help="worker: real `weightlift worker` processes; peer: the loading half only "
     "(python -m weightlift.bench.peer), which also reports transfer-only GB/s.",
 )
+@click.option(
+    "--pods-per-replica",
+    type=click.Choice(["1", "2"]),
+    default="1",
+    show_default=True,
+    help="2: add the multi-pod row (p2p_group.py): a 2-pod source group from storage, then a "
+    "2-pod target group pulling rank-matched; each rank's GB/s and each group's time to Ready.",
+)
 def p2p_command(
     size_mb: float,
     json_path: Path | None,
@@ -527,19 +562,25 @@ def p2p_command(
     throttle_s: float,
     workdir: Path | None,
     processes: str,
+    pods_per_replica: str,
 ) -> None:
     """P2P transfer over NIXL between two processes vs memcpy and a storage reload."""
     env = dict(os.environ)
     if ucx_tls:
         env["UCX_TLS"] = ucx_tls
     env.setdefault("NIXL_LOG_LEVEL", "WARN")
-    if workdir is None:
-        with tempfile.TemporaryDirectory(prefix="wl-bench-p2p-") as tmp:
-            result = run_bench(size_mb, repeat, Path(tmp), env, throttle_s, processes)
-    else:
+    with contextlib.ExitStack() as stack:
+        if workdir is None:
+            workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="wl-bench-p2p-")))
         workdir.mkdir(parents=True, exist_ok=True)
         result = run_bench(size_mb, repeat, workdir, env, throttle_s, processes)
+        if pods_per_replica == "2":
+            from weightlift.bench.p2p_group import run_group_row
+
+            result["group"] = run_group_row(size_mb, workdir / "group")
     print_table(result)
+    if "group" in result:
+        print_group_table(result["group"])
     summary = {
         "limits": result["limits"],
         "p2p": result["p2p"],
@@ -553,6 +594,7 @@ def p2p_command(
         "env": result["env"],
         "ucx_defaults": result["ucx_defaults"],
         "processes": result["processes"],
+        "group": result.get("group"),
     }
     if json_path is not None:
         json_path.write_text(json.dumps(summary, indent=2) + "\n")
