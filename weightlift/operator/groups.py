@@ -176,6 +176,11 @@ def _complete(group: ObservedPod, size: int) -> bool:
     return len(group.members) >= size and all(m.pod_ip for m in group.members)
 
 
+# A group held back because a pod is missing or has no IP yet is looked at again this soon: its
+# last pod's events may reach kopf's index after the pass they woke.
+INCOMPLETE_RECHECK_SECONDS = 1.0
+
+
 def spread_handoffs(result: Plan, groups: Mapping[str, ObservedPod], size: int, port: int) -> None:
     """Turn planning's hand-offs and relabels of group leaders into those of every pod of the
     group: pod i is handed pod i of each source group (rank-matched: they hold the same ranks)
@@ -190,6 +195,7 @@ def spread_handoffs(result: Plan, groups: Mapping[str, ObservedPod], size: int, 
             continue
         if not _complete(group, size):
             result.relabel.pop(name, None)
+            result.requeue_after = min(result.requeue_after, INCOMPLETE_RECHECK_SECONDS)
             continue
         leader_ip = group.members[0].pod_ip
         assert leader_ip is not None  # _complete

@@ -140,6 +140,7 @@ def test_an_incomplete_group_is_handed_nothing_yet() -> None:
     assert result.handoff and result.relabel  # planning hands the group storage...
     spread_handoffs(result, {g.name: g for g in groups}, 2, PORT)
     assert result.handoff == {} and result.relabel == {}  # ...once all its pods have IPs
+    assert result.requeue_after <= 1.0  # and looks again soon
 
 
 def test_lws_counts_follow_creates_and_a_failed_group_is_replaced_by_its_leader() -> None:
