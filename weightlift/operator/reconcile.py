@@ -580,7 +580,6 @@ async def _apply_groups(
     for pod, why in actions.delete_pods.items():
         logger.info("deleting group leader %s (LWS recreates its group): %s", pod, why)
         await asyncio.to_thread(kube.delete_pod, state.core, namespace, pod)
-    plan = plan_for(name, namespace, spec, identity)
     for set_name, replicas in actions.replicas.items():
         if record.lws.get(set_name) == replicas:
             continue
@@ -590,6 +589,8 @@ async def _apply_groups(
             elif set_name in record.lws:
                 await asyncio.to_thread(kube.scale_lws, state.custom, namespace, set_name, replicas)
             else:
+                # The plan (JSON + sha256) only when a set is made, not on every pass.
+                plan = plan_for(name, namespace, spec, identity)
                 await _ensure_beside_pods(state, meta, spec, identity, plan)
                 manifest = render_lws(
                     name, namespace, uid, spec, identity, replicas, plan, state.settings
