@@ -153,6 +153,12 @@ class DesiredPod:
     spare: bool = False  # a warm spare: a Target that waits in Standby until a scale-up
 
 
+# The phases that get an Event: outcomes and a wait the user may act on. Progress (Pending,
+# Loading, Probing) is in status.conditions with its transition time, and an Event for each
+# step was two API writes of a deployment's ~17 (issue 34: the ramp's requests).
+EVENT_PHASES = frozenset({Phase.READY, Phase.DEGRADED, Phase.FAILED, Phase.WAITING_FOR_SOURCE})
+
+
 @dataclass(frozen=True)
 class Event:
     type: str  # Normal | Warning
@@ -371,7 +377,7 @@ def plan(spec: ModelDeploymentSpec | SpecError, observed: Observed) -> Plan:
     result.status.waiting_since = _waiting_since(observed, waiting)
     result.status.conditions = _conditions(spec, observed, current, result.status, None)
     previous_phase = observed.previous.phase if observed.previous else None
-    if previous_phase != phase:
+    if previous_phase != phase and phase in EVENT_PHASES:
         kind = "Warning" if phase in (Phase.FAILED, Phase.DEGRADED) else "Normal"
         result.events.append(Event(kind, f"Phase{phase}", message or f"phase is {phase}"))
     in_motion = [p for p in current if not p.permanent_failure and not p.inference_ready]

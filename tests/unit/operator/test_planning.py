@@ -862,11 +862,14 @@ def test_zero_replicas_is_ready_and_every_condition_true() -> None:
     assert result.create == [] and result.delete == {}
 
 
-def test_phase_event_only_on_change() -> None:
+def test_phase_events_only_for_outcomes_and_only_on_change() -> None:
     first = run(SPEC, observe())
-    assert reasons(first) == ["PhasePending"]
-    second = run(SPEC, observe(previous=first.status))
-    assert "PhasePending" not in reasons(second)
+    assert first.status.phase == Phase.PENDING
+    assert reasons(first) == []  # progress: the status and its conditions say it
+    ready = run(make_spec(0), observe())
+    assert reasons(ready) == ["PhaseReady"]
+    again = run(make_spec(0), observe(previous=ready.status))
+    assert again.status.phase == Phase.READY and reasons(again) == []
 
 
 def test_pod_name_is_deployment_identity_prefix_and_index() -> None:
