@@ -26,7 +26,7 @@ BUDGET_PER_DEPLOYMENT = {
     "patch modeldeployments": 1,  # kopf's finalizer; sources are found by selectableFields
     "list modeldeployments": 1,  # published sources before a storage load (kopf's index lags)
     "patch pods": 1,  # the target's hand-off, once (not again while the index lags)
-    "create events": 3,  # one per phase: Pending, Loading, Ready
+    "create events": 1,  # PhaseReady: progress phases post none (planning.EVENT_PHASES)
     # One write per state change (Pending, Loading, first source published, Ready), progress
     # within a phase coalesced (statuswrites.py): one write every 5 s at most, so a loaded
     # machine's slower ramp may add some; two on average are allowed.
