@@ -93,7 +93,7 @@ test: controlplane lws minio prometheus vllm-env triton-env node node-images
 	WEIGHTLIFT_REQUIRE_CLUSTER=1 WEIGHTLIFT_REQUIRE_VLLM=1 WEIGHTLIFT_REQUIRE_TRITON=1 \
 	WEIGHTLIFT_REQUIRE_NODE=1 \
 	WEIGHTLIFT_TRITON_HOME=$(TRITON_ENV) \
-	WEIGHTLIFT_VLLM_PYTHON=$(VLLM_ENV)/bin/python $(PY) -m pytest -q
+	WEIGHTLIFT_VLLM_PYTHON=$(VLLM_ENV)/bin/python $(PY) -m pytest -q --durations=25
 
 # Builds both images (a layer cache makes an unchanged rebuild quick) and checks what they hold
 # and run; kept out of `make test` (the worker image's torch: minutes and GBs, see README).
