@@ -24,6 +24,7 @@ process`) is no pod: it is scraped at its loopback port, under a static job.
 from __future__ import annotations
 
 import base64
+import contextlib
 import re
 import signal
 import subprocess
@@ -38,6 +39,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from weightlift.api.labels import DEPLOYMENT_LABEL, WORKER_LABELS
+from weightlift.local import prometheus_pod
 from weightlift.local.cluster import cached_binary
 from weightlift.local.kube import JSON, KUBE_ERRORS, Kube, call
 from weightlift.local.net import free_port
@@ -77,8 +79,10 @@ def _meta(label: str) -> str:
     return f"__meta_kubernetes_pod_label_{clean}"
 
 
-def _sd(role: str, namespaces: list[str], server: str, auth: JSON) -> list[JSON]:
-    return [{"role": role, "api_server": server, "namespaces": {"names": namespaces}, **auth}]
+def _sd(role: str, namespaces: list[str], server: str | None, auth: JSON) -> list[JSON]:
+    """Service discovery of `role`; without `server`, in-cluster (the pod's ServiceAccount)."""
+    where = {"api_server": server, **auth} if server is not None else {}
+    return [{"role": role, "namespaces": {"names": namespaces}, **where}]
 
 
 def _target_labels(prefix: str) -> list[JSON]:
@@ -105,7 +109,7 @@ class ChartOperator:
     port: str = "metrics"
 
 
-def _operator_job(op: ChartOperator, server: str, auth: JSON) -> JSON:
+def _operator_job(op: ChartOperator, server: str | None, auth: JSON) -> JSON:
     if op.via == "endpointslice":
         keep = {
             "__meta_kubernetes_service_label_app_kubernetes_io_name": "weightlift",
@@ -138,16 +142,17 @@ def _operator_job(op: ChartOperator, server: str, auth: JSON) -> JSON:
 
 def scrape_config(
     *,
-    server: str,
-    token_file: Path,
-    ca_file: Path,
+    server: str | None,
+    token_file: Path | None,
+    ca_file: Path | None,
     operator: ChartOperator | None,
     worker_namespaces: list[str],
     operator_target: str | None = None,
     interval: str = SCRAPE_INTERVAL,
 ) -> JSON:
     """prometheus.yml: the chart's operator pods (`operator`; or `operator_target`, host:port,
-    for an operator run as a local process) and the worker pods."""
+    for an operator run as a local process) and the worker pods. `server` None: Prometheus runs
+    as a pod and discovers in-cluster (no token or CA file of ours)."""
     auth = {
         "authorization": {"credentials_file": str(token_file)},
         "tls_config": {"ca_file": str(ca_file)},
@@ -204,15 +209,28 @@ class LocalPrometheus(UpDown):
     interval: str = SCRAPE_INTERVAL
     port: int = field(init=False, default=0)
     proc: subprocess.Popen[bytes] | None = field(init=False, default=None)
+    pod_ip: str | None = field(init=False, default=None)  # on the kubelet node: a pod
     _kube: Kube | None = field(init=False, default=None)
     _bound: list[str] = field(init=False, default_factory=list)  # namespaces with a RoleBinding
 
     @property
+    def in_pod(self) -> bool:
+        """On the real node pods have network namespaces of their own: Prometheus is one of
+        them (local/prometheus_pod.py), as in a cluster. On the process node, a host process."""
+        return bool(self.stack.node_kind == "kubelet")
+
+    @property
     def url(self) -> str:
+        if self.pod_ip is not None:
+            return f"http://{self.pod_ip}:{prometheus_pod.PORT}"
         return f"http://127.0.0.1:{self.port}"
 
     @property
     def log_file(self) -> Path:
+        if self.pod_ip is not None:
+            logs = self.stack.node.pod_logs(NAMESPACE, prometheus_pod.POD)
+            if logs:
+                return Path(logs[-1])
         return self.state_dir / "prometheus.log"
 
     # -- up
@@ -222,6 +240,11 @@ class LocalPrometheus(UpDown):
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self._kube = Kube(self.stack.kubeconfig, "prometheus-setup")
         release = self.stack.release
+        if self.in_pod and release is None:
+            raise PrometheusError(
+                "on the kubelet node Prometheus runs as a pod and scrapes the chart's operator "
+                "pods: install the operator with helm (`--install helm`)"
+            )
         operator = None
         if release is not None:
             operator = ChartOperator(
@@ -231,10 +254,20 @@ class LocalPrometheus(UpDown):
                 via="pod" if self.stack.node_kind == "process" else "endpointslice",
             )
         worker_ns = [self.stack.namespace]
+        token = self._account([*worker_ns, *([release.namespace] if release else [])])
+        if self.in_pod:
+            config = scrape_config(
+                server=None,
+                token_file=None,
+                ca_file=None,
+                operator=operator,
+                worker_namespaces=worker_ns,
+                interval=self.interval,
+            )
+            self._start_pod(exe, config, timeout)
+            return
         token_file = self.state_dir / "token"
-        token_file.write_text(
-            self._account([*worker_ns, *([release.namespace] if release else [])])
-        )
+        token_file.write_text(token)
         token_file.chmod(0o600)
         operator_target = None
         if release is None:
@@ -261,6 +294,21 @@ class LocalPrometheus(UpDown):
         ]
         with self.log_file.open("ab") as log:
             self.proc = subprocess.Popen(argv, **child_options(log, die_with=signal.SIGTERM))
+        self._wait_ready(timeout)
+
+    def _start_pod(self, exe: Path, config: JSON, timeout: float) -> None:
+        """The image of the same binary, pushed to the node's registry, run as a pod."""
+        assert self._kube is not None
+        image = prometheus_pod.ensure_image(exe, PROMETHEUS_VERSION)
+        self.stack.node.push_images([image])
+        configmap, pod = prometheus_pod.manifests(
+            NAMESPACE, ACCOUNT, self.stack.node.registry_ref(image), config
+        )
+        (self.state_dir / "prometheus.yml").write_text(configmap["data"]["prometheus.yml"])
+        try:
+            self.pod_ip = prometheus_pod.start(self._kube, NAMESPACE, configmap, pod, timeout)
+        except prometheus_pod.PodPrometheusError as exc:
+            raise PrometheusError(str(exc)) from exc
         self._wait_ready(timeout)
 
     def _ca_file(self) -> Path:
@@ -303,8 +351,7 @@ class LocalPrometheus(UpDown):
     def _wait_ready(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            assert self.proc is not None
-            if self.proc.poll() is not None:
+            if self.proc is not None and self.proc.poll() is not None:
                 raise PrometheusError(
                     f"prometheus exited with {self.proc.returncode}:\n{self.log_tail()}"
                 )
@@ -327,6 +374,10 @@ class LocalPrometheus(UpDown):
         if self.proc is not None:
             stop_group(self.proc, grace=10.0)
             self.proc = None
+        if self._kube is not None and self.pod_ip is not None:
+            with contextlib.suppress(*KUBE_ERRORS):  # the API server went down first
+                prometheus_pod.stop(self._kube, NAMESPACE)
+            self.pod_ip = None
         if self._kube is not None:
             self._remove_account()
             self._kube.close()

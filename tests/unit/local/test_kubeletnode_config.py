@@ -96,3 +96,16 @@ def test_pinned_versions_agree_with_the_build_script() -> None:
     assert pinned("PAUSE_IMAGE") == paths.PAUSE_IMAGE
     registry = (REPO / "hack" / "build-registry.sh").read_text()
     assert f'REGISTRY_VERSION="{paths.REGISTRY_VERSION}"' in registry
+
+
+def test_registry_refs_drop_the_source_registry_and_localhost() -> None:
+    net = NodeNetwork(3)
+    reg = config.registry_address(net)
+    assert config.registry_ref(net, paths.PAUSE_IMAGE) == config.pause_ref(net)
+    assert config.registry_ref(net, "ghcr.io/weightlift/worker:0.1.0") == (
+        f"{reg}/weightlift/worker:0.1.0"
+    )
+    assert config.registry_ref(net, "localhost/weightlift/prometheus:v3.16.0") == (
+        f"{reg}/weightlift/prometheus:v3.16.0"
+    )
+    assert config.registry_ref(net, "weightlift/x:1") == f"{reg}/weightlift/x:1"

@@ -8,8 +8,11 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
+import yaml
+
 from tests.unit.operator.test_chart import by_kind, helm, template
 from weightlift.api.labels import WORKER_LABELS
+from weightlift.local import prometheus_pod
 from weightlift.local.prometheus import (
     PROMETHEUS_VERSION,
     WORKER_JOB,
@@ -152,3 +155,26 @@ def test_a_process_operator_is_a_static_target() -> None:
     assert set(jobs) == {"weightlift-operator", WORKER_JOB}
     assert jobs["weightlift-operator"]["static_configs"] == [{"targets": ["127.0.0.1:9400"]}]
     assert config["global"]["scrape_interval"] == config["global"]["scrape_timeout"] == "1s"
+
+
+def test_as_a_pod_it_discovers_in_cluster_and_runs_locked_down() -> None:
+    """On the real node: no API server address, token or CA of ours in prometheus.yml (the
+    pod's ServiceAccount, in-cluster); the pod is non-root with a read-only root filesystem."""
+    operator = ChartOperator("weightlift", "wl", "wl-operator-metrics", via="endpointslice")
+    config = scrape_config(
+        server=None, token_file=None, ca_file=None, operator=operator, worker_namespaces=["ns"]
+    )
+    for job in config["scrape_configs"]:
+        for sd in job["kubernetes_sd_configs"]:
+            assert set(sd) == {"role", "namespaces"}, sd
+    configmap, pod = prometheus_pod.manifests("monitoring", "prometheus", "reg/p:v1", config)
+    assert yaml.safe_load(configmap["data"]["prometheus.yml"]) == config
+    spec = pod["spec"]
+    assert spec["serviceAccountName"] == "prometheus" and spec["automountServiceAccountToken"]
+    assert spec["securityContext"]["runAsNonRoot"] and spec["securityContext"]["runAsUser"] != 0
+    (container,) = spec["containers"]
+    assert container["image"] == "reg/p:v1"
+    assert container["securityContext"]["readOnlyRootFilesystem"]
+    assert "--config.file=/etc/prometheus/prometheus.yml" in container["args"]
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    assert mounts == {"/etc/prometheus": "config", "/prometheus": "data"}

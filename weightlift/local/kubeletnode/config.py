@@ -90,6 +90,16 @@ def registry_address(net: NodeNetwork) -> str:
     return f"{net.host_ip}:{REGISTRY_PORT}"
 
 
+def registry_ref(net: NodeNetwork, image: str) -> str:
+    """The image's name in the stack's registry (its path without the registry host, or
+    `localhost/`): ghcr.io/weightlift/worker:0.1.0 lands as weightlift/worker:0.1.0, which
+    containerd pulls as ghcr.io/... through its mirror; an image only this machine has
+    (`localhost/...`) is named by a pod with this reference."""
+    first, _, rest = image.partition("/")
+    path = rest if rest and ("." in first or ":" in first or first == "localhost") else image
+    return f"{registry_address(net)}/{path}"
+
+
 def pause_ref(net: NodeNetwork) -> str:
     return f"{registry_address(net)}/weightlift/pause:3.10"
 

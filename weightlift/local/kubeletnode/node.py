@@ -187,15 +187,13 @@ class KubeletNode:
         self._wait(answers, f"registry at {url}", "registry")
 
     def _push_images(self) -> None:
-        """buildah push each image to the registry (layers the registry has are skipped), under
-        its path without the registry host: ghcr.io/weightlift/worker:0.1.0 lands as
-        weightlift/worker:0.1.0, which containerd pulls as ghcr.io/... through its mirror."""
-        pushes = [(PAUSE_IMAGE, config.pause_ref(self.net))]
-        reg = config.registry_address(self.net)
-        for image in self.images:
-            path = image.split("/", 1)[1] if "." in image.split("/", 1)[0] else image
-            pushes.append((image, f"{reg}/{path}"))
-        for local, remote in pushes:
+        self.push_images([PAUSE_IMAGE, *self.images])
+
+    def push_images(self, images: Sequence[str]) -> None:
+        """buildah push each image to the registry (layers the registry has are skipped) as
+        config.registry_ref names it."""
+        for local in images:
+            remote = self.registry_ref(local)
             started = time.monotonic()
             done = subprocess.run(
                 [
@@ -218,6 +216,9 @@ class KubeletNode:
                 raise NodeError(f"buildah push {local} -> {remote}: {done.stderr.strip()}")
             log.info("pushed %s -> %s in %.1fs", local, remote, time.monotonic() - started)
             self._record("pushSeconds", {local: round(time.monotonic() - started, 2)})
+
+    def registry_ref(self, image: str) -> str:
+        return config.registry_ref(self.net, image)
 
     def _start_kubelet(self) -> None:
         lay = self.layout
