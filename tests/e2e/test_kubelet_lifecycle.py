@@ -8,6 +8,7 @@ Needs root, `make node` and `make images`."""
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,14 +16,27 @@ from typing import Any
 import pytest
 
 from tests.e2e.test_kubelet_node import _require_node
+from tests.e2e.test_prometheus import _require_prometheus
 from tests.support.e2e import READY_TIMEOUT
+from tests.support.promchecks import (
+    Deployed,
+    check_dashboard,
+    check_loaded_bytes,
+    check_service_discovery,
+    check_time_to_ready,
+)
 from weightlift.local.kube import call
 from weightlift.local.kubeletnode import KubeletNode
 from weightlift.local.observe import Observer, infer
+from weightlift.local.prometheus import NAMESPACE as PROM_NAMESPACE
+from weightlift.local.prometheus import LocalPrometheus
+from weightlift.local.prometheus_pod import POD as PROM_POD
 from weightlift.local.stack import LocalStack, make_demo_model, model_deployment
 
 JSON = dict[str, Any]
 NAME = "kube-life"
+REPLICAS = 3
+MODEL_MB = 8.0
 # The first test pays for the stack: a cold registry cache compresses and pushes the worker
 # image (6.3 GB, torch with its CUDA wheels), and containerd pulls and unpacks it.
 pytestmark = pytest.mark.timeout(1800)
@@ -48,7 +62,7 @@ def _require_images(stack_images: tuple[str, ...]) -> None:
 @pytest.fixture(scope="module")
 def model(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, JSON]:
     out = tmp_path_factory.mktemp("kmodel") / "model"
-    return out, make_demo_model(out, 8.0)
+    return out, make_demo_model(out, MODEL_MB)
 
 
 @pytest.fixture(scope="module")
@@ -73,12 +87,28 @@ def kstack(
 
 
 @pytest.fixture(scope="module")
-def ready(kstack: LocalStack, model: tuple[Path, JSON]) -> Observer:
+def kprom(
+    kstack: LocalStack, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LocalPrometheus]:
+    """Prometheus as a pod of the node (local/prometheus_pod.py), up before the deployment."""
+    _require_prometheus()
+    with LocalPrometheus(kstack, tmp_path_factory.mktemp("kprom")) as prom:
+        yield prom
+
+
+@pytest.fixture(scope="module")
+def deployed(kstack: LocalStack, kprom: LocalPrometheus, model: tuple[Path, JSON]) -> Deployed:
     model_dir, probe = model
-    kstack.apply(model_deployment(NAME, model_dir, replicas=3, probe=probe))
+    applied_at = time.time()
+    kstack.apply(model_deployment(NAME, model_dir, replicas=REPLICAS, probe=probe))
     obs = Observer(kstack, NAME)
     obs.wait_ready(READY_TIMEOUT)
-    return obs
+    return Deployed(obs, model_dir, applied_at, NAME, REPLICAS, MODEL_MB)
+
+
+@pytest.fixture(scope="module")
+def ready(deployed: Deployed) -> Observer:
+    return deployed.obs
 
 
 def test_operator_runs_as_a_container_in_cluster(kstack: LocalStack) -> None:
@@ -146,3 +176,20 @@ def test_each_worker_has_its_own_namespaces_and_memory_cgroup(
         assert "\nUid:\t1000\t" in status  # runAsUser, for real
     for ns, values in seen.items():
         assert len(values) == 3, (ns, values)  # one each, none shared
+
+
+def test_prometheus_as_a_pod_scrapes_the_operator_pods_and_workers(
+    kstack: LocalStack, kprom: LocalPrometheus, deployed: Deployed
+) -> None:
+    """Issue 34 on the real node: Prometheus is a pod in its own network namespace, found by
+    its ServiceAccount's in-cluster discovery; the operator pods are found through the metrics
+    Service's EndpointSlices and the workers by their labels, all scraped over the pod network."""
+    assert kprom.proc is None and kprom.pod_ip is not None
+    (pid, *_) = kstack.node.pids()[f"{PROM_NAMESPACE}/{PROM_POD}"]
+    assert os.readlink(f"/proc/{pid}/ns/net") != os.readlink("/proc/self/ns/net")
+    assert os.stat(f"/proc/{pid}").st_uid != 0
+    assert kstack.release is not None and len(kstack.release.live_operator_pods()) == 2
+    check_service_discovery(kstack, kprom, deployed)
+    check_time_to_ready(kstack, kprom, deployed)
+    check_loaded_bytes(kstack, kprom, deployed)
+    check_dashboard(kprom, deployed)
