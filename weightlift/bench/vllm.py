@@ -276,6 +276,12 @@ def run_standby(
     help="Draw the contenders' seconds to ready and load GB/s here (PNG).",
 )
 @click.option("--workdir", type=click.Path(file_okay=False, path_type=Path), default=None)
+@click.option(
+    "--scale-up",
+    is_flag=True,
+    help="Also time scale-ups on the local stack with the operator: 1→2 served by a warm "
+    "spare, 1→2 cold, 0→1 served by a spare (bench/vllm_scaleup.py).",
+)
 def vllm_command(
     hidden: int,
     layers: int,
@@ -285,6 +291,7 @@ def vllm_command(
     json_out: Path | None,
     png: Path | None,
     workdir: Path | None,
+    scale_up: bool,
 ) -> None:
     """vLLM seconds-to-ready, compile and tokens/s: --load-format auto vs weightlift preload vs
     P2P, and P2P with the source's compile cache."""
@@ -292,7 +299,8 @@ def vllm_command(
     work = workdir or Path(tempfile.mkdtemp(prefix="wl-bench-vllm-"))
     work.mkdir(parents=True, exist_ok=True)
     model = work / f"llama-h{hidden}-l{layers}"
-    probe = make_in_engine_env(python, model, layers=layers, hidden=hidden)["completion"]
+    probe_doc = make_in_engine_env(python, model, layers=layers, hidden=hidden)
+    probe = probe_doc["completion"]
     size = sum(f.stat().st_size for f in model.glob("*.safetensors"))
     for f in model.glob("*.safetensors"):  # warm page cache for every contender
         with f.open("rb") as fh:
@@ -345,6 +353,11 @@ def vllm_command(
     same = len(set(texts.values())) == 1 and probe["expectedText"] in texts.values()
     click.echo(f"greedy completions: {'identical, as transformers' if same else texts}")
     doc = {"bytes": size, "mode": "eager" if enforce_eager else "compiled", "rows": rows}
+    if scale_up:
+        from weightlift.bench.vllm_scaleup import scale_up_rows
+
+        ups = scale_up_rows(python, model, probe_doc, work, timeout, enforce_eager)
+        doc["scaleUps"] = _print_scale_ups(ups, rows["auto"]["ready_s"])
     if json_out:
         json_out.write_text(json.dumps({**doc, "texts": texts}, indent=1))
     if png:
@@ -384,3 +397,19 @@ def _print(rows: dict[str, JSON], size: int, hidden: int, layers: int, mode: str
         if r.get("phases"):
             steps = ", ".join(f"{k} {v:.3f}" for k, v in r["phases"].items())
             click.echo(f"{name} load steps (s): {steps}")
+
+
+def _print_scale_ups(ups: dict[str, JSON], auto_ready_s: float) -> dict[str, JSON]:
+    """Each scale-up's seconds from the scale patch to Ready, / auto's cold start (lower is
+    better: 0.15 is the goal for a spare)."""
+    click.echo(f"{'scale-up':<22}{'ready s':>8}{'/ auto':>8}  replica, loaded from")
+    out: dict[str, JSON] = {}
+    for name, up in ups.items():
+        share = up["ready_s"] / auto_ready_s if auto_ready_s else None
+        out[name] = {**up, "of_auto": round(share, 3) if share is not None else None}
+        spare = " (the spare's own pod)" if up["was_spare"] else ""
+        click.echo(
+            f"{name:<22}{up['ready_s']:>8.1f}{share or 0:>8.2f}  "
+            f"{up['replica']}{spare}, {up['loaded_from']}"
+        )
+    return out
