@@ -243,6 +243,12 @@ class VllmEngine:
                 tp = self.plan.tensor_parallel
                 if relay is not None and not relay.done() and len(waiting) == tp:
                     report.phase = WorkerPhase.STANDBY
+                    # Each rank ran its init hooks before it stopped at its weight step: a
+                    # spare or standby target says so while it waits, not only once Ready.
+                    report.hooks = [
+                        h for r in sorted(waiting, key=lambda r: r.rank) for h in r.hooks
+                    ]
+                    report.hooks_run = True
             code = self.process.poll()
             if code is not None:
                 raise self._failure(f"exited with code {code} before it was ready")
