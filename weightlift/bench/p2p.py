@@ -553,6 +553,15 @@ def _breakdown(phases: dict[str, float]) -> tuple[float, str]:
     help="2: add the multi-pod row (p2p_group.py): a 2-pod source group from storage, then a "
     "2-pod target group pulling rank-matched; each rank's GB/s and each group's time to Ready.",
 )
+@click.option(
+    "--node",
+    type=click.Choice(["process", "kubelet"]),
+    default="process",
+    show_default=True,
+    help="kubelet: add the rows between real pods (p2p_node.py): the same 2-replica deployment "
+    "on the real node and on the process node, with each load's GB/s, time to Ready and the UCX "
+    "transport the target's reads took.",
+)
 def p2p_command(
     size_mb: float,
     json_path: Path | None,
@@ -563,6 +572,7 @@ def p2p_command(
     workdir: Path | None,
     processes: str,
     pods_per_replica: str,
+    node: str,
 ) -> None:
     """P2P transfer over NIXL between two processes vs memcpy and a storage reload."""
     env = dict(os.environ)
@@ -578,9 +588,19 @@ def p2p_command(
             from weightlift.bench.p2p_group import run_group_row
 
             result["group"] = run_group_row(size_mb, workdir / "group")
+        if node == "kubelet":
+            from weightlift.bench.p2p_node import NODE_KINDS, node_row
+
+            result["nodes"] = [
+                node_row(kind, workdir / f"node-{kind}", size_mb, 900.0) for kind in NODE_KINDS
+            ]
     print_table(result)
     if "group" in result:
         print_group_table(result["group"])
+    if "nodes" in result:
+        from weightlift.bench.p2p_node import print_node_table
+
+        print_node_table(result["nodes"])
     summary = {
         "limits": result["limits"],
         "p2p": result["p2p"],
@@ -595,6 +615,7 @@ def p2p_command(
         "ucx_defaults": result["ucx_defaults"],
         "processes": result["processes"],
         "group": result.get("group"),
+        "nodes": result.get("nodes"),
     }
     if json_path is not None:
         json_path.write_text(json.dumps(summary, indent=2) + "\n")
