@@ -17,12 +17,13 @@ import re
 from pathlib import Path
 from typing import Any
 
+from weightlift.local.nodekind import NodeKindName
 from weightlift.local.observe import Observer
 from weightlift.local.stack import LocalStack, make_demo_model, model_deployment
 
 JSON = dict[str, Any]
 NAME = "p2p-node"
-NODE_KINDS = ("kubelet", "process")
+NODE_KINDS: tuple[NodeKindName, ...] = ("kubelet", "process")
 _READ_HEADER = "remote memory read by ucp_get"
 # A table row of UCX's protocol info: "| 0..inf | zero-copy | cma/memory |".
 _ROW = re.compile(r"\|\s*[0-9]+\.\.(?:inf|[0-9]+)\s*\|\s*([^|]+?)\s*\|\s*([^|]+?)\s*\|")
@@ -55,7 +56,7 @@ def _pod_log(stack: LocalStack, pod: str) -> str:
     return "\n".join(Path(p).read_text(errors="replace") for p in logs)
 
 
-def node_row(kind: str, state_dir: Path, size_mb: float, timeout: float) -> JSON:
+def node_row(kind: NodeKindName, state_dir: Path, size_mb: float, timeout: float) -> JSON:
     """One deployment of 2 replicas on a fresh stack of node `kind`; what its replicas say."""
     models = state_dir / "models"
     model_dir = models / "model"
