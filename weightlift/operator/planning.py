@@ -66,6 +66,7 @@ class ObservedPod:
     terminating: bool = False
     pod_ready: bool = False  # the worker's readiness probe passed: hooks ran, weights bound
     unschedulable: str | None = None  # the scheduler's message while PodScheduled is False
+    stuck: str | None = None  # why its container cannot start (an image pull, its config)
     failure: str | None = None  # why the container terminated, if it did
     failed_at: datetime | None = None  # when it failed (exit time, or first seen failed)
     worker: WorkerReport | None = None
@@ -845,6 +846,9 @@ def _phase(
     if unschedulable:
         pod = unschedulable[0]
         return Phase.PENDING, f"{pod.name} unschedulable: {pod.unschedulable}"
+    stuck = [p for p in kept if p.stuck]
+    if stuck:
+        return Phase.PENDING, f"{stuck[0].name}: {stuck[0].stuck}"
     if any(p.loading for p in kept) or creating:
         if not any(p.node for p in kept):
             return Phase.PENDING, "waiting for worker pods to be scheduled"
@@ -951,14 +955,22 @@ def _group_pod_status(pod: ObservedPod, index: int) -> GroupPodStatus:
         loaded_from=report.loaded_from if report else None,
         bytes_loaded=report.bytes_loaded if report else 0,
         bytes_total=report.bytes_total if report else 0,
-        message=pod.failure_message if pod.failed else (pod.unschedulable or ""),
+        message=_pod_message(pod),
     )
+
+
+def _pod_message(pod: ObservedPod) -> str:
+    """What holds a replica back, in the words of whoever knows: the worker, the scheduler,
+    the kubelet."""
+    if pod.failed:
+        return pod.failure_message
+    return pod.unschedulable or pod.stuck or ""
 
 
 def _replica_status(pod: ObservedPod) -> ReplicaStatus:
     report = pod.worker
     phase = _pod_phase(pod)
-    message = pod.failure_message if pod.failed else (pod.unschedulable or "")
+    message = _pod_message(pod)
     return ReplicaStatus(
         name=pod.name,
         replica=pod.replica,

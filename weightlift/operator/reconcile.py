@@ -95,6 +95,35 @@ def _unschedulable(pod: dict[str, Any]) -> str | None:
     return None
 
 
+# The kubelet's reasons for a container that cannot start, as it sets them in
+# containerStatuses[].state.waiting (pkg/kubelet/images, kuberuntime): each holds the replica back
+# until someone fixes the image, the secret or the config. ContainerCreating and
+# PodInitializing are progress, not problems.
+STUCK_REASONS = frozenset(
+    {
+        "ErrImagePull",
+        "ImagePullBackOff",
+        "InvalidImageName",
+        "ErrImageNeverPull",
+        "CreateContainerConfigError",
+        "CreateContainerError",
+        "RunContainerError",
+        "CrashLoopBackOff",
+    }
+)
+
+
+def _stuck(pod: Mapping[str, Any]) -> str | None:
+    """Why the worker container cannot start, naming its image: "image X: ImagePullBackOff
+    (the kubelet's message)"; None while it starts or runs."""
+    for cs in pod.get("status", {}).get("containerStatuses", []):
+        waiting = (cs.get("state") or {}).get("waiting") or {}
+        if waiting.get("reason") in STUCK_REASONS:
+            detail = f" ({waiting['message']})" if waiting.get("message") else ""
+            return f"image {cs.get('image')}: {waiting['reason']}{detail}"
+    return None
+
+
 def _termination(pod: dict[str, Any]) -> tuple[str | None, WorkerReport | None]:
     """The container's termination message: a WorkerReport JSON if the worker wrote one."""
     for cs in pod.get("status", {}).get("containerStatuses", []):
@@ -139,6 +168,7 @@ async def observe_pod(
         terminating=bool(meta.get("deletionTimestamp")),
         pod_ready=pod_ready,
         unschedulable=_unschedulable(pod),
+        stuck=_stuck(pod),
         failure=failure,
         worker=report,
         probe=probe,
@@ -273,6 +303,11 @@ def pod_essentials(pod: Mapping[str, Any]) -> dict[str, Any]:
         for cs in status.get("containerStatuses") or []
         if (cs.get("state") or {}).get("terminated")
     ]
+    stuck = [
+        {"image": cs.get("image"), "state": {"waiting": cs["state"]["waiting"]}}
+        for cs in status.get("containerStatuses") or []
+        if ((cs.get("state") or {}).get("waiting") or {}).get("reason") in STUCK_REASONS
+    ]
     # Only the conditions a pass reads (Ready, PodScheduled), only the fields it reads: the
     # probe and transition times kubelets rewrite are most of a condition's bytes.
     conditions = [
@@ -301,7 +336,7 @@ def pod_essentials(pod: Mapping[str, Any]) -> dict[str, Any]:
             "phase": status.get("phase", "Pending"),
             "podIP": status.get("podIP"),
             "conditions": conditions,
-            "containerStatuses": terminated,
+            "containerStatuses": terminated + stuck,
         },
     }
 

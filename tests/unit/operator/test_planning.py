@@ -794,6 +794,15 @@ def test_missing_transition_time_in_previous_status_is_filled_in() -> None:
     assert condition(result, "Ready").last_transition_time == rfc3339(T0)
 
 
+def test_a_pod_whose_image_cannot_be_pulled_is_named_in_status() -> None:
+    stuck = "image ghcr.io/weightlift/worker:nope: ImagePullBackOff (not found)"
+    pods = [mkpod(SPEC, 0, Role.SOURCE, state="pending", stuck=stuck, node="gpu-0")]
+    result = run(SPEC, observe(pods))
+    assert result.status.phase == Phase.PENDING
+    assert result.status.message == f"{pods[0].name}: {stuck}"
+    assert result.status.replica_statuses[0].message == stuck
+
+
 def test_unschedulable_pods_surface_the_scheduler_message() -> None:
     message = "0/4 nodes are available: 4 Insufficient nvidia.com/gpu."
     pods = [mkpod(SPEC, 0, Role.SOURCE, state="pending", unschedulable=message)]

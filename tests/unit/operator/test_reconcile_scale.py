@@ -195,6 +195,29 @@ def test_a_terminated_container_keeps_its_message() -> None:
     assert reconcile._termination(slim)[0] == "worker exited with code 3: boom"
 
 
+def test_a_container_that_cannot_start_is_named_with_its_image() -> None:
+    """The kubelet's waiting reason survives the slim copy; progress (ContainerCreating) is
+    no problem to report."""
+    pod = _full_pod()
+    image = "ghcr.io/weightlift/worker:nope"
+    waiting = {
+        "reason": "ImagePullBackOff",
+        "message": f'Back-off pulling image "{image}": ErrImagePull: not found',
+    }
+    pod["status"]["containerStatuses"] = [
+        {"name": "worker", "image": image, "state": {"waiting": waiting}, "imageID": ""}
+    ]
+    slim = reconcile.pod_essentials(pod)
+    assert reconcile._stuck(slim) == reconcile._stuck(pod)
+    assert reconcile._stuck(slim) == (
+        f'image {image}: ImagePullBackOff (Back-off pulling image "{image}": ErrImagePull: '
+        "not found)"
+    )
+    pod["status"]["containerStatuses"][0]["state"] = {"waiting": {"reason": "ContainerCreating"}}
+    assert reconcile._stuck(pod) is None
+    assert reconcile.pod_essentials(pod)["status"]["containerStatuses"] == []
+
+
 SERVING = {"phase": "Serving", "bytesLoaded": 1, "bytesTotal": 1}
 
 
