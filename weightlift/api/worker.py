@@ -38,6 +38,13 @@ PEER_TOKEN_ENV = "WEIGHTLIFT_PEER_TOKEN"
 # The most bytes of engine compile cache a target fetches from a source (the chart's
 # compileCacheMaxBytes through the operator); a bigger cache is not fetched: the target compiles.
 COMPILE_CACHE_MAX_BYTES_ENV = "WEIGHTLIFT_COMPILE_CACHE_MAX_BYTES"
+# The node's compile-cache store (the chart's compileStore, a hostPath at the same path in the
+# pod; "" or unset: none) and its bound in bytes (compileStoreMaxBytes): a replica with no Ready
+# peer installs a verified entry from it before its engine compiles; a Ready one stores its own.
+COMPILE_STORE_ENV = "WEIGHTLIFT_COMPILE_STORE"
+COMPILE_STORE_MAX_BYTES_ENV = "WEIGHTLIFT_COMPILE_STORE_MAX_BYTES"
+DEFAULT_COMPILE_STORE = "/var/cache/weightlift/compile-store"
+DEFAULT_COMPILE_STORE_MAX_BYTES = 4 << 30
 PEER_TOKEN_KEY = "token"
 # A Target's hand-off file: the pod's weightlift.dev/peers annotation (a PeerHandoff as JSON),
 # projected by a downwardAPI volume, which the kubelet rewrites in place when it changes.
