@@ -223,7 +223,8 @@ class WorkerReport(ApiModel):
     bytes_total: int = 0
     gbps: float | None = None
     load_seconds: float | None = None
-    # The engine's compiled program: hit | miss (<reason>) | none ("" before the engine says).
+    # The engine's compiled program: hit (peer) | hit (store) | miss (<reason>) | none ("" before
+    # the engine says).
     compile_cache: str = ""
     hooks_run: bool = False
     hooks: list[HookReport] = Field(default_factory=list)

@@ -27,6 +27,8 @@ from weightlift.api.uri import REMOTE_SCHEMES, ModelUri
 from weightlift.api.worker import (
     ASSIGNMENT_ENV,
     COMPILE_CACHE_MAX_BYTES_ENV,
+    COMPILE_STORE_ENV,
+    COMPILE_STORE_MAX_BYTES_ENV,
     PEER_TOKEN_ENV,
     PEER_TOKEN_KEY,
     PEERS_FILE,
@@ -145,11 +147,39 @@ def plan_for(name: str, namespace: str, spec: ModelDeploymentSpec, identity: str
     return plan_configmap(name, shared_plan(name, namespace, spec, identity))
 
 
-def operator_settings_env(settings: Settings | None) -> list[dict[str, Any]]:
-    """The operator's settings its workers apply (the compile-cache bound), when it has them."""
-    if settings is None or settings.compile_cache_max_bytes is None:
+def operator_settings_env(
+    settings: Settings | None, spec: ModelDeploymentSpec | None = None
+) -> list[dict[str, Any]]:
+    """The operator's settings its workers apply (the compile-cache bound, the node store of a
+    vLLM replica), when it has them."""
+    if settings is None:
         return []
-    return [{"name": COMPILE_CACHE_MAX_BYTES_ENV, "value": str(settings.compile_cache_max_bytes)}]
+    env = []
+    if settings.compile_cache_max_bytes is not None:
+        env.append(
+            {"name": COMPILE_CACHE_MAX_BYTES_ENV, "value": str(settings.compile_cache_max_bytes)}
+        )
+    if spec is not None and compile_store_volume(spec, settings):
+        env += [
+            {"name": COMPILE_STORE_ENV, "value": settings.compile_store},
+            {"name": COMPILE_STORE_MAX_BYTES_ENV, "value": str(settings.compile_store_max_bytes)},
+        ]
+    return env
+
+
+def compile_store_volume(
+    spec: ModelDeploymentSpec, settings: Settings | None
+) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """The node's compile-cache store as a hostPath at the same path (volume, mount), for a
+    worker that runs vLLM (the only engine with a compile cache); None otherwise."""
+    rt = spec.runtime
+    if settings is None or not settings.compile_store:
+        return None
+    if rt.type != RuntimeType.BUILTIN or rt.engine != Engine.VLLM:
+        return None
+    path = settings.compile_store
+    volume = {"name": "compile-store", "hostPath": {"path": path, "type": "DirectoryOrCreate"}}
+    return volume, {"name": "compile-store", "mountPath": path}
 
 
 def plan_env(
@@ -213,6 +243,9 @@ def render_pod(
     """`plan`: the revision's plan ConfigMap (computed once per pass by the caller); `settings`:
     the operator's, those its workers apply."""
     _, model_volumes, model_mounts = model_mount(spec)
+    store = compile_store_volume(spec, settings)
+    if store is not None:
+        model_volumes, model_mounts = [*model_volumes, store[0]], [*model_mounts, store[1]]
     template = spec.template
     plan = plan or plan_for(name, namespace, spec, desired.identity)
     gpus = str(spec.parallelism.ranks_per_pod)  # a multi-pod replica: its pod's share
@@ -229,7 +262,7 @@ def render_pod(
         {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
         *({"name": e.name, "value": e.value} for e in template.env),
         *credential_env(spec),
-        *operator_settings_env(settings),
+        *operator_settings_env(settings, spec),
     ]
     # An External runtime (tritonserver, vLLM) is the container's own command: it loads its
     # weights itself and serves KServe v2 on runtime.port, where the operator probes it.

@@ -9,7 +9,13 @@ from typing import TYPE_CHECKING
 
 import click
 
-from weightlift.api.worker import COMPILE_CACHE_MAX_BYTES_ENV
+from weightlift.api.worker import (
+    COMPILE_CACHE_MAX_BYTES_ENV,
+    COMPILE_STORE_ENV,
+    COMPILE_STORE_MAX_BYTES_ENV,
+    DEFAULT_COMPILE_STORE,
+    DEFAULT_COMPILE_STORE_MAX_BYTES,
+)
 from weightlift.operator.malloc import tune_malloc
 from weightlift.operator.settings import (
     DEFAULT_LEASE_NAME,
@@ -20,6 +26,7 @@ from weightlift.operator.settings import (
     default_lease_namespace,
     parse_networks,
     parse_path_prefixes,
+    parse_store_path,
 )
 
 if TYPE_CHECKING:
@@ -69,6 +76,19 @@ GLOB_CHARS = set("*?[!")
     f"worker pods as {COMPILE_CACHE_MAX_BYTES_ENV}); bigger caches are compiled instead.",
 )
 @click.option(
+    "--compile-store",
+    default=None,
+    help="Node directory (a hostPath) where vLLM compile caches outlive replicas; '' for none "
+    f"[${COMPILE_STORE_ENV}, default {DEFAULT_COMPILE_STORE}].",
+)
+@click.option(
+    "--compile-store-max-bytes",
+    type=click.IntRange(min=1),
+    default=None,
+    help="The node store's bound; least recently used entries are evicted "
+    f"[${COMPILE_STORE_MAX_BYTES_ENV}, default {DEFAULT_COMPILE_STORE_MAX_BYTES}].",
+)
+@click.option(
     "--leader-elect/--no-leader-elect",
     default=False,
     envvar="WEIGHTLIFT_LEADER_ELECT",
@@ -110,6 +130,8 @@ def operator_command(
     path_prefixes: tuple[str, ...],
     log_level: str,
     compile_cache_max_bytes: int | None,
+    compile_store: str | None,
+    compile_store_max_bytes: int | None,
     leader_elect: bool,
     lease_name: str,
     lease_namespace: str | None,
@@ -142,6 +164,14 @@ def operator_command(
         raise click.BadParameter(str(exc), param_hint="--model-path-prefix") from exc
     if compile_cache_max_bytes is not None:
         os.environ[COMPILE_CACHE_MAX_BYTES_ENV] = str(compile_cache_max_bytes)
+    if compile_store is not None:
+        os.environ[COMPILE_STORE_ENV] = compile_store
+    if compile_store_max_bytes is not None:
+        os.environ[COMPILE_STORE_MAX_BYTES_ENV] = str(compile_store_max_bytes)
+    try:
+        parse_store_path(os.environ.get(COMPILE_STORE_ENV, DEFAULT_COMPILE_STORE))
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--compile-store") from exc
     election: LeaderElection | None = None
     if leader_elect:
         try:

@@ -13,7 +13,13 @@ import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from weightlift.api.worker import COMPILE_CACHE_MAX_BYTES_ENV
+from weightlift.api.worker import (
+    COMPILE_CACHE_MAX_BYTES_ENV,
+    COMPILE_STORE_ENV,
+    COMPILE_STORE_MAX_BYTES_ENV,
+    DEFAULT_COMPILE_STORE,
+    DEFAULT_COMPILE_STORE_MAX_BYTES,
+)
 
 MODEL_PATH_PREFIXES_ENV = "WEIGHTLIFT_MODEL_PATH_PREFIXES"
 PROBE_NETWORKS_ENV = "WEIGHTLIFT_PROBE_NETWORKS"
@@ -56,7 +62,7 @@ def parse_networks(raw: str) -> tuple[Network, ...] | None:
         raise ValueError(f"{PROBE_NETWORKS_ENV}: {exc}") from None
 
 
-def parse_max_bytes(raw: str) -> int | None:
+def parse_max_bytes(raw: str, variable: str = COMPILE_CACHE_MAX_BYTES_ENV) -> int | None:
     """A byte bound (None when unset); ValueError naming the variable."""
     if not raw.strip():
         return None
@@ -65,8 +71,16 @@ def parse_max_bytes(raw: str) -> int | None:
     except ValueError:
         value = -1
     if value < 0:
-        raise ValueError(f"{COMPILE_CACHE_MAX_BYTES_ENV}: {raw!r} is not a byte count >= 0")
+        raise ValueError(f"{variable}: {raw!r} is not a byte count >= 0")
     return value
+
+
+def parse_store_path(raw: str) -> str:
+    """An absolute node path, or "" (no store); ValueError naming the variable."""
+    path = raw.strip()
+    if path and (not path.startswith("/") or any(c.isspace() for c in path)):
+        raise ValueError(f"{COMPILE_STORE_ENV}: {raw!r} is not an absolute path")
+    return posixpath.normpath(path) if path else ""
 
 
 def parse_port(raw: str) -> int | None:
@@ -93,6 +107,9 @@ class Settings:
     probe_networks: tuple[Network, ...] | None = None
     # The most compile-cache bytes a worker fetches from its source (None: the worker's default).
     compile_cache_max_bytes: int | None = None
+    # The node directory of vLLM compile caches that outlive replicas ("": none) and its bound.
+    compile_store: str = DEFAULT_COMPILE_STORE
+    compile_store_max_bytes: int = DEFAULT_COMPILE_STORE_MAX_BYTES
     # Where /metrics is served (metrics.serve); None: nowhere.
     metrics_port: int | None = None
     metrics_host: str = "0.0.0.0"
@@ -104,6 +121,11 @@ class Settings:
             model_path_prefixes=parse_path_prefixes(env.get(MODEL_PATH_PREFIXES_ENV, "")),
             probe_networks=parse_networks(env.get(PROBE_NETWORKS_ENV, "")),
             compile_cache_max_bytes=parse_max_bytes(env.get(COMPILE_CACHE_MAX_BYTES_ENV, "")),
+            compile_store=parse_store_path(env.get(COMPILE_STORE_ENV, DEFAULT_COMPILE_STORE)),
+            compile_store_max_bytes=parse_max_bytes(
+                env.get(COMPILE_STORE_MAX_BYTES_ENV, ""), COMPILE_STORE_MAX_BYTES_ENV
+            )
+            or DEFAULT_COMPILE_STORE_MAX_BYTES,
             metrics_port=parse_port(env.get(METRICS_PORT_ENV, "")),
             metrics_host=env.get(METRICS_HOST_ENV, "").strip() or "0.0.0.0",
         )
