@@ -526,3 +526,42 @@ def test_the_operators_compile_cache_bound_reaches_its_workers() -> None:
     )
     with pytest.raises(ValueError, match=COMPILE_CACHE_MAX_BYTES_ENV):
         Settings.from_environment({COMPILE_CACHE_MAX_BYTES_ENV: "-1"})
+
+
+def test_a_vllm_worker_gets_the_node_compile_store_as_a_hostpath_and_env() -> None:
+    from weightlift.api.worker import (
+        COMPILE_STORE_ENV,
+        COMPILE_STORE_MAX_BYTES_ENV,
+        DEFAULT_COMPILE_STORE,
+    )
+    from weightlift.operator.settings import Settings
+
+    vllm = make_spec(
+        model={"uri": "hostpath:///models/llama", "format": "safetensors"},
+        runtime={"engine": "vLLM"},
+    )
+    pod = render_pod(NAME, NAMESPACE, UID, vllm, desired(vllm), None, Settings())
+    env = env_of(pod)
+    assert env[COMPILE_STORE_ENV]["value"] == DEFAULT_COMPILE_STORE
+    assert env[COMPILE_STORE_MAX_BYTES_ENV]["value"] == str(4 << 30)
+    (volume,) = [v for v in pod["spec"]["volumes"] if v["name"] == "compile-store"]
+    assert volume["hostPath"] == {"path": DEFAULT_COMPILE_STORE, "type": "DirectoryOrCreate"}
+    mounts = pod["spec"]["containers"][0]["volumeMounts"]
+    assert {"name": "compile-store", "mountPath": DEFAULT_COMPILE_STORE} in mounts
+    # The builtin engine compiles nothing: no store; and "" turns the store off.
+    builtin = make_spec()
+    assert COMPILE_STORE_ENV not in env_of(
+        render_pod(NAME, NAMESPACE, UID, builtin, desired(builtin), None, Settings())
+    )
+    off = render_pod(NAME, NAMESPACE, UID, vllm, desired(vllm), None, Settings(compile_store=""))
+    assert COMPILE_STORE_ENV not in env_of(off)
+    assert all(v["name"] != "compile-store" for v in off["spec"]["volumes"])
+    settings = Settings.from_environment(
+        {COMPILE_STORE_ENV: "/srv/wl-store/", COMPILE_STORE_MAX_BYTES_ENV: "1000"}
+    )
+    assert (settings.compile_store, settings.compile_store_max_bytes) == ("/srv/wl-store", 1000)
+    assert Settings.from_environment({COMPILE_STORE_ENV: ""}).compile_store == ""
+    with pytest.raises(ValueError, match=COMPILE_STORE_ENV):
+        Settings.from_environment({COMPILE_STORE_ENV: "relative/path"})
+    with pytest.raises(ValueError, match=COMPILE_STORE_MAX_BYTES_ENV):
+        Settings.from_environment({COMPILE_STORE_MAX_BYTES_ENV: "-5"})
