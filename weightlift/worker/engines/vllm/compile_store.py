@@ -13,12 +13,14 @@ its place is mis-keyed and refused. An entry's directory mtime is its last use (
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
 import os
 import shutil
 import uuid
+from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import fields
 from pathlib import Path
@@ -66,16 +68,45 @@ def want_digest(want: Wanted) -> str:
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:32]
 
 
-class NodeStore:
-    """A verified compile-cache directory on the node (a hostPath; on the process node a host
-    directory), shared by the replicas that run there."""
+class CompileStore(ABC):
+    """Entries under `<want>/<vllm hash>/`, kept within max_bytes by evicting the least recently
+    used; a backend says how to list, read, write and remove them (a node directory, S3)."""
 
-    def __init__(self, root: Path, max_bytes: int = DEFAULT_COMPILE_STORE_MAX_BYTES) -> None:
-        self.root = root
+    label = "the store"
+
+    def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
 
-    def __str__(self) -> str:
-        return f"the node store {self.root}"
+    # -------------------------------------------------------------------------- the backend
+    @abstractmethod
+    def hashes(self, want: str) -> list[str]:
+        """vLLM hashes stored for one rank's build, the most recently used first."""
+
+    @abstractmethod
+    def has(self, want: str, vllm_hash: str) -> bool: ...
+
+    @abstractmethod
+    def manifest_text(self, want: str, vllm_hash: str) -> str: ...
+
+    @abstractmethod
+    def archive(self, want: str, vllm_hash: str, staging: Path, bound: int) -> Path:
+        """The entry's archive as a local file (at most `bound` bytes, else CacheRejected)."""
+
+    @abstractmethod
+    def write(self, want: str, vllm_hash: str, archive: Path, manifest: str) -> None:
+        """One entry, replacing any of the same key: readers see the old or the new whole."""
+
+    @abstractmethod
+    def touch(self, want: str, vllm_hash: str) -> None:
+        """Mark a use (the last to be evicted)."""
+
+    @abstractmethod
+    def entries(self) -> list[tuple[float, int, str]]:
+        """(last use, bytes, "<want>/<vllm hash>") of every entry, least recently used first."""
+
+    @abstractmethod
+    def remove(self, entry: str) -> None:
+        """One entry ("<want>/<vllm hash>") or every entry of a build ("<want>")."""
 
     # -------------------------------------------------------------------------- writing
     def put(self, packed: dict[int, Packed]) -> int:
@@ -85,112 +116,154 @@ class NodeStore:
         if total > self.max_bytes:
             log.info("compile cache of %d bytes not stored: over %d", total, self.max_bytes)
             return 0
+        keep = set()
         for p in packed.values():
-            self._put_one(p)
-        self.evict(keep={self.entry(p.manifest.key) for p in packed.values()})
+            key = p.manifest.key
+            self.write(want_digest(key), key.vllm_hash, p.archive, json.dumps(p.manifest.wire()))
+            keep.add(f"{want_digest(key)}/{key.vllm_hash}")
+        self.evict(keep)
         return total
 
-    def entry(self, key: CacheKey) -> Path:
-        return self.root / want_digest(key) / key.vllm_hash
-
-    def _put_one(self, packed: Packed) -> None:
-        dest = self.entry(packed.manifest.key)
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        tmp = dest.parent / f"{_TMP}{uuid.uuid4().hex}"
-        tmp.mkdir()
-        try:
-            shutil.copyfile(packed.archive, tmp / ARCHIVE)
-            (tmp / MANIFEST).write_text(json.dumps(packed.manifest.wire()))
-            old = dest.parent / f"{_TMP}{uuid.uuid4().hex}"
-            if dest.exists():  # readers see the old entry or the new, never half of one
-                os.replace(dest, old)
-            os.replace(tmp, dest)
-            shutil.rmtree(old, ignore_errors=True)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-
-    def entries(self) -> list[tuple[float, int, Path]]:
-        """(last use, bytes, directory) of every entry, least recently used first."""
-        found = []
-        for entry in self.root.glob("*/*"):
-            if entry.name.startswith(_TMP) or not entry.is_dir():
-                continue
-            try:
-                size = sum(p.stat().st_size for p in entry.iterdir() if p.is_file())
-                found.append((entry.stat().st_mtime, size, entry))
-            except OSError:  # removed meanwhile by another replica's eviction
-                continue
-        return sorted(found)
-
-    def evict(self, keep: set[Path] | None = None) -> list[Path]:
+    def evict(self, keep: set[str] | None = None) -> list[str]:
         """Remove least recently used entries until the store holds at most max_bytes."""
         entries = self.entries()
         total = sum(size for _, size, _ in entries)
-        removed: list[Path] = []
+        removed: list[str] = []
         for _, size, entry in entries:
             if total <= self.max_bytes:
                 break
             if keep and entry in keep:
                 continue
-            shutil.rmtree(entry, ignore_errors=True)
+            self.remove(entry)
             total -= size
             removed.append(entry)
         if removed:
             log.info(
-                "compile store: evicted %d entries (LRU) to stay within %d bytes",
+                "%s: evicted %d entries (LRU) to stay within %d bytes",
+                self,
                 len(removed),
                 self.max_bytes,
             )
         return removed
 
     # -------------------------------------------------------------------------- reading
-    def find(self, wanted: list[Wanted]) -> list[tuple[CacheManifest, Path]] | None:
-        """Every rank's entry of one vLLM hash, the most recently used first; None when the
-        store holds none. CacheRejected for an entry that exists but is mis-keyed or unreadable.
-        """
-        first = self.root / want_digest(wanted[0])
-        if not first.is_dir():
-            return None
-        hashes = [p.name for p in sorted(first.iterdir(), key=_mtime, reverse=True)]
-        for vllm_hash in (h for h in hashes if not h.startswith(_TMP)):
-            dirs = [self.root / want_digest(w) / vllm_hash for w in wanted]
-            if all(d.is_dir() for d in dirs):
-                return [
-                    (_read_manifest(d, vllm_hash, w), d / ARCHIVE)
-                    for d, w in zip(dirs, wanted, strict=True)
+    def find(self, wanted: list[Wanted]) -> tuple[str, list[CacheManifest]] | None:
+        """The most recently used vLLM hash with every rank's entry, and their manifests; None
+        when the store holds none. CacheRejected for a mis-keyed or unreadable manifest."""
+        wants = [want_digest(w) for w in wanted]
+        for vllm_hash in self.hashes(wants[0]):
+            if all(self.has(d, vllm_hash) for d in wants[1:]):
+                return vllm_hash, [
+                    _read_manifest(self.manifest_text(d, vllm_hash), vllm_hash, w)
+                    for d, w in zip(wants, wanted, strict=True)
                 ]
         return None
 
     def install(self, wanted: list[Wanted], root: Path) -> Installed:
         """The newest entry for `wanted`, verified file by file and installed under `root`; or
         the reason nothing was (a refused entry is removed from the store)."""
-        try:
-            plans = self.find(wanted)
-        except CacheRejected as exc:
-            return self._refused(wanted, exc)
-        if plans is None:
-            return Installed(reason=f"no compile cache for this build in {self}")
         staging = root / f".weightlift-store-staging-{os.getpid()}"
         shutil.rmtree(staging, ignore_errors=True)
         try:
-            for (manifest, _), want in zip(plans, wanted, strict=True):
+            found = self.find(wanted)
+            if found is None:
+                return Installed(reason=f"no compile cache for this build in {self}")
+            vllm_hash, manifests = found
+            plans: list[tuple[CacheManifest, Path | None]] = []
+            for manifest, want in zip(manifests, wanted, strict=True):
                 check_entry(manifest, want, self.max_bytes, f"{self}'s")
-            got = verify_and_install(list(plans), root, staging, "the node store", "store")
+                # A tar holds a header per file and padding: a generous bound over the bytes.
+                bound = manifest.total_bytes + 1024 * (len(manifest.files) + 4) + (1 << 20)
+                where = staging / f"rank-{want.rank}"
+                plans.append((manifest, self.archive(want_digest(want), vllm_hash, where, bound)))
+            got = verify_and_install(plans, root, staging, self.label, "store")
         except CacheRejected as exc:
             return self._refused(wanted, exc)
-        except OSError as exc:  # evicted meanwhile, unreadable: compile instead
+        except OSError as exc:  # evicted meanwhile, unreachable: compile instead
             return Installed(reason=f"{self} unreadable: {exc}")
         finally:
             shutil.rmtree(staging, ignore_errors=True)
-        for _, archive in plans:  # a use: last to be evicted
-            os.utime(archive.parent)
+        for want in wanted:
+            with contextlib.suppress(OSError):
+                self.touch(want_digest(want), vllm_hash)
         return got
 
     def _refused(self, wanted: list[Wanted], exc: CacheRejected) -> Installed:
-        log.warning("compile store entry refused: %s", exc)
+        log.warning("%s: entry refused: %s", self, exc)
         for want in wanted:  # a bad entry is dropped: the next Ready replica stores a good one
-            shutil.rmtree(self.root / want_digest(want), ignore_errors=True)
+            with contextlib.suppress(OSError):
+                self.remove(want_digest(want))
         return Installed(reason=f"store entry refused: {exc}")
+
+
+class NodeStore(CompileStore):
+    """A verified compile-cache directory on the node (a hostPath; on the process node a host
+    directory), shared by the replicas that run there. An entry's mtime is its last use."""
+
+    label = "the node store"
+
+    def __init__(self, root: Path, max_bytes: int = DEFAULT_COMPILE_STORE_MAX_BYTES) -> None:
+        super().__init__(max_bytes)
+        self.root = root
+
+    def __str__(self) -> str:
+        return f"the node store {self.root}"
+
+    def entry(self, key: CacheKey) -> Path:
+        return self.root / want_digest(key) / key.vllm_hash
+
+    def hashes(self, want: str) -> list[str]:
+        base = self.root / want
+        if not base.is_dir():
+            return []
+        found = [p for p in base.iterdir() if not p.name.startswith(_TMP)]
+        return [p.name for p in sorted(found, key=_mtime, reverse=True)]
+
+    def has(self, want: str, vllm_hash: str) -> bool:
+        return (self.root / want / vllm_hash).is_dir()
+
+    def manifest_text(self, want: str, vllm_hash: str) -> str:
+        return (self.root / want / vllm_hash / MANIFEST).read_text()
+
+    def archive(self, want: str, vllm_hash: str, staging: Path, bound: int) -> Path:
+        path = self.root / want / vllm_hash / ARCHIVE
+        if path.stat().st_size > bound:
+            raise CacheRejected(f"{ARCHIVE} of {path.stat().st_size} bytes, over {bound}")
+        return path  # read in place: the verifier copies what it checks
+
+    def write(self, want: str, vllm_hash: str, archive: Path, manifest: str) -> None:
+        dest = self.root / want / vllm_hash
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dest.parent / f"{_TMP}{uuid.uuid4().hex}"
+        tmp.mkdir()
+        try:
+            shutil.copyfile(archive, tmp / ARCHIVE)
+            (tmp / MANIFEST).write_text(manifest)
+            old = dest.parent / f"{_TMP}{uuid.uuid4().hex}"
+            if dest.exists():
+                os.replace(dest, old)
+            os.replace(tmp, dest)
+            shutil.rmtree(old, ignore_errors=True)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    def touch(self, want: str, vllm_hash: str) -> None:
+        os.utime(self.root / want / vllm_hash)
+
+    def entries(self) -> list[tuple[float, int, str]]:
+        found = []
+        for entry in self.root.glob("*/*"):
+            if entry.name.startswith(_TMP) or not entry.is_dir():
+                continue
+            try:
+                size = sum(p.stat().st_size for p in entry.iterdir() if p.is_file())
+                found.append((entry.stat().st_mtime, size, f"{entry.parent.name}/{entry.name}"))
+            except OSError:  # removed meanwhile by another replica's eviction
+                continue
+        return sorted(found)
+
+    def remove(self, entry: str) -> None:
+        shutil.rmtree(self.root / entry, ignore_errors=True)
 
 
 def _mtime(path: Path) -> float:
@@ -200,15 +273,15 @@ def _mtime(path: Path) -> float:
         return 0.0
 
 
-def _read_manifest(entry: Path, vllm_hash: str, want: Wanted) -> CacheManifest:
+def _read_manifest(text: str, vllm_hash: str, want: Wanted) -> CacheManifest:
     try:
-        manifest = CacheManifest.from_wire(json.loads((entry / MANIFEST).read_text()))
-    except (OSError, ValueError) as exc:
-        raise CacheRejected(f"store manifest {entry / MANIFEST} unreadable: {exc}") from exc
+        manifest = CacheManifest.from_wire(json.loads(text))
+    except ValueError as exc:
+        raise CacheRejected(f"store manifest of {vllm_hash[:12]} unreadable: {exc}") from exc
     # The place is the key: an entry holding another key's manifest is refused, not trusted.
     why = key_mismatch(manifest.key, want)
     if manifest.key.vllm_hash != vllm_hash:
         why = f"vLLM hash {manifest.key.vllm_hash[:12]} in the manifest, {vllm_hash[:12]} here"
     if why is not None:
-        raise CacheRejected(f"mis-keyed entry {entry.name[:12]}: {why}")
+        raise CacheRejected(f"mis-keyed entry {vllm_hash[:12]}: {why}")
     return manifest
