@@ -44,6 +44,13 @@ COMPILE_CACHE_MAX_BYTES_ENV = "WEIGHTLIFT_COMPILE_CACHE_MAX_BYTES"
 COMPILE_STORE_ENV = "WEIGHTLIFT_COMPILE_STORE"
 COMPILE_STORE_MAX_BYTES_ENV = "WEIGHTLIFT_COMPILE_STORE_MAX_BYTES"
 DEFAULT_COMPILE_STORE = "/var/cache/weightlift/compile-store"
+# The cluster's compile-cache store by URI (s3://bucket/prefix; "" or unset: none), for replicas
+# on every node; its S3 endpoint, and its credentials from a Secret (secretKeyRef env, never a
+# value the operator reads), named apart from the model's own AWS_* credentials.
+COMPILE_STORE_URI_ENV = "WEIGHTLIFT_COMPILE_STORE_URI"
+COMPILE_STORE_S3_ENDPOINT_ENV = "WEIGHTLIFT_COMPILE_STORE_S3_ENDPOINT"
+COMPILE_STORE_ACCESS_KEY_ENV = "WEIGHTLIFT_COMPILE_STORE_AWS_ACCESS_KEY_ID"
+COMPILE_STORE_SECRET_KEY_ENV = "WEIGHTLIFT_COMPILE_STORE_AWS_SECRET_ACCESS_KEY"
 DEFAULT_COMPILE_STORE_MAX_BYTES = 4 << 30
 PEER_TOKEN_KEY = "token"
 # A Target's hand-off file: the pod's weightlift.dev/peers annotation (a PeerHandoff as JSON),

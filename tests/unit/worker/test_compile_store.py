@@ -5,17 +5,29 @@ evicting the least recently used entries. Real files and tar archives, vLLM's ow
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import tarfile
+import time
+from collections.abc import Iterator
 from dataclasses import asdict, replace
 from pathlib import Path
 
 import pytest
 
+from tests.support.storage import minio
 from tests.unit.worker.test_compile_cache import HASH, OTHER_HASH, WANTED, fake_cache
-from weightlift.api.worker import COMPILE_STORE_ENV, COMPILE_STORE_MAX_BYTES_ENV
+from weightlift.api.worker import (
+    COMPILE_STORE_ACCESS_KEY_ENV,
+    COMPILE_STORE_ENV,
+    COMPILE_STORE_MAX_BYTES_ENV,
+    COMPILE_STORE_S3_ENDPOINT_ENV,
+    COMPILE_STORE_SECRET_KEY_ENV,
+    COMPILE_STORE_URI_ENV,
+)
+from weightlift.local.s3server import MinioServer
 from weightlift.worker.engines.vllm.compile_cache import (
     AOT_DIR,
     CacheKey,
@@ -25,8 +37,10 @@ from weightlift.worker.engines.vllm.compile_cache import (
 from weightlift.worker.engines.vllm.compile_store import (
     ARCHIVE,
     MANIFEST,
+    CompileStore,
     NodeStore,
     node_store,
+    open_stores,
     want_digest,
 )
 
@@ -177,3 +191,70 @@ def test_the_store_comes_from_the_operators_env() -> None:
     assert node_store({}) is None and node_store({COMPILE_STORE_ENV: " "}) is None
     store = node_store({COMPILE_STORE_ENV: "/var/cache/wl", COMPILE_STORE_MAX_BYTES_ENV: "42"})
     assert store is not None and store.root == Path("/var/cache/wl") and store.max_bytes == 42
+
+
+# ------------------------------------------------------------------------------ the cluster store
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MinioServer]:
+    yield from minio(tmp_path_factory.mktemp("minio"))
+
+
+def s3_at(server: MinioServer, bucket: str, max_bytes: int, secret: str = "") -> CompileStore:
+    with contextlib.suppress(Exception):
+        server.client().create_bucket(Bucket=bucket)
+    env = {
+        COMPILE_STORE_URI_ENV: f"s3://{bucket}/wl/cc",
+        COMPILE_STORE_MAX_BYTES_ENV: str(max_bytes),
+        COMPILE_STORE_S3_ENDPOINT_ENV: server.endpoint,
+        COMPILE_STORE_ACCESS_KEY_ENV: server.access_key,
+        COMPILE_STORE_SECRET_KEY_ENV: secret or server.secret_key,
+    }
+    (store,) = open_stores(env)
+    return store
+
+
+def test_the_s3_store_installs_verified_refuses_a_flipped_byte_and_evicts_lru(
+    s3: MinioServer, tmp_path: Path
+) -> None:
+    store = s3_at(s3, "cc-one", 1 << 20)
+    source = packed(tmp_path)
+    assert store.put({0: source}) > 0
+    got = store.install([WANTED], tmp_path / "r1")
+    assert got.vllm_hash == HASH and got.via == "store" and got.reason == "", got
+    assert installed_files(tmp_path / "r1") == sorted(f.path for f in source.manifest.files)
+    # A flipped byte in the stored archive: refused, nothing installed, the entry dropped.
+    key = f"wl/cc/{want_digest(WANTED)}/{HASH}/{ARCHIVE}"
+    local = tmp_path / "downloaded.tar"
+    s3.client().download_file("cc-one", key, str(local))
+    flip_a_byte(local)
+    s3.client().upload_file(str(local), "cc-one", key)
+    bad = store.install([WANTED], tmp_path / "r2")
+    assert bad.vllm_hash is None and "sha256 differs from the manifest" in bad.reason, bad
+    assert not (tmp_path / "r2").exists() or installed_files(tmp_path / "r2") == []
+    assert store.entries() == []
+    # LRU within the bound: three entries, room for two; the one used last survives.
+    a, b, c = (packed(tmp_path, f"{n:x}" * 64, f"s{n}") for n in (10, 11, 12))
+    size = a.archive.stat().st_size + len(json.dumps(a.manifest.wire()))
+    lru = s3_at(s3, "cc-lru", 2 * size + size // 2)
+    lru.put({0: a})
+    time.sleep(1.1)  # S3 dates to the second
+    lru.put({0: b})
+    time.sleep(1.1)
+    lru.touch(want_digest(WANTED), a.manifest.key.vllm_hash)  # a used: b is now the oldest
+    time.sleep(1.1)
+    lru.put({0: c})
+    kept = {e for _, _, e in lru.entries()}
+    digest = want_digest(WANTED)
+    assert kept == {f"{digest}/{a.manifest.key.vllm_hash}", f"{digest}/{c.manifest.key.vllm_hash}"}
+
+
+def test_an_s3_store_refusing_the_credentials_is_an_os_error_without_them(
+    s3: MinioServer, tmp_path: Path
+) -> None:
+    wrong = "not-the-secret-key-0123"
+    store = s3_at(s3, "cc-creds", 1 << 20, secret=wrong)
+    with pytest.raises(OSError) as err:
+        store.put({0: packed(tmp_path)})
+    assert "SignatureDoesNotMatch" in str(err.value) and wrong not in str(err.value)
+    got = store.install([WANTED], tmp_path / "r")
+    assert got.vllm_hash is None and "unreadable" in got.reason and wrong not in got.reason

@@ -585,10 +585,10 @@ class CompileCache:
     from vLLM's log and published once Ready. The engine calls the two hooks and `env`."""
 
     def __init__(
-        self, plan: WorkerPlan, workdir: Path, python: str, store: Store | None = None
+        self, plan: WorkerPlan, workdir: Path, python: str, stores: Sequence[Store] = ()
     ) -> None:
         self.plan = plan
-        self.store = store
+        self.stores = list(stores)  # nearest first: the node's, then the cluster's
         self.workdir = workdir
         self.python = python
         # The operator's or user's root when set (a node cache), else one per pod.
@@ -632,7 +632,7 @@ class CompileCache:
         peers = [(p.pod, p.address) for p in self.plan.peers]
         if self.plan.role != Role.TARGET:
             peers = []
-        if not peers and self.store is None:
+        if not peers and not self.stores:
             return
         try:
             wanted = await facts
@@ -643,12 +643,14 @@ class CompileCache:
             self.installed = await fetch_and_install(
                 session, peers, auth_headers(token), wanted, self.root, self.max_bytes
             )
-        if self.store is not None and not (self.installed and self.installed.vllm_hash):
+        for store in self.stores:
+            if self.installed and self.installed.vllm_hash:
+                break
             # No Ready peer gave one: a store that outlived replicas, before vLLM compiles.
-            from_peers = self.installed.reason if self.installed else ""
-            self.installed = await asyncio.to_thread(self.store.install, wanted, self.root)
-            if from_peers and self.installed.reason:
-                self.installed.reason = f"{from_peers}; {self.installed.reason}"
+            before = self.installed.reason if self.installed else ""
+            self.installed = await asyncio.to_thread(store.install, wanted, self.root)
+            if before and self.installed.reason:
+                self.installed.reason = f"{before}; {self.installed.reason}"
         got = self.installed
         if got is None:
             return
@@ -679,18 +681,20 @@ class CompileCache:
             packed, why = {}, f"compile cache not packed: {exc}"
         if why:
             log.info("no compile cache published: %s", why)
-        elif self.store is not None:
-            await asyncio.to_thread(self._store, packed)
+        else:
+            for store in self.stores:
+                await asyncio.to_thread(self._store, store, packed)
         return status, CacheRoutes(inner, packed, why)
 
-    def _store(self, packed: dict[int, Packed]) -> None:
-        """Also into the store that outlives this replica; a store that cannot be written (a
-        root-owned hostPath, a full disk) costs the next replica a compile, nothing more."""
-        assert self.store is not None
+    @staticmethod
+    def _store(store: Store, packed: dict[int, Packed]) -> None:
+        """Also into a store that outlives this replica; one that cannot be written (a
+        root-owned hostPath, a full disk, credentials refused) costs the next replica a compile,
+        nothing more."""
         try:
-            stored = self.store.put(packed)
+            stored = store.put(packed)
         except OSError as exc:
-            log.warning("compile cache not stored in %s: %s", self.store, exc)
+            log.warning("compile cache not stored in %s: %s", store, exc)
             return
         if stored:
-            log.info("compile cache stored in %s: %d bytes", self.store, stored)
+            log.info("compile cache stored in %s: %d bytes", store, stored)
