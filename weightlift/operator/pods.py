@@ -27,8 +27,12 @@ from weightlift.api.uri import REMOTE_SCHEMES, ModelUri
 from weightlift.api.worker import (
     ASSIGNMENT_ENV,
     COMPILE_CACHE_MAX_BYTES_ENV,
+    COMPILE_STORE_ACCESS_KEY_ENV,
     COMPILE_STORE_ENV,
     COMPILE_STORE_MAX_BYTES_ENV,
+    COMPILE_STORE_S3_ENDPOINT_ENV,
+    COMPILE_STORE_SECRET_KEY_ENV,
+    COMPILE_STORE_URI_ENV,
     PEER_TOKEN_ENV,
     PEER_TOKEN_KEY,
     PEERS_FILE,
@@ -160,10 +164,38 @@ def operator_settings_env(
             {"name": COMPILE_CACHE_MAX_BYTES_ENV, "value": str(settings.compile_cache_max_bytes)}
         )
     if spec is not None and compile_store_volume(spec, settings):
-        env += [
-            {"name": COMPILE_STORE_ENV, "value": settings.compile_store},
-            {"name": COMPILE_STORE_MAX_BYTES_ENV, "value": str(settings.compile_store_max_bytes)},
-        ]
+        env.append({"name": COMPILE_STORE_ENV, "value": settings.compile_store})
+    if spec is not None and settings.compile_store_uri and runs_vllm(spec):
+        env += cluster_store_env(settings)
+    if any(e["name"] in (COMPILE_STORE_ENV, COMPILE_STORE_URI_ENV) for e in env):
+        env.append(
+            {"name": COMPILE_STORE_MAX_BYTES_ENV, "value": str(settings.compile_store_max_bytes)}
+        )
+    return env
+
+
+def runs_vllm(spec: ModelDeploymentSpec) -> bool:
+    """A weightlift worker running vLLM: the only engine with a compile cache."""
+    return spec.runtime.type == RuntimeType.BUILTIN and spec.runtime.engine == Engine.VLLM
+
+
+def cluster_store_env(settings: Settings) -> list[dict[str, Any]]:
+    """The cluster store's URI and endpoint; its credentials as secretKeyRef env, so the values
+    never pass through the operator."""
+    env: list[dict[str, Any]] = [
+        {"name": COMPILE_STORE_URI_ENV, "value": settings.compile_store_uri}
+    ]
+    if settings.compile_store_s3_endpoint:
+        env.append(
+            {"name": COMPILE_STORE_S3_ENDPOINT_ENV, "value": settings.compile_store_s3_endpoint}
+        )
+    if settings.compile_store_secret:
+        for name, key in (
+            (COMPILE_STORE_ACCESS_KEY_ENV, "AWS_ACCESS_KEY_ID"),
+            (COMPILE_STORE_SECRET_KEY_ENV, "AWS_SECRET_ACCESS_KEY"),
+        ):
+            ref = {"name": settings.compile_store_secret, "key": key, "optional": True}
+            env.append({"name": name, "valueFrom": {"secretKeyRef": ref}})
     return env
 
 
@@ -172,10 +204,7 @@ def compile_store_volume(
 ) -> tuple[dict[str, Any], dict[str, Any]] | None:
     """The node's compile-cache store as a hostPath at the same path (volume, mount), for a
     worker that runs vLLM (the only engine with a compile cache); None otherwise."""
-    rt = spec.runtime
-    if settings is None or not settings.compile_store:
-        return None
-    if rt.type != RuntimeType.BUILTIN or rt.engine != Engine.VLLM:
+    if settings is None or not settings.compile_store or not runs_vllm(spec):
         return None
     path = settings.compile_store
     volume = {"name": "compile-store", "hostPath": {"path": path, "type": "DirectoryOrCreate"}}

@@ -13,11 +13,14 @@ from weightlift.api.worker import (
     COMPILE_CACHE_MAX_BYTES_ENV,
     COMPILE_STORE_ENV,
     COMPILE_STORE_MAX_BYTES_ENV,
+    COMPILE_STORE_S3_ENDPOINT_ENV,
+    COMPILE_STORE_URI_ENV,
     DEFAULT_COMPILE_STORE,
     DEFAULT_COMPILE_STORE_MAX_BYTES,
 )
 from weightlift.operator.malloc import tune_malloc
 from weightlift.operator.settings import (
+    COMPILE_STORE_SECRET_ENV,
     DEFAULT_LEASE_NAME,
     MODEL_PATH_PREFIXES_ENV,
     PROBE_NETWORKS_ENV,
@@ -27,6 +30,7 @@ from weightlift.operator.settings import (
     parse_networks,
     parse_path_prefixes,
     parse_store_path,
+    parse_store_uri,
 )
 
 if TYPE_CHECKING:
@@ -89,6 +93,23 @@ GLOB_CHARS = set("*?[!")
     f"[${COMPILE_STORE_MAX_BYTES_ENV}, default {DEFAULT_COMPILE_STORE_MAX_BYTES}].",
 )
 @click.option(
+    "--compile-store-uri",
+    default=None,
+    help="The cluster's compile-cache store, s3://bucket/prefix, for replicas on every node "
+    f"[${COMPILE_STORE_URI_ENV}].",
+)
+@click.option(
+    "--compile-store-s3-endpoint",
+    default=None,
+    help=f"Its S3 endpoint (MinIO, ...; none: AWS) [${COMPILE_STORE_S3_ENDPOINT_ENV}].",
+)
+@click.option(
+    "--compile-store-secret",
+    default=None,
+    help="The Secret, in each worker namespace, whose AWS_ACCESS_KEY_ID and "
+    f"AWS_SECRET_ACCESS_KEY sign it [${COMPILE_STORE_SECRET_ENV}].",
+)
+@click.option(
     "--leader-elect/--no-leader-elect",
     default=False,
     envvar="WEIGHTLIFT_LEADER_ELECT",
@@ -132,6 +153,9 @@ def operator_command(
     compile_cache_max_bytes: int | None,
     compile_store: str | None,
     compile_store_max_bytes: int | None,
+    compile_store_uri: str | None,
+    compile_store_s3_endpoint: str | None,
+    compile_store_secret: str | None,
     leader_elect: bool,
     lease_name: str,
     lease_namespace: str | None,
@@ -168,10 +192,18 @@ def operator_command(
         os.environ[COMPILE_STORE_ENV] = compile_store
     if compile_store_max_bytes is not None:
         os.environ[COMPILE_STORE_MAX_BYTES_ENV] = str(compile_store_max_bytes)
+    for name, value in (
+        (COMPILE_STORE_URI_ENV, compile_store_uri),
+        (COMPILE_STORE_S3_ENDPOINT_ENV, compile_store_s3_endpoint),
+        (COMPILE_STORE_SECRET_ENV, compile_store_secret),
+    ):
+        if value is not None:
+            os.environ[name] = value
     try:
         parse_store_path(os.environ.get(COMPILE_STORE_ENV, DEFAULT_COMPILE_STORE))
+        parse_store_uri(os.environ.get(COMPILE_STORE_URI_ENV, ""))
     except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint="--compile-store") from exc
+        raise click.BadParameter(str(exc), param_hint="--compile-store[-uri]") from exc
     election: LeaderElection | None = None
     if leader_elect:
         try:

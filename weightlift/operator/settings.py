@@ -17,6 +17,8 @@ from weightlift.api.worker import (
     COMPILE_CACHE_MAX_BYTES_ENV,
     COMPILE_STORE_ENV,
     COMPILE_STORE_MAX_BYTES_ENV,
+    COMPILE_STORE_S3_ENDPOINT_ENV,
+    COMPILE_STORE_URI_ENV,
     DEFAULT_COMPILE_STORE,
     DEFAULT_COMPILE_STORE_MAX_BYTES,
 )
@@ -25,6 +27,8 @@ MODEL_PATH_PREFIXES_ENV = "WEIGHTLIFT_MODEL_PATH_PREFIXES"
 PROBE_NETWORKS_ENV = "WEIGHTLIFT_PROBE_NETWORKS"
 # /metrics (Prometheus) on this port and address; no port: not served.
 METRICS_PORT_ENV = "WEIGHTLIFT_METRICS_PORT"
+# The Secret with the cluster compile store's S3 credentials (the operator names it to pods).
+COMPILE_STORE_SECRET_ENV = "WEIGHTLIFT_COMPILE_STORE_SECRET"
 METRICS_HOST_ENV = "WEIGHTLIFT_METRICS_HOST"
 # Leader election (the chart sets the pod's name and namespace from the downward API).
 POD_NAME_ENV = "POD_NAME"
@@ -83,6 +87,14 @@ def parse_store_path(raw: str) -> str:
     return posixpath.normpath(path) if path else ""
 
 
+def parse_store_uri(raw: str) -> str:
+    """s3://bucket[/prefix], or "" (no cluster store); ValueError naming the variable."""
+    uri = raw.strip()
+    if uri and (not uri.startswith("s3://") or not uri[5:].split("/")[0]):
+        raise ValueError(f"{COMPILE_STORE_URI_ENV}: {raw!r} is not s3://bucket[/prefix]")
+    return uri
+
+
 def parse_port(raw: str) -> int | None:
     """A TCP port (None when unset); ValueError naming the variable."""
     if not raw.strip():
@@ -110,6 +122,11 @@ class Settings:
     # The node directory of vLLM compile caches that outlive replicas ("": none) and its bound.
     compile_store: str = DEFAULT_COMPILE_STORE
     compile_store_max_bytes: int = DEFAULT_COMPILE_STORE_MAX_BYTES
+    # The cluster's store (s3://bucket/prefix, "": none), its S3 endpoint ("": AWS) and the
+    # Secret (in the worker's namespace) whose AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY sign it.
+    compile_store_uri: str = ""
+    compile_store_s3_endpoint: str = ""
+    compile_store_secret: str = ""
     # Where /metrics is served (metrics.serve); None: nowhere.
     metrics_port: int | None = None
     metrics_host: str = "0.0.0.0"
@@ -126,6 +143,9 @@ class Settings:
                 env.get(COMPILE_STORE_MAX_BYTES_ENV, ""), COMPILE_STORE_MAX_BYTES_ENV
             )
             or DEFAULT_COMPILE_STORE_MAX_BYTES,
+            compile_store_uri=parse_store_uri(env.get(COMPILE_STORE_URI_ENV, "")),
+            compile_store_s3_endpoint=env.get(COMPILE_STORE_S3_ENDPOINT_ENV, "").strip(),
+            compile_store_secret=env.get(COMPILE_STORE_SECRET_ENV, "").strip(),
             metrics_port=parse_port(env.get(METRICS_PORT_ENV, "")),
             metrics_host=env.get(METRICS_HOST_ENV, "").strip() or "0.0.0.0",
         )

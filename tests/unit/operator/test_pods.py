@@ -565,3 +565,41 @@ def test_a_vllm_worker_gets_the_node_compile_store_as_a_hostpath_and_env() -> No
         Settings.from_environment({COMPILE_STORE_ENV: "relative/path"})
     with pytest.raises(ValueError, match=COMPILE_STORE_MAX_BYTES_ENV):
         Settings.from_environment({COMPILE_STORE_MAX_BYTES_ENV: "-5"})
+
+
+def test_the_cluster_store_reaches_vllm_workers_with_credentials_by_secret_reference() -> None:
+    from weightlift.api.worker import (
+        COMPILE_STORE_ACCESS_KEY_ENV,
+        COMPILE_STORE_MAX_BYTES_ENV,
+        COMPILE_STORE_S3_ENDPOINT_ENV,
+        COMPILE_STORE_SECRET_KEY_ENV,
+        COMPILE_STORE_URI_ENV,
+    )
+    from weightlift.operator.settings import COMPILE_STORE_SECRET_ENV, Settings
+
+    vllm = make_spec(
+        model={"uri": "hostpath:///models/llama", "format": "safetensors"},
+        runtime={"engine": "vLLM"},
+    )
+    settings = Settings.from_environment(
+        {
+            COMPILE_STORE_URI_ENV: "s3://caches/wl",
+            COMPILE_STORE_S3_ENDPOINT_ENV: "http://minio:9000",
+            COMPILE_STORE_SECRET_ENV: "cc-creds",
+            "WEIGHTLIFT_COMPILE_STORE": "",
+        }
+    )
+    env = env_of(render_pod(NAME, NAMESPACE, UID, vllm, desired(vllm), None, settings))
+    assert env[COMPILE_STORE_URI_ENV]["value"] == "s3://caches/wl"
+    assert env[COMPILE_STORE_S3_ENDPOINT_ENV]["value"] == "http://minio:9000"
+    assert env[COMPILE_STORE_MAX_BYTES_ENV]["value"] == str(4 << 30)
+    for name, key in (
+        (COMPILE_STORE_ACCESS_KEY_ENV, "AWS_ACCESS_KEY_ID"),
+        (COMPILE_STORE_SECRET_KEY_ENV, "AWS_SECRET_ACCESS_KEY"),
+    ):
+        assert env[name] == {
+            "name": name,
+            "valueFrom": {"secretKeyRef": {"name": "cc-creds", "key": key, "optional": True}},
+        }
+    with pytest.raises(ValueError, match=COMPILE_STORE_URI_ENV):
+        Settings.from_environment({COMPILE_STORE_URI_ENV: "gs://nope"})
