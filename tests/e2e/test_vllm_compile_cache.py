@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from tests.support.compile_cache import flip_a_byte
 from tests.support.e2e import pids_of, wait_gone
 from tests.support.vllm import (
     ENGINE_ARGS,
@@ -286,8 +287,6 @@ def test_a_deployment_after_the_first_is_deleted_installs_the_store_entry_and_ne
 def test_a_store_entry_with_a_flipped_byte_is_refused_and_the_replica_compiles(
     stack: LocalStack, llm: tuple[Path, Path, JSON], stored: Path
 ) -> None:
-    from tests.unit.worker.test_compile_store import flip_a_byte
-
     _, model, probe = llm
     flip_a_byte(stored)  # the model's entry (a later replica of it replaced it in place)
     since = time.time()

@@ -9,7 +9,6 @@ import contextlib
 import json
 import os
 import shutil
-import tarfile
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, replace
@@ -17,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.compile_cache import flip_a_byte
 from tests.support.storage import minio
 from tests.unit.worker.test_compile_cache import HASH, OTHER_HASH, WANTED, fake_cache
 from weightlift.api.worker import (
@@ -89,17 +89,6 @@ def test_keying_another_build_finds_nothing(tmp_path: Path) -> None:
     # TP 2 needs both ranks' entries under one vLLM hash: rank 0 alone is not enough.
     tp2 = [replace(WANTED, tensor_parallel=2, rank=r) for r in (0, 1)]
     assert store.install(tp2, tmp_path / "r").vllm_hash is None
-
-
-def flip_a_byte(archive: Path) -> None:
-    """One bit of the compiled program's bytes (not a tar header: the checksum must catch it)."""
-    with tarfile.open(archive) as tar:
-        offset = next(m.offset_data for m in tar if m.name.endswith("/model"))
-    with archive.open("r+b") as f:
-        f.seek(offset + 100)
-        byte = f.read(1)[0]
-        f.seek(offset + 100)
-        f.write(bytes([byte ^ 0x01]))
 
 
 def _truncate(archive: Path) -> None:
