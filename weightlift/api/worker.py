@@ -48,6 +48,8 @@ DEFAULT_COMPILE_STORE = "/var/cache/weightlift/compile-store"
 # on every node; its S3 endpoint, and its credentials from a Secret (secretKeyRef env, never a
 # value the operator reads), named apart from the model's own AWS_* credentials.
 COMPILE_STORE_URI_ENV = "WEIGHTLIFT_COMPILE_STORE_URI"
+# A cluster store on a ReadWriteMany claim (pvc://claim/path): the directory it is mounted at.
+COMPILE_STORE_SHARED_ENV = "WEIGHTLIFT_COMPILE_STORE_SHARED"
 COMPILE_STORE_S3_ENDPOINT_ENV = "WEIGHTLIFT_COMPILE_STORE_S3_ENDPOINT"
 COMPILE_STORE_ACCESS_KEY_ENV = "WEIGHTLIFT_COMPILE_STORE_AWS_ACCESS_KEY_ID"
 COMPILE_STORE_SECRET_KEY_ENV = "WEIGHTLIFT_COMPILE_STORE_AWS_SECRET_ACCESS_KEY"

@@ -32,6 +32,7 @@ from weightlift.api.worker import (
     COMPILE_STORE_MAX_BYTES_ENV,
     COMPILE_STORE_S3_ENDPOINT_ENV,
     COMPILE_STORE_SECRET_KEY_ENV,
+    COMPILE_STORE_SHARED_ENV,
     COMPILE_STORE_URI_ENV,
     PEER_TOKEN_ENV,
     PEER_TOKEN_KEY,
@@ -52,6 +53,8 @@ from weightlift.operator.shared_objects import PlanConfigMap, plan_configmap, to
 
 GPU_RESOURCE = "nvidia.com/gpu"
 PVC_MOUNT_ROOT = "/mnt/models"
+# Where a pvc:// cluster compile store is mounted in a vLLM worker.
+SHARED_STORE_MOUNT = "/var/run/weightlift/compile-store"
 # s3:// and hf:// models are downloaded here (an emptyDir) unless the node cache holds them.
 DOWNLOAD_DIR = "/var/lib/weightlift/model"
 # Secret keys the worker reads as environment, per scheme (boto3's and huggingface_hub's names).
@@ -165,13 +168,33 @@ def operator_settings_env(
         )
     if spec is not None and compile_store_volume(spec, settings):
         env.append({"name": COMPILE_STORE_ENV, "value": settings.compile_store})
-    if spec is not None and settings.compile_store_uri and runs_vllm(spec):
+    uri = settings.compile_store_uri
+    if spec is not None and uri.startswith("s3://") and runs_vllm(spec):
         env += cluster_store_env(settings)
-    if any(e["name"] in (COMPILE_STORE_ENV, COMPILE_STORE_URI_ENV) for e in env):
+    if spec is not None and shared_store_volume(spec, settings):
+        claim_path = uri.removeprefix("pvc://").partition("/")[2].strip("/")
+        path = f"{SHARED_STORE_MOUNT}/{claim_path}".rstrip("/")
+        env.append({"name": COMPILE_STORE_SHARED_ENV, "value": path})
+    stores = (COMPILE_STORE_ENV, COMPILE_STORE_URI_ENV, COMPILE_STORE_SHARED_ENV)
+    if any(e["name"] in stores for e in env):
         env.append(
             {"name": COMPILE_STORE_MAX_BYTES_ENV, "value": str(settings.compile_store_max_bytes)}
         )
     return env
+
+
+def shared_store_volume(
+    spec: ModelDeploymentSpec, settings: Settings | None
+) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """The cluster store's ReadWriteMany claim (pvc://claim/path) as (volume, mount), for a
+    worker that runs vLLM; None otherwise."""
+    if settings is None or not settings.compile_store_uri.startswith("pvc://"):
+        return None
+    if not runs_vllm(spec):
+        return None
+    claim = settings.compile_store_uri.removeprefix("pvc://").partition("/")[0]
+    volume = {"name": "compile-store-shared", "persistentVolumeClaim": {"claimName": claim}}
+    return volume, {"name": "compile-store-shared", "mountPath": SHARED_STORE_MOUNT}
 
 
 def runs_vllm(spec: ModelDeploymentSpec) -> bool:
@@ -272,9 +295,9 @@ def render_pod(
     """`plan`: the revision's plan ConfigMap (computed once per pass by the caller); `settings`:
     the operator's, those its workers apply."""
     _, model_volumes, model_mounts = model_mount(spec)
-    store = compile_store_volume(spec, settings)
-    if store is not None:
-        model_volumes, model_mounts = [*model_volumes, store[0]], [*model_mounts, store[1]]
+    for store in (compile_store_volume(spec, settings), shared_store_volume(spec, settings)):
+        if store is not None:
+            model_volumes, model_mounts = [*model_volumes, store[0]], [*model_mounts, store[1]]
     template = spec.template
     plan = plan or plan_for(name, namespace, spec, desired.identity)
     gpus = str(spec.parallelism.ranks_per_pod)  # a multi-pod replica: its pod's share

@@ -88,10 +88,15 @@ def parse_store_path(raw: str) -> str:
 
 
 def parse_store_uri(raw: str) -> str:
-    """s3://bucket[/prefix], or "" (no cluster store); ValueError naming the variable."""
+    """s3://bucket[/prefix] or pvc://claim[/path] (ReadWriteMany), or "" (no cluster store);
+    ValueError naming the variable."""
     uri = raw.strip()
-    if uri and (not uri.startswith("s3://") or not uri[5:].split("/")[0]):
-        raise ValueError(f"{COMPILE_STORE_URI_ENV}: {raw!r} is not s3://bucket[/prefix]")
+    scheme, _, rest = uri.partition("://")
+    parts = rest.split("/")
+    if uri and (scheme not in ("s3", "pvc") or not parts[0] or ".." in parts):
+        raise ValueError(
+            f"{COMPILE_STORE_URI_ENV}: {raw!r} is not s3://bucket[/prefix] or pvc://claim[/path]"
+        )
     return uri
 
 

@@ -603,3 +603,28 @@ def test_the_cluster_store_reaches_vllm_workers_with_credentials_by_secret_refer
         }
     with pytest.raises(ValueError, match=COMPILE_STORE_URI_ENV):
         Settings.from_environment({COMPILE_STORE_URI_ENV: "gs://nope"})
+
+
+def test_a_pvc_cluster_store_is_the_claim_mounted_in_vllm_workers() -> None:
+    from weightlift.api.worker import COMPILE_STORE_SHARED_ENV, COMPILE_STORE_URI_ENV
+    from weightlift.operator.pods import SHARED_STORE_MOUNT
+    from weightlift.operator.settings import Settings
+
+    vllm = make_spec(
+        model={"uri": "hostpath:///models/llama", "format": "safetensors"},
+        runtime={"engine": "vLLM"},
+    )
+    settings = Settings.from_environment({COMPILE_STORE_URI_ENV: "pvc://caches/wl/cc"})
+    pod = render_pod(NAME, NAMESPACE, UID, vllm, desired(vllm), None, settings)
+    env = env_of(pod)
+    assert env[COMPILE_STORE_SHARED_ENV]["value"] == f"{SHARED_STORE_MOUNT}/wl/cc"
+    assert COMPILE_STORE_URI_ENV not in env  # the worker sees a directory, not a URI
+    (volume,) = [v for v in pod["spec"]["volumes"] if v["name"] == "compile-store-shared"]
+    assert volume["persistentVolumeClaim"] == {"claimName": "caches"}
+    mounts = container(pod)["volumeMounts"]
+    assert {"name": "compile-store-shared", "mountPath": SHARED_STORE_MOUNT} in mounts
+    builtin = make_spec()
+    plain = render_pod(NAME, NAMESPACE, UID, builtin, desired(builtin), None, settings)
+    assert all(v["name"] != "compile-store-shared" for v in plain["spec"]["volumes"])
+    with pytest.raises(ValueError, match=COMPILE_STORE_URI_ENV):
+        Settings.from_environment({COMPILE_STORE_URI_ENV: "pvc://claim/../etc"})
