@@ -25,6 +25,7 @@ from weightlift.api.worker import (
     COMPILE_STORE_MAX_BYTES_ENV,
     COMPILE_STORE_S3_ENDPOINT_ENV,
     COMPILE_STORE_SECRET_KEY_ENV,
+    COMPILE_STORE_SHARED_ENV,
     COMPILE_STORE_URI_ENV,
 )
 from weightlift.local.s3server import MinioServer
@@ -174,6 +175,20 @@ def test_a_store_that_cannot_be_written_raises_os_error_for_the_caller(tmp_path:
     finally:
         root.chmod(0o700)
         shutil.rmtree(root)
+
+
+def test_a_claim_shared_by_nodes_is_a_cluster_store_read_after_the_nodes(tmp_path: Path) -> None:
+    env = {
+        COMPILE_STORE_ENV: str(tmp_path / "node"),
+        COMPILE_STORE_SHARED_ENV: str(tmp_path / "claim"),
+        COMPILE_STORE_MAX_BYTES_ENV: str(1 << 20),
+    }
+    node, cluster = open_stores(env)
+    assert str(node).startswith("the node store") and str(cluster).startswith("the cluster")
+    cluster.put({0: packed(tmp_path)})  # another node's replica stored it
+    assert node.install([WANTED], tmp_path / "r").vllm_hash is None
+    got = cluster.install([WANTED], tmp_path / "r")
+    assert got.vllm_hash == HASH and got.peer == "the cluster store", got
 
 
 def test_the_store_comes_from_the_operators_env() -> None:

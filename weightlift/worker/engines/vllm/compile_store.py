@@ -28,6 +28,7 @@ from pathlib import Path
 from weightlift.api.worker import (
     COMPILE_STORE_ENV,
     COMPILE_STORE_MAX_BYTES_ENV,
+    COMPILE_STORE_SHARED_ENV,
     COMPILE_STORE_URI_ENV,
     DEFAULT_COMPILE_STORE_MAX_BYTES,
 )
@@ -65,6 +66,9 @@ def open_stores(environ: Mapping[str, str] | None = None) -> list[CompileStore]:
     node = node_store(env)
     if node is not None:
         stores.append(node)
+    shared = env.get(COMPILE_STORE_SHARED_ENV, "").strip()
+    if shared:  # a ReadWriteMany claim: the same directory store, on every node
+        stores.append(NodeStore(Path(shared), _bound(env), label="the cluster store"))
     uri = env.get(COMPILE_STORE_URI_ENV, "").strip()
     if uri.startswith("s3://"):
         from weightlift.worker.engines.vllm.compile_store_s3 import s3_store  # boto3: lazily
@@ -222,12 +226,18 @@ class NodeStore(CompileStore):
 
     label = "the node store"
 
-    def __init__(self, root: Path, max_bytes: int = DEFAULT_COMPILE_STORE_MAX_BYTES) -> None:
+    def __init__(
+        self,
+        root: Path,
+        max_bytes: int = DEFAULT_COMPILE_STORE_MAX_BYTES,
+        label: str = "the node store",
+    ) -> None:
         super().__init__(max_bytes)
         self.root = root
+        self.label = label
 
     def __str__(self) -> str:
-        return f"the node store {self.root}"
+        return f"{self.label} {self.root}"
 
     def entry(self, key: CacheKey) -> Path:
         return self.root / want_digest(key) / key.vllm_hash
