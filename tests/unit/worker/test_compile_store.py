@@ -41,9 +41,9 @@ from weightlift.worker.engines.vllm.compile_store import (
     CompileStore,
     NodeStore,
     node_store,
-    open_stores,
     want_digest,
 )
+from weightlift.worker.engines.vllm.compile_stores import open_stores
 
 
 def packed(tmp_path: Path, vllm_hash: str = HASH, name: str = "src", **changes: object) -> Packed:

@@ -28,8 +28,6 @@ from pathlib import Path
 from weightlift.api.worker import (
     COMPILE_STORE_ENV,
     COMPILE_STORE_MAX_BYTES_ENV,
-    COMPILE_STORE_SHARED_ENV,
-    COMPILE_STORE_URI_ENV,
     DEFAULT_COMPILE_STORE_MAX_BYTES,
 )
 from weightlift.worker.engines.vllm.compile_cache import (
@@ -55,31 +53,10 @@ def node_store(environ: Mapping[str, str] | None = None) -> NodeStore | None:
     """The node store the operator named (COMPILE_STORE_ENV), or None."""
     env = os.environ if environ is None else environ
     path = env.get(COMPILE_STORE_ENV, "").strip()
-    return NodeStore(Path(path), _bound(env)) if path else None
+    return NodeStore(Path(path), bound_from(env)) if path else None
 
 
-def open_stores(environ: Mapping[str, str] | None = None) -> list[CompileStore]:
-    """The stores a replica reads before its engine compiles and writes once Ready, nearest
-    first: the node's, then the cluster's (COMPILE_STORE_URI_ENV)."""
-    env = os.environ if environ is None else environ
-    stores: list[CompileStore] = []
-    node = node_store(env)
-    if node is not None:
-        stores.append(node)
-    shared = env.get(COMPILE_STORE_SHARED_ENV, "").strip()
-    if shared:  # a ReadWriteMany claim: the same directory store, on every node
-        stores.append(NodeStore(Path(shared), _bound(env), label="the cluster store"))
-    uri = env.get(COMPILE_STORE_URI_ENV, "").strip()
-    if uri.startswith("s3://"):
-        from weightlift.worker.engines.vllm.compile_store_s3 import s3_store  # boto3: lazily
-
-        stores.append(s3_store(uri, _bound(env), env))
-    elif uri:
-        log.warning("compile store %s: only s3:// is supported; none used", uri)
-    return stores
-
-
-def _bound(env: Mapping[str, str]) -> int:
+def bound_from(env: Mapping[str, str]) -> int:
     try:
         return max(int(env.get(COMPILE_STORE_MAX_BYTES_ENV, "")), 0)
     except ValueError:

@@ -36,7 +36,7 @@ from weightlift.api.model import Role
 from weightlift.api.worker import WorkerPhase, WorkerPlan, WorkerReport
 from weightlift.worker.engines.base import BringUp, not_served
 from weightlift.worker.engines.vllm.compile_cache import CompileCache
-from weightlift.worker.engines.vllm.compile_store import open_stores
+from weightlift.worker.engines.vllm.compile_stores import open_stores
 from weightlift.worker.engines.vllm.plugin import DIE_WITH_PARENT_ENV
 from weightlift.worker.engines.vllm.ranks import (
     LOAD_FORMAT,
