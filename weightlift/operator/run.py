@@ -188,22 +188,13 @@ def operator_command(
         raise click.BadParameter(str(exc), param_hint="--model-path-prefix") from exc
     if compile_cache_max_bytes is not None:
         os.environ[COMPILE_CACHE_MAX_BYTES_ENV] = str(compile_cache_max_bytes)
-    if compile_store is not None:
-        os.environ[COMPILE_STORE_ENV] = compile_store
-    if compile_store_max_bytes is not None:
-        os.environ[COMPILE_STORE_MAX_BYTES_ENV] = str(compile_store_max_bytes)
-    for name, value in (
-        (COMPILE_STORE_URI_ENV, compile_store_uri),
-        (COMPILE_STORE_S3_ENDPOINT_ENV, compile_store_s3_endpoint),
-        (COMPILE_STORE_SECRET_ENV, compile_store_secret),
-    ):
-        if value is not None:
-            os.environ[name] = value
-    try:
-        parse_store_path(os.environ.get(COMPILE_STORE_ENV, DEFAULT_COMPILE_STORE))
-        parse_store_uri(os.environ.get(COMPILE_STORE_URI_ENV, ""))
-    except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint="--compile-store[-uri]") from exc
+    _store_settings(
+        compile_store,
+        compile_store_max_bytes,
+        compile_store_uri,
+        compile_store_s3_endpoint,
+        compile_store_secret,
+    )
     election: LeaderElection | None = None
     if leader_elect:
         try:
@@ -247,6 +238,32 @@ def operator_command(
         # kopf has stopped (asyncio.run waited for its API threads): hand the Lease on.
         if elector is not None:
             elector.release()
+
+
+def _store_settings(
+    compile_store: str | None,
+    compile_store_max_bytes: int | None,
+    compile_store_uri: str | None,
+    compile_store_s3_endpoint: str | None,
+    compile_store_secret: str | None,
+) -> None:
+    """The compile-store flags into the env the handlers' Settings read (flags win)."""
+    if compile_store is not None:
+        os.environ[COMPILE_STORE_ENV] = compile_store
+    if compile_store_max_bytes is not None:
+        os.environ[COMPILE_STORE_MAX_BYTES_ENV] = str(compile_store_max_bytes)
+    for name, value in (
+        (COMPILE_STORE_URI_ENV, compile_store_uri),
+        (COMPILE_STORE_S3_ENDPOINT_ENV, compile_store_s3_endpoint),
+        (COMPILE_STORE_SECRET_ENV, compile_store_secret),
+    ):
+        if value is not None:
+            os.environ[name] = value
+    try:
+        parse_store_path(os.environ.get(COMPILE_STORE_ENV, DEFAULT_COMPILE_STORE))
+        parse_store_uri(os.environ.get(COMPILE_STORE_URI_ENV, ""))
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--compile-store[-uri]") from exc
 
 
 def _lead(election: LeaderElection, host: str, port: int | None) -> Elector:
