@@ -4,6 +4,8 @@ Compiled mode (no --enforce-eager), each replica with its own VLLM_CACHE_ROOT: a
 compiles and vLLM saves its AOT artifact; a second start of the same model on the same node loads
 it (vLLM's own log line says so); a target with an empty cache root fetches the Ready source's
 cache over the P2P surface and loads it too, as two bare workers and on the process node.
+On the cluster, the node store outlives the replicas: a later deployment of the same model loads
+the program a deleted one stored, and a store entry with a flipped byte is refused.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from typing import Any
 
 import pytest
 
+from tests.support.compile_cache import flip_a_byte
+from tests.support.e2e import pids_of, wait_gone
 from tests.support.vllm import (
     ENGINE_ARGS,
     ENGINE_ENV,
@@ -30,7 +34,8 @@ from weightlift.api.model import Role
 from weightlift.api.worker import PeerCandidate, WorkerPlan
 from weightlift.local.llm import vllm_worker_plan
 from weightlift.local.observe import Observer, complete
-from weightlift.local.stack import LocalStack
+from weightlift.local.stack import LocalStack, model_deployment
+from weightlift.worker.engines.vllm.compile_store import ARCHIVE
 
 JSON = dict[str, Any]
 # vLLM's default: torch.compile (Inductor on CPU) and its AOT artifact, for these tests only.
@@ -109,7 +114,8 @@ def test_second_start_on_a_node_loads_the_compiled_artifact(
     log = node_a.second.vllm_log
     assert LOADED in log, log[-3000:]
     assert LOAD_FAILED not in log and SAVED not in log, log[-3000:]
-    assert node_a.second_status["compileCache"] == "hit", node_a.second_status
+    # No peer and no store: the program vLLM found was left in this node's cache root.
+    assert node_a.second_status["compileCache"] == "hit (store)", node_a.second_status
     assert node_a.second.complete(probe) == probe["completion"]["expectedText"]
 
 
@@ -132,7 +138,7 @@ def test_target_installs_the_source_cache_and_compiles_nothing(
     )
     running.append(target)
     st = target.wait_serving()
-    assert st["compileCache"] == "hit", st
+    assert st["compileCache"] == "hit (peer)", st
     assert st["loadedFrom"] == "peer:llm-0b", st
     log = target.vllm_log
     assert LOADED in log and str(cache) in log, log[-3000:]
@@ -167,7 +173,10 @@ def test_on_the_cluster_a_vllm_target_loads_its_source_compiled_program(
     source = next(r for r in rows if r["role"] == "Source")
     target = next(r for r in rows if r["role"] == "Target")
     assert target["loadedFrom"] == f"peer:{source['name']}", rows
-    assert source["compileCache"] == "none" and target["compileCache"] == "hit", rows
+    # The source found no usable entry in the stack's node store (empty, or another model path's
+    # program, which vLLM's own key refuses) and compiled.
+    assert source["compileCache"].startswith("miss ("), rows
+    assert target["compileCache"] == "hit (peer)", rows
     source_log = pod_vllm_log(source["name"], since)
     target_log = pod_vllm_log(target["name"], since)
     assert SAVED in source_log, source_log[-3000:]
@@ -190,3 +199,109 @@ def pod_vllm_log(pod: str, since: float) -> str:
     ]
     assert found, f"no vLLM log of {pod} under {tempfile.gettempdir()}"
     return max(found, key=lambda p: p.stat().st_mtime).read_text(errors="replace")
+
+
+# ------------------------------------------------------------------------------ the node store
+def deploy_one(stack: LocalStack, name: str, model: Path, probe: JSON) -> JSON:
+    """One compiled vLLM replica of `model`, Ready: its replica status."""
+    manifest = model_deployment(
+        name,
+        model,
+        probe=probe,
+        replicas=1,
+        engine="vLLM",
+        engine_args=COMPILED_ARGS,
+        env=ENGINE_ENV,
+        hook_library=None,
+    )
+    obs = Observer(stack, name)
+    stack.apply(manifest)
+    obs.wait_ready(READY_TIMEOUT)
+    (row,) = obs.replica_statuses()
+    (served,) = obs.summary()["replicas"]
+    return {**row, **served}
+
+
+def delete(stack: LocalStack, name: str) -> None:
+    pids = pids_of(stack, name)
+    stack.delete_md(name)
+    wait_gone(stack, name, pids)
+
+
+def store_archives(stack: LocalStack, since: float = 0.0) -> list[Path]:
+    return [
+        p for p in Path(stack.compile_store).glob(f"*/*/{ARCHIVE}") if p.stat().st_mtime >= since
+    ]
+
+
+def wait_stored(stack: LocalStack, since: float, timeout: float = 60.0) -> Path:
+    """The entry a Ready replica put in the node store (it stores right after Ready)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = store_archives(stack, since)
+        if found:
+            return max(found, key=lambda p: p.stat().st_mtime)
+        time.sleep(0.5)
+    raise AssertionError(f"nothing stored in {stack.compile_store} since {since}")
+
+
+@pytest.fixture(scope="module")
+def stored(stack: LocalStack, llm: tuple[Path, Path, JSON]) -> Path:
+    """A first deployment of the model, Ready (it compiled or used the store), then deleted:
+    what it stored outlives it."""
+    _, model, probe = llm
+    since = time.time()
+    deploy_one(stack, "vllmst-a", model, probe)
+    archive = wait_stored(stack, since)
+    delete(stack, "vllmst-a")
+    return archive
+
+
+@pytest.mark.timeout(TEST_TIMEOUT)
+def test_a_deployment_after_the_first_is_deleted_installs_the_store_entry_and_never_compiles(
+    stack: LocalStack, llm: tuple[Path, Path, JSON], stored: Path
+) -> None:
+    _, model, probe = llm
+    since = time.time()
+    try:
+        row = deploy_one(stack, "vllmst-b", model, probe)
+        assert row["compileCache"] == "hit (store)", row
+        assert row["role"] == "Source" and not row.get("loadedFrom", "").startswith("peer"), row
+        log = pod_vllm_log(row["name"], since)
+        assert LOADED in log, log[-3000:]
+        assert SAVED not in log and LOAD_FAILED not in log, log[-3000:]
+        worker_log = "".join(
+            p.read_text(errors="replace") for p in stack.node.pod_logs(stack.namespace, row["name"])
+        )
+        assert "from the node store installed" in worker_log, worker_log[-3000:]
+        assert "vLLM should not compile" in worker_log, worker_log[-3000:]
+        assert (
+            complete(row["openaiEndpoint"], row["servedModelName"], probe["completion"])
+            == (probe["completion"]["expectedText"])
+        )
+    finally:
+        delete(stack, "vllmst-b")
+
+
+@pytest.mark.timeout(TEST_TIMEOUT)
+def test_a_store_entry_with_a_flipped_byte_is_refused_and_the_replica_compiles(
+    stack: LocalStack, llm: tuple[Path, Path, JSON], stored: Path
+) -> None:
+    _, model, probe = llm
+    flip_a_byte(stored)  # the model's entry (a later replica of it replaced it in place)
+    since = time.time()
+    try:
+        row = deploy_one(stack, "vllmst-c", model, probe)
+        cc = row["compileCache"]
+        assert cc.startswith("miss (store entry refused: compile-cache file "), row
+        assert cc.endswith("/model: sha256 differs from the manifest)"), row
+        log = pod_vllm_log(row["name"], since)
+        assert SAVED in log and LOADED not in log, log[-3000:]  # it compiled
+        assert (
+            complete(row["openaiEndpoint"], row["servedModelName"], probe["completion"])
+            == (probe["completion"]["expectedText"])
+        )
+        # The refused entry was dropped and the replica stored a good one in its place.
+        assert wait_stored(stack, since).read_bytes() != b""
+    finally:
+        delete(stack, "vllmst-c")

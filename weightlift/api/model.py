@@ -844,8 +844,9 @@ class ReplicaStatus(ApiModel):
     load_seconds: float | None = Field(None, description="Seconds spent loading weights.")
     compile_cache: str | None = Field(
         None,
-        description="The engine's compiled program: hit (loaded, e.g. shipped from a source), "
-        "miss (<reason>) (compiled) or none (no compilation).",
+        description="The engine's compiled program: hit (peer) (shipped from a Ready source), "
+        "hit (store) (from a store that outlived replicas), miss (<reason>) (compiled) or none "
+        "(no compilation).",
     )
     hooks_run: bool | None = Field(None, description="Whether init hooks ran.")
     engine_ports: dict[str, int] | None = Field(

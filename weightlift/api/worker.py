@@ -38,6 +38,22 @@ PEER_TOKEN_ENV = "WEIGHTLIFT_PEER_TOKEN"
 # The most bytes of engine compile cache a target fetches from a source (the chart's
 # compileCacheMaxBytes through the operator); a bigger cache is not fetched: the target compiles.
 COMPILE_CACHE_MAX_BYTES_ENV = "WEIGHTLIFT_COMPILE_CACHE_MAX_BYTES"
+# The node's compile-cache store (the chart's compileStore, a hostPath at the same path in the
+# pod; "" or unset: none) and its bound in bytes (compileStoreMaxBytes): a replica with no Ready
+# peer installs a verified entry from it before its engine compiles; a Ready one stores its own.
+COMPILE_STORE_ENV = "WEIGHTLIFT_COMPILE_STORE"
+COMPILE_STORE_MAX_BYTES_ENV = "WEIGHTLIFT_COMPILE_STORE_MAX_BYTES"
+DEFAULT_COMPILE_STORE = "/var/cache/weightlift/compile-store"
+# The cluster's compile-cache store by URI (s3://bucket/prefix; "" or unset: none), for replicas
+# on every node; its S3 endpoint, and its credentials from a Secret (secretKeyRef env, never a
+# value the operator reads), named apart from the model's own AWS_* credentials.
+COMPILE_STORE_URI_ENV = "WEIGHTLIFT_COMPILE_STORE_URI"
+# A cluster store on a ReadWriteMany claim (pvc://claim/path): the directory it is mounted at.
+COMPILE_STORE_SHARED_ENV = "WEIGHTLIFT_COMPILE_STORE_SHARED"
+COMPILE_STORE_S3_ENDPOINT_ENV = "WEIGHTLIFT_COMPILE_STORE_S3_ENDPOINT"
+COMPILE_STORE_ACCESS_KEY_ENV = "WEIGHTLIFT_COMPILE_STORE_AWS_ACCESS_KEY_ID"
+COMPILE_STORE_SECRET_KEY_ENV = "WEIGHTLIFT_COMPILE_STORE_AWS_SECRET_ACCESS_KEY"
+DEFAULT_COMPILE_STORE_MAX_BYTES = 4 << 30
 PEER_TOKEN_KEY = "token"
 # A Target's hand-off file: the pod's weightlift.dev/peers annotation (a PeerHandoff as JSON),
 # projected by a downwardAPI volume, which the kubelet rewrites in place when it changes.
@@ -216,7 +232,8 @@ class WorkerReport(ApiModel):
     bytes_total: int = 0
     gbps: float | None = None
     load_seconds: float | None = None
-    # The engine's compiled program: hit | miss (<reason>) | none ("" before the engine says).
+    # The engine's compiled program: hit (peer) | hit (store) | miss (<reason>) | none ("" before
+    # the engine says).
     compile_cache: str = ""
     hooks_run: bool = False
     hooks: list[HookReport] = Field(default_factory=list)

@@ -28,6 +28,7 @@ from kubernetes.client.exceptions import ApiException
 
 from weightlift.api.labels import DEPLOYMENT_LABEL
 from weightlift.api.model import GROUP, PLURAL, VERSION
+from weightlift.api.worker import COMPILE_STORE_ENV
 from weightlift.local.kube import JSON, MERGE, Kube, call, delete, get_or_none, install_crds
 from weightlift.local.net import free_port
 from weightlift.local.nodekind import NodeKind, NodeKindName
@@ -188,6 +189,12 @@ class LocalStack(UpDown):
         self._lws = LwsController(self.kubeconfig, self.state_dir / "lws")
         self._lws.up()
 
+    @property
+    def compile_store(self) -> str:
+        """The node's compile-cache store: this stack's own host directory (the chart's
+        default, under /var/cache, is the real node's)."""
+        return str((self.state_dir / "compile-store").resolve())
+
     def chart_values(self) -> JSON:
         """The chart values that give the operator pod what `_start_operator` gives the
         process: the watched namespace, path prefixes, log level and extra env."""
@@ -196,6 +203,7 @@ class LocalStack(UpDown):
             "modelPathPrefixes": [str(Path(p).resolve()) for p in self.model_path_prefixes],
             "logLevel": "debug" if self.operator_verbose else "info",
             "extraEnv": [{"name": k, "value": v} for k, v in self.operator_env.items()],
+            "compileStore": self.compile_store,
             **_image_values(self.operator_image),
         }
 
@@ -230,6 +238,7 @@ class LocalStack(UpDown):
             "PYTHONUNBUFFERED": "1",
             METRICS_HOST_ENV: "127.0.0.1",
             METRICS_PORT_ENV: str(self._metrics_port),
+            COMPILE_STORE_ENV: self.compile_store,
             **self.operator_env,
         }
         if metrics_port is not None:  # a candidate of several on this host: its own port

@@ -86,11 +86,15 @@ def _one_source(loaded_from: str) -> str:
 
 
 def compile_cache_label(raw: str | None, loaded_from: str | None) -> str:
-    """The worker's `compileCache` (hit | miss (<reason>) | none | "" before the engine says) as
-    one of COMPILE_CACHE_OUTCOMES. A hit by a replica that pulled from a peer is the peer's
-    program (shipped with the weights); any other hit was found in a store that outlived
-    replicas (today: the node's cache directory)."""
+    """The worker's `compileCache` (hit (peer) | hit (store) | miss (<reason>) | none | ""
+    before the engine says) as one of COMPILE_CACHE_OUTCOMES. A bare `hit` (older workers) by
+    a replica that pulled from a peer is the peer's program; any other hit was found in a store
+    that outlived replicas."""
     text = (raw or "").strip()
+    if text.startswith("hit (peer)"):
+        return "hit_peer"
+    if text.startswith("hit ("):
+        return "hit_store"
     if text.startswith("hit"):
         return "hit_peer" if loaded_from_label(loaded_from) == "peer" else "hit_store"
     if text.startswith("miss"):

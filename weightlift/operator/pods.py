@@ -27,6 +27,13 @@ from weightlift.api.uri import REMOTE_SCHEMES, ModelUri
 from weightlift.api.worker import (
     ASSIGNMENT_ENV,
     COMPILE_CACHE_MAX_BYTES_ENV,
+    COMPILE_STORE_ACCESS_KEY_ENV,
+    COMPILE_STORE_ENV,
+    COMPILE_STORE_MAX_BYTES_ENV,
+    COMPILE_STORE_S3_ENDPOINT_ENV,
+    COMPILE_STORE_SECRET_KEY_ENV,
+    COMPILE_STORE_SHARED_ENV,
+    COMPILE_STORE_URI_ENV,
     PEER_TOKEN_ENV,
     PEER_TOKEN_KEY,
     PEERS_FILE,
@@ -46,6 +53,8 @@ from weightlift.operator.shared_objects import PlanConfigMap, plan_configmap, to
 
 GPU_RESOURCE = "nvidia.com/gpu"
 PVC_MOUNT_ROOT = "/mnt/models"
+# Where a pvc:// cluster compile store is mounted in a vLLM worker.
+SHARED_STORE_MOUNT = "/var/run/weightlift/compile-store"
 # s3:// and hf:// models are downloaded here (an emptyDir) unless the node cache holds them.
 DOWNLOAD_DIR = "/var/lib/weightlift/model"
 # Secret keys the worker reads as environment, per scheme (boto3's and huggingface_hub's names).
@@ -145,11 +154,84 @@ def plan_for(name: str, namespace: str, spec: ModelDeploymentSpec, identity: str
     return plan_configmap(name, shared_plan(name, namespace, spec, identity))
 
 
-def operator_settings_env(settings: Settings | None) -> list[dict[str, Any]]:
-    """The operator's settings its workers apply (the compile-cache bound), when it has them."""
-    if settings is None or settings.compile_cache_max_bytes is None:
+def operator_settings_env(
+    settings: Settings | None, spec: ModelDeploymentSpec | None = None
+) -> list[dict[str, Any]]:
+    """The operator's settings its workers apply (the compile-cache bound, the node store of a
+    vLLM replica), when it has them."""
+    if settings is None:
         return []
-    return [{"name": COMPILE_CACHE_MAX_BYTES_ENV, "value": str(settings.compile_cache_max_bytes)}]
+    env = []
+    if settings.compile_cache_max_bytes is not None:
+        env.append(
+            {"name": COMPILE_CACHE_MAX_BYTES_ENV, "value": str(settings.compile_cache_max_bytes)}
+        )
+    if spec is not None and compile_store_volume(spec, settings):
+        env.append({"name": COMPILE_STORE_ENV, "value": settings.compile_store})
+    uri = settings.compile_store_uri
+    if spec is not None and uri.startswith("s3://") and runs_vllm(spec):
+        env += cluster_store_env(settings)
+    if spec is not None and shared_store_volume(spec, settings):
+        claim_path = uri.removeprefix("pvc://").partition("/")[2].strip("/")
+        path = f"{SHARED_STORE_MOUNT}/{claim_path}".rstrip("/")
+        env.append({"name": COMPILE_STORE_SHARED_ENV, "value": path})
+    stores = (COMPILE_STORE_ENV, COMPILE_STORE_URI_ENV, COMPILE_STORE_SHARED_ENV)
+    if any(e["name"] in stores for e in env):
+        env.append(
+            {"name": COMPILE_STORE_MAX_BYTES_ENV, "value": str(settings.compile_store_max_bytes)}
+        )
+    return env
+
+
+def shared_store_volume(
+    spec: ModelDeploymentSpec, settings: Settings | None
+) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """The cluster store's ReadWriteMany claim (pvc://claim/path) as (volume, mount), for a
+    worker that runs vLLM; None otherwise."""
+    if settings is None or not settings.compile_store_uri.startswith("pvc://"):
+        return None
+    if not runs_vllm(spec):
+        return None
+    claim = settings.compile_store_uri.removeprefix("pvc://").partition("/")[0]
+    volume = {"name": "compile-store-shared", "persistentVolumeClaim": {"claimName": claim}}
+    return volume, {"name": "compile-store-shared", "mountPath": SHARED_STORE_MOUNT}
+
+
+def runs_vllm(spec: ModelDeploymentSpec) -> bool:
+    """A weightlift worker running vLLM: the only engine with a compile cache."""
+    return spec.runtime.type == RuntimeType.BUILTIN and spec.runtime.engine == Engine.VLLM
+
+
+def cluster_store_env(settings: Settings) -> list[dict[str, Any]]:
+    """The cluster store's URI and endpoint; its credentials as secretKeyRef env, so the values
+    never pass through the operator."""
+    env: list[dict[str, Any]] = [
+        {"name": COMPILE_STORE_URI_ENV, "value": settings.compile_store_uri}
+    ]
+    if settings.compile_store_s3_endpoint:
+        env.append(
+            {"name": COMPILE_STORE_S3_ENDPOINT_ENV, "value": settings.compile_store_s3_endpoint}
+        )
+    if settings.compile_store_secret:
+        for name, key in (
+            (COMPILE_STORE_ACCESS_KEY_ENV, "AWS_ACCESS_KEY_ID"),
+            (COMPILE_STORE_SECRET_KEY_ENV, "AWS_SECRET_ACCESS_KEY"),
+        ):
+            ref = {"name": settings.compile_store_secret, "key": key, "optional": True}
+            env.append({"name": name, "valueFrom": {"secretKeyRef": ref}})
+    return env
+
+
+def compile_store_volume(
+    spec: ModelDeploymentSpec, settings: Settings | None
+) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """The node's compile-cache store as a hostPath at the same path (volume, mount), for a
+    worker that runs vLLM (the only engine with a compile cache); None otherwise."""
+    if settings is None or not settings.compile_store or not runs_vllm(spec):
+        return None
+    path = settings.compile_store
+    volume = {"name": "compile-store", "hostPath": {"path": path, "type": "DirectoryOrCreate"}}
+    return volume, {"name": "compile-store", "mountPath": path}
 
 
 def plan_env(
@@ -213,6 +295,9 @@ def render_pod(
     """`plan`: the revision's plan ConfigMap (computed once per pass by the caller); `settings`:
     the operator's, those its workers apply."""
     _, model_volumes, model_mounts = model_mount(spec)
+    for store in (compile_store_volume(spec, settings), shared_store_volume(spec, settings)):
+        if store is not None:
+            model_volumes, model_mounts = [*model_volumes, store[0]], [*model_mounts, store[1]]
     template = spec.template
     plan = plan or plan_for(name, namespace, spec, desired.identity)
     gpus = str(spec.parallelism.ranks_per_pod)  # a multi-pod replica: its pod's share
@@ -229,7 +314,7 @@ def render_pod(
         {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
         *({"name": e.name, "value": e.value} for e in template.env),
         *credential_env(spec),
-        *operator_settings_env(settings),
+        *operator_settings_env(settings, spec),
     ]
     # An External runtime (tritonserver, vLLM) is the container's own command: it loads its
     # weights itself and serves KServe v2 on runtime.port, where the operator probes it.

@@ -9,9 +9,18 @@ from typing import TYPE_CHECKING
 
 import click
 
-from weightlift.api.worker import COMPILE_CACHE_MAX_BYTES_ENV
+from weightlift.api.worker import (
+    COMPILE_CACHE_MAX_BYTES_ENV,
+    COMPILE_STORE_ENV,
+    COMPILE_STORE_MAX_BYTES_ENV,
+    COMPILE_STORE_S3_ENDPOINT_ENV,
+    COMPILE_STORE_URI_ENV,
+    DEFAULT_COMPILE_STORE,
+    DEFAULT_COMPILE_STORE_MAX_BYTES,
+)
 from weightlift.operator.malloc import tune_malloc
 from weightlift.operator.settings import (
+    COMPILE_STORE_SECRET_ENV,
     DEFAULT_LEASE_NAME,
     MODEL_PATH_PREFIXES_ENV,
     PROBE_NETWORKS_ENV,
@@ -20,6 +29,8 @@ from weightlift.operator.settings import (
     default_lease_namespace,
     parse_networks,
     parse_path_prefixes,
+    parse_store_path,
+    parse_store_uri,
 )
 
 if TYPE_CHECKING:
@@ -69,6 +80,36 @@ GLOB_CHARS = set("*?[!")
     f"worker pods as {COMPILE_CACHE_MAX_BYTES_ENV}); bigger caches are compiled instead.",
 )
 @click.option(
+    "--compile-store",
+    default=None,
+    help="Node directory (a hostPath) where vLLM compile caches outlive replicas; '' for none "
+    f"[${COMPILE_STORE_ENV}, default {DEFAULT_COMPILE_STORE}].",
+)
+@click.option(
+    "--compile-store-max-bytes",
+    type=click.IntRange(min=1),
+    default=None,
+    help="The node store's bound; least recently used entries are evicted "
+    f"[${COMPILE_STORE_MAX_BYTES_ENV}, default {DEFAULT_COMPILE_STORE_MAX_BYTES}].",
+)
+@click.option(
+    "--compile-store-uri",
+    default=None,
+    help="The cluster's compile-cache store, s3://bucket/prefix, for replicas on every node "
+    f"[${COMPILE_STORE_URI_ENV}].",
+)
+@click.option(
+    "--compile-store-s3-endpoint",
+    default=None,
+    help=f"Its S3 endpoint (MinIO, ...; none: AWS) [${COMPILE_STORE_S3_ENDPOINT_ENV}].",
+)
+@click.option(
+    "--compile-store-secret",
+    default=None,
+    help="The Secret, in each worker namespace, whose AWS_ACCESS_KEY_ID and "
+    f"AWS_SECRET_ACCESS_KEY sign it [${COMPILE_STORE_SECRET_ENV}].",
+)
+@click.option(
     "--leader-elect/--no-leader-elect",
     default=False,
     envvar="WEIGHTLIFT_LEADER_ELECT",
@@ -110,6 +151,11 @@ def operator_command(
     path_prefixes: tuple[str, ...],
     log_level: str,
     compile_cache_max_bytes: int | None,
+    compile_store: str | None,
+    compile_store_max_bytes: int | None,
+    compile_store_uri: str | None,
+    compile_store_s3_endpoint: str | None,
+    compile_store_secret: str | None,
     leader_elect: bool,
     lease_name: str,
     lease_namespace: str | None,
@@ -142,6 +188,13 @@ def operator_command(
         raise click.BadParameter(str(exc), param_hint="--model-path-prefix") from exc
     if compile_cache_max_bytes is not None:
         os.environ[COMPILE_CACHE_MAX_BYTES_ENV] = str(compile_cache_max_bytes)
+    _store_settings(
+        compile_store,
+        compile_store_max_bytes,
+        compile_store_uri,
+        compile_store_s3_endpoint,
+        compile_store_secret,
+    )
     election: LeaderElection | None = None
     if leader_elect:
         try:
@@ -185,6 +238,32 @@ def operator_command(
         # kopf has stopped (asyncio.run waited for its API threads): hand the Lease on.
         if elector is not None:
             elector.release()
+
+
+def _store_settings(
+    compile_store: str | None,
+    compile_store_max_bytes: int | None,
+    compile_store_uri: str | None,
+    compile_store_s3_endpoint: str | None,
+    compile_store_secret: str | None,
+) -> None:
+    """The compile-store flags into the env the handlers' Settings read (flags win)."""
+    if compile_store is not None:
+        os.environ[COMPILE_STORE_ENV] = compile_store
+    if compile_store_max_bytes is not None:
+        os.environ[COMPILE_STORE_MAX_BYTES_ENV] = str(compile_store_max_bytes)
+    for name, value in (
+        (COMPILE_STORE_URI_ENV, compile_store_uri),
+        (COMPILE_STORE_S3_ENDPOINT_ENV, compile_store_s3_endpoint),
+        (COMPILE_STORE_SECRET_ENV, compile_store_secret),
+    ):
+        if value is not None:
+            os.environ[name] = value
+    try:
+        parse_store_path(os.environ.get(COMPILE_STORE_ENV, DEFAULT_COMPILE_STORE))
+        parse_store_uri(os.environ.get(COMPILE_STORE_URI_ENV, ""))
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--compile-store[-uri]") from exc
 
 
 def _lead(election: LeaderElection, host: str, port: int | None) -> Elector:

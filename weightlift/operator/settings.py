@@ -13,12 +13,22 @@ import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from weightlift.api.worker import COMPILE_CACHE_MAX_BYTES_ENV
+from weightlift.api.worker import (
+    COMPILE_CACHE_MAX_BYTES_ENV,
+    COMPILE_STORE_ENV,
+    COMPILE_STORE_MAX_BYTES_ENV,
+    COMPILE_STORE_S3_ENDPOINT_ENV,
+    COMPILE_STORE_URI_ENV,
+    DEFAULT_COMPILE_STORE,
+    DEFAULT_COMPILE_STORE_MAX_BYTES,
+)
 
 MODEL_PATH_PREFIXES_ENV = "WEIGHTLIFT_MODEL_PATH_PREFIXES"
 PROBE_NETWORKS_ENV = "WEIGHTLIFT_PROBE_NETWORKS"
 # /metrics (Prometheus) on this port and address; no port: not served.
 METRICS_PORT_ENV = "WEIGHTLIFT_METRICS_PORT"
+# The Secret with the cluster compile store's S3 credentials (the operator names it to pods).
+COMPILE_STORE_SECRET_ENV = "WEIGHTLIFT_COMPILE_STORE_SECRET"
 METRICS_HOST_ENV = "WEIGHTLIFT_METRICS_HOST"
 # Leader election (the chart sets the pod's name and namespace from the downward API).
 POD_NAME_ENV = "POD_NAME"
@@ -56,7 +66,7 @@ def parse_networks(raw: str) -> tuple[Network, ...] | None:
         raise ValueError(f"{PROBE_NETWORKS_ENV}: {exc}") from None
 
 
-def parse_max_bytes(raw: str) -> int | None:
+def parse_max_bytes(raw: str, variable: str = COMPILE_CACHE_MAX_BYTES_ENV) -> int | None:
     """A byte bound (None when unset); ValueError naming the variable."""
     if not raw.strip():
         return None
@@ -65,8 +75,29 @@ def parse_max_bytes(raw: str) -> int | None:
     except ValueError:
         value = -1
     if value < 0:
-        raise ValueError(f"{COMPILE_CACHE_MAX_BYTES_ENV}: {raw!r} is not a byte count >= 0")
+        raise ValueError(f"{variable}: {raw!r} is not a byte count >= 0")
     return value
+
+
+def parse_store_path(raw: str) -> str:
+    """An absolute node path, or "" (no store); ValueError naming the variable."""
+    path = raw.strip()
+    if path and (not path.startswith("/") or any(c.isspace() for c in path)):
+        raise ValueError(f"{COMPILE_STORE_ENV}: {raw!r} is not an absolute path")
+    return posixpath.normpath(path) if path else ""
+
+
+def parse_store_uri(raw: str) -> str:
+    """s3://bucket[/prefix] or pvc://claim[/path] (ReadWriteMany), or "" (no cluster store);
+    ValueError naming the variable."""
+    uri = raw.strip()
+    scheme, _, rest = uri.partition("://")
+    parts = rest.split("/")
+    if uri and (scheme not in ("s3", "pvc") or not parts[0] or ".." in parts):
+        raise ValueError(
+            f"{COMPILE_STORE_URI_ENV}: {raw!r} is not s3://bucket[/prefix] or pvc://claim[/path]"
+        )
+    return uri
 
 
 def parse_port(raw: str) -> int | None:
@@ -93,6 +124,14 @@ class Settings:
     probe_networks: tuple[Network, ...] | None = None
     # The most compile-cache bytes a worker fetches from its source (None: the worker's default).
     compile_cache_max_bytes: int | None = None
+    # The node directory of vLLM compile caches that outlive replicas ("": none) and its bound.
+    compile_store: str = DEFAULT_COMPILE_STORE
+    compile_store_max_bytes: int = DEFAULT_COMPILE_STORE_MAX_BYTES
+    # The cluster's store (s3://bucket/prefix, "": none), its S3 endpoint ("": AWS) and the
+    # Secret (in the worker's namespace) whose AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY sign it.
+    compile_store_uri: str = ""
+    compile_store_s3_endpoint: str = ""
+    compile_store_secret: str = ""
     # Where /metrics is served (metrics.serve); None: nowhere.
     metrics_port: int | None = None
     metrics_host: str = "0.0.0.0"
@@ -104,6 +143,14 @@ class Settings:
             model_path_prefixes=parse_path_prefixes(env.get(MODEL_PATH_PREFIXES_ENV, "")),
             probe_networks=parse_networks(env.get(PROBE_NETWORKS_ENV, "")),
             compile_cache_max_bytes=parse_max_bytes(env.get(COMPILE_CACHE_MAX_BYTES_ENV, "")),
+            compile_store=parse_store_path(env.get(COMPILE_STORE_ENV, DEFAULT_COMPILE_STORE)),
+            compile_store_max_bytes=parse_max_bytes(
+                env.get(COMPILE_STORE_MAX_BYTES_ENV, ""), COMPILE_STORE_MAX_BYTES_ENV
+            )
+            or DEFAULT_COMPILE_STORE_MAX_BYTES,
+            compile_store_uri=parse_store_uri(env.get(COMPILE_STORE_URI_ENV, "")),
+            compile_store_s3_endpoint=env.get(COMPILE_STORE_S3_ENDPOINT_ENV, "").strip(),
+            compile_store_secret=env.get(COMPILE_STORE_SECRET_ENV, "").strip(),
             metrics_port=parse_port(env.get(METRICS_PORT_ENV, "")),
             metrics_host=env.get(METRICS_HOST_ENV, "").strip() or "0.0.0.0",
         )

@@ -145,6 +145,26 @@ def test_compile_cache_bound_is_a_chart_value(helm: Path) -> None:
     assert result.returncode != 0 and "compileCacheMaxBytes" in result.stderr, result.stderr
 
 
+def test_the_node_compile_store_is_a_chart_value(helm: Path) -> None:
+    def args(*sets: str) -> list[str]:
+        (deployment,) = by_kind(template(helm, *sets), "Deployment")
+        found: list[str] = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+        return found
+
+    default = args()
+    assert "--compile-store=/var/cache/weightlift/compile-store" in default
+    assert f"--compile-store-max-bytes={4 << 30}" in default
+    chosen = args("--set", "compileStore=/srv/store", "--set", "compileStoreMaxBytes=1000")
+    assert "--compile-store=/srv/store" in chosen and "--compile-store-max-bytes=1000" in chosen
+    assert "--compile-store=" in args("--set", "compileStore=")  # "": no store
+    result = subprocess.run(
+        [str(helm), "template", "wl", str(CHART), "--set", "compileStore=relative"],
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode != 0 and "compileStore" in result.stderr, result.stderr
+
+
 def rules(role: dict[str, Any]) -> dict[tuple[str, str], set[str]]:
     table: dict[tuple[str, str], set[str]] = {}
     for rule in role["rules"]:

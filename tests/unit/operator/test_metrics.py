@@ -96,6 +96,9 @@ def test_label_values_come_from_fixed_sets() -> None:
     assert loaded_from_label("peer:a-0,peer:a-1") == "peer"  # one per rank
     assert loaded_from_label("peer:a-0,storage:s3") == "mixed"
     assert compile_cache_label("hit", "peer:p") == "hit_peer"
+    assert compile_cache_label("hit (peer)", "peer:p") == "hit_peer"
+    assert compile_cache_label("hit (store)", "peer:p") == "hit_store"
+    assert compile_cache_label("hit (store)", "storage:s3") == "hit_store"
     assert compile_cache_label("hit", "storage:s3") == "hit_store"
     assert compile_cache_label("miss (vLLM's cache key differs: abc from p)", "peer:p") == "miss"
     assert compile_cache_label("none", None) == "none"

@@ -526,3 +526,105 @@ def test_the_operators_compile_cache_bound_reaches_its_workers() -> None:
     )
     with pytest.raises(ValueError, match=COMPILE_CACHE_MAX_BYTES_ENV):
         Settings.from_environment({COMPILE_CACHE_MAX_BYTES_ENV: "-1"})
+
+
+def test_a_vllm_worker_gets_the_node_compile_store_as_a_hostpath_and_env() -> None:
+    from weightlift.api.worker import (
+        COMPILE_STORE_ENV,
+        COMPILE_STORE_MAX_BYTES_ENV,
+        DEFAULT_COMPILE_STORE,
+    )
+    from weightlift.operator.settings import Settings
+
+    vllm = make_spec(
+        model={"uri": "hostpath:///models/llama", "format": "safetensors"},
+        runtime={"engine": "vLLM"},
+    )
+    pod = render_pod(NAME, NAMESPACE, UID, vllm, desired(vllm), None, Settings())
+    env = env_of(pod)
+    assert env[COMPILE_STORE_ENV]["value"] == DEFAULT_COMPILE_STORE
+    assert env[COMPILE_STORE_MAX_BYTES_ENV]["value"] == str(4 << 30)
+    (volume,) = [v for v in pod["spec"]["volumes"] if v["name"] == "compile-store"]
+    assert volume["hostPath"] == {"path": DEFAULT_COMPILE_STORE, "type": "DirectoryOrCreate"}
+    mounts = pod["spec"]["containers"][0]["volumeMounts"]
+    assert {"name": "compile-store", "mountPath": DEFAULT_COMPILE_STORE} in mounts
+    # The builtin engine compiles nothing: no store; and "" turns the store off.
+    builtin = make_spec()
+    assert COMPILE_STORE_ENV not in env_of(
+        render_pod(NAME, NAMESPACE, UID, builtin, desired(builtin), None, Settings())
+    )
+    off = render_pod(NAME, NAMESPACE, UID, vllm, desired(vllm), None, Settings(compile_store=""))
+    assert COMPILE_STORE_ENV not in env_of(off)
+    assert all(v["name"] != "compile-store" for v in off["spec"]["volumes"])
+    settings = Settings.from_environment(
+        {COMPILE_STORE_ENV: "/srv/wl-store/", COMPILE_STORE_MAX_BYTES_ENV: "1000"}
+    )
+    assert (settings.compile_store, settings.compile_store_max_bytes) == ("/srv/wl-store", 1000)
+    assert Settings.from_environment({COMPILE_STORE_ENV: ""}).compile_store == ""
+    with pytest.raises(ValueError, match=COMPILE_STORE_ENV):
+        Settings.from_environment({COMPILE_STORE_ENV: "relative/path"})
+    with pytest.raises(ValueError, match=COMPILE_STORE_MAX_BYTES_ENV):
+        Settings.from_environment({COMPILE_STORE_MAX_BYTES_ENV: "-5"})
+
+
+def test_the_cluster_store_reaches_vllm_workers_with_credentials_by_secret_reference() -> None:
+    from weightlift.api.worker import (
+        COMPILE_STORE_ACCESS_KEY_ENV,
+        COMPILE_STORE_MAX_BYTES_ENV,
+        COMPILE_STORE_S3_ENDPOINT_ENV,
+        COMPILE_STORE_SECRET_KEY_ENV,
+        COMPILE_STORE_URI_ENV,
+    )
+    from weightlift.operator.settings import COMPILE_STORE_SECRET_ENV, Settings
+
+    vllm = make_spec(
+        model={"uri": "hostpath:///models/llama", "format": "safetensors"},
+        runtime={"engine": "vLLM"},
+    )
+    settings = Settings.from_environment(
+        {
+            COMPILE_STORE_URI_ENV: "s3://caches/wl",
+            COMPILE_STORE_S3_ENDPOINT_ENV: "http://minio:9000",
+            COMPILE_STORE_SECRET_ENV: "cc-creds",
+            "WEIGHTLIFT_COMPILE_STORE": "",
+        }
+    )
+    env = env_of(render_pod(NAME, NAMESPACE, UID, vllm, desired(vllm), None, settings))
+    assert env[COMPILE_STORE_URI_ENV]["value"] == "s3://caches/wl"
+    assert env[COMPILE_STORE_S3_ENDPOINT_ENV]["value"] == "http://minio:9000"
+    assert env[COMPILE_STORE_MAX_BYTES_ENV]["value"] == str(4 << 30)
+    for name, key in (
+        (COMPILE_STORE_ACCESS_KEY_ENV, "AWS_ACCESS_KEY_ID"),
+        (COMPILE_STORE_SECRET_KEY_ENV, "AWS_SECRET_ACCESS_KEY"),
+    ):
+        assert env[name] == {
+            "name": name,
+            "valueFrom": {"secretKeyRef": {"name": "cc-creds", "key": key, "optional": True}},
+        }
+    with pytest.raises(ValueError, match=COMPILE_STORE_URI_ENV):
+        Settings.from_environment({COMPILE_STORE_URI_ENV: "gs://nope"})
+
+
+def test_a_pvc_cluster_store_is_the_claim_mounted_in_vllm_workers() -> None:
+    from weightlift.api.worker import COMPILE_STORE_SHARED_ENV, COMPILE_STORE_URI_ENV
+    from weightlift.operator.pods import SHARED_STORE_MOUNT
+    from weightlift.operator.settings import Settings
+
+    vllm = make_spec(
+        model={"uri": "hostpath:///models/llama", "format": "safetensors"},
+        runtime={"engine": "vLLM"},
+    )
+    settings = Settings.from_environment({COMPILE_STORE_URI_ENV: "pvc://caches/wl/cc"})
+    pod = render_pod(NAME, NAMESPACE, UID, vllm, desired(vllm), None, settings)
+    env = env_of(pod)
+    assert env[COMPILE_STORE_SHARED_ENV]["value"] == f"{SHARED_STORE_MOUNT}/wl/cc"
+    assert COMPILE_STORE_URI_ENV not in env  # the worker sees a directory, not a URI
+    (volume,) = [v for v in pod["spec"]["volumes"] if v["name"] == "compile-store-shared"]
+    assert volume["persistentVolumeClaim"] == {"claimName": "caches"}
+    mounts = container(pod)["volumeMounts"]
+    assert {"name": "compile-store-shared", "mountPath": SHARED_STORE_MOUNT} in mounts
+    builtin = make_spec()
+    plain = render_pod(NAME, NAMESPACE, UID, builtin, desired(builtin), None, settings)
+    assert all(v["name"] != "compile-store-shared" for v in plain["spec"]["volumes"])
+    with pytest.raises(ValueError, match=COMPILE_STORE_URI_ENV):
+        Settings.from_environment({COMPILE_STORE_URI_ENV: "pvc://claim/../etc"})

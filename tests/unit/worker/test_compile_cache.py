@@ -108,7 +108,11 @@ FAILED_LINE = (
 
 def test_outcome_reads_what_vllm_did() -> None:
     hit = read_compiles(LOADED_LINE.format(h=HASH, r=0))
-    assert outcome(Installed(vllm_hash=HASH, peer="llm-0"), hit, 1) == "hit"
+    assert outcome(Installed(vllm_hash=HASH, peer="llm-0", via="peer"), hit, 1) == "hit (peer)"
+    store = Installed(vllm_hash=HASH, peer="the node store", via="store")
+    assert outcome(store, hit, 1) == "hit (store)"
+    # Nothing installed, yet loaded: a cache root that outlived a replica on this node.
+    assert outcome(None, hit, 1) == "hit (store)"
     # No compiled program at all (--enforce-eager) and nothing offered.
     assert outcome(None, read_compiles("Loading weights took 0.01 seconds"), 1) == "none"
     # A source that compiled: nothing was offered to it.

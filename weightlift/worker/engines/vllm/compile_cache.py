@@ -16,7 +16,8 @@ Target, before vLLM starts: `fetch_and_install` takes its rank's manifest from a
 the key (`key_mismatch`), downloads within a bound, verifies every file (`verify_archive`) and
 only then moves the files to where vLLM looks. Anything refused is a miss with its reason; vLLM
 then compiles as it would have. `outcome` turns all that plus vLLM's log into the replica's
-`compileCache`: `hit`, `miss (<reason>)` or `none`.
+`compileCache`: `hit (peer)`, `hit (store)`, `miss (<reason>)` or `none`. A store that outlives
+replicas (compile_store.py) holds the same manifests and archives, checked by the same verifier.
 """
 
 from __future__ import annotations
@@ -32,16 +33,19 @@ import re
 import shutil
 import subprocess
 import tarfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Protocol
 
 import aiohttp
 from aiohttp import web
 
 from weightlift.api.model import Role
-from weightlift.api.worker import COMPILE_CACHE_MAX_BYTES_ENV, WorkerPlan
+from weightlift.api.worker import (
+    COMPILE_CACHE_MAX_BYTES_ENV,
+    WorkerPlan,
+)
 from weightlift.worker.peer_auth import auth_headers
 
 log = logging.getLogger(__name__)
@@ -340,15 +344,19 @@ class Installed:
     reason: str = ""  # why nothing was installed ("" when not tried)
     files: int = 0
     bytes: int = 0
+    via: str = ""  # where the installed program came from: peer | store
 
 
 def outcome(installed: Installed | None, compiles: dict[int, RankCompile], ranks: int) -> str:
-    """The replica's `compileCache`: hit (every rank loaded a compiled program), miss (<reason>)
+    """The replica's `compileCache`: hit (peer|store) (every rank loaded a compiled program; from
+    a peer, or from a store or cache root that outlived a replica), miss (<reason>)
     (a rank compiled), none (no compile at all, e.g. --enforce-eager, and nothing offered)."""
     if not compiles:
         return f"miss ({installed.reason})" if installed and installed.reason else "none"
     if len(compiles) == ranks and all(c.action == "loaded" for c in compiles.values()):
-        return "hit"
+        # Nothing installed: vLLM found its program in a cache root that outlived a replica.
+        shipped = installed is not None and installed.vllm_hash and installed.via == "peer"
+        return "hit (peer)" if shipped else "hit (store)"
     failed = [c for c in compiles.values() if c.reason]
     if failed:
         return f"miss (vLLM could not load it: {failed[0].reason})"
@@ -463,33 +471,56 @@ async def _from_peer(
     staging = root / f".weightlift-staging-{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
     try:
-        plans: list[tuple[CacheManifest, list[str]]] = []
+        plans: list[tuple[CacheManifest, Path | None]] = []
         for want in wanted:
             manifest = await _manifest(session, base, want.rank, headers, pod)
-            why = key_mismatch(manifest.key, want)
-            if why is not None:
-                raise CacheRejected(f"{pod}'s compile cache is for another build: {why}")
-            if manifest.total_bytes > max_bytes:
-                raise CacheRejected(
-                    f"{pod}'s compile cache holds {manifest.total_bytes} bytes, over {max_bytes}"
-                )
+            check_entry(manifest, want, max_bytes, f"{pod}'s")
             if await asyncio.to_thread(already_installed, root, manifest):
-                plans.append((manifest, []))  # this node holds these very files: no fetch
+                plans.append((manifest, None))  # this node holds these very files: no fetch
                 continue
             archive = staging / f"rank-{want.rank}.tar"
             await _download(session, f"{base}/archive", want.rank, headers, archive, manifest)
-            plans.append((manifest, verify_archive(archive, manifest, staging / "files")))
-        files = sorted({rel for _, names in plans for rel in names})
-        install(staging / "files", files, root)
-        hashes = {m.key.vllm_hash for m, _ in plans}
-        return Installed(
-            vllm_hash=hashes.pop() if len(hashes) == 1 else None,
-            peer=pod,
-            files=len(files),
-            bytes=sum(m.total_bytes for m, _ in plans),
-        )
+            plans.append((manifest, archive))
+        return await asyncio.to_thread(verify_and_install, plans, root, staging, pod, "peer")
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def check_entry(manifest: CacheManifest, want: Wanted, max_bytes: int, whose: str) -> None:
+    """CacheRejected unless `manifest` is for this build and within the byte bound (a peer's
+    and a store entry's alike)."""
+    why = key_mismatch(manifest.key, want)
+    if why is not None:
+        raise CacheRejected(f"{whose} compile cache is for another build: {why}")
+    if manifest.total_bytes > max_bytes:
+        raise CacheRejected(
+            f"{whose} compile cache holds {manifest.total_bytes} bytes, over {max_bytes}"
+        )
+
+
+def verify_and_install(
+    plans: Sequence[tuple[CacheManifest, Path | None]],
+    root: Path,
+    staging: Path,
+    who: str,
+    via: str,
+) -> Installed:
+    """Every rank's archive unpacked into `staging` and checked file by file against its
+    manifest (None: already on this node), and only when all pass moved under `root`. The one
+    verifier of peers and stores: CacheRejected naming the first bad file."""
+    files: set[str] = set()
+    for manifest, archive in plans:
+        if archive is not None:
+            files.update(verify_archive(archive, manifest, staging / "files"))
+    install(staging / "files", sorted(files), root)
+    hashes = {m.key.vllm_hash for m, _ in plans}
+    return Installed(
+        vllm_hash=hashes.pop() if len(hashes) == 1 else None,
+        peer=who,
+        files=len(files),
+        bytes=sum(m.total_bytes for m, _ in plans),
+        via=via,
+    )
 
 
 async def _manifest(
@@ -541,12 +572,23 @@ def max_bytes_from_env(environ: dict[str, str] | None = None) -> int:
 
 
 # ------------------------------------------------------------------------------ the engine's hooks
+class Store(Protocol):
+    """Where compile caches outlive replicas (compile_store.NodeStore)."""
+
+    def install(self, wanted: list[Wanted], root: Path) -> Installed: ...
+
+    def put(self, packed: dict[int, Packed]) -> int: ...
+
+
 class CompileCache:
     """One replica's compile cache: installed before vLLM starts (a target with peers), read
     from vLLM's log and published once Ready. The engine calls the two hooks and `env`."""
 
-    def __init__(self, plan: WorkerPlan, workdir: Path, python: str) -> None:
+    def __init__(
+        self, plan: WorkerPlan, workdir: Path, python: str, stores: Sequence[Store] = ()
+    ) -> None:
         self.plan = plan
+        self.stores = list(stores)  # nearest first: the node's, then the cluster's
         self.workdir = workdir
         self.python = python
         # The operator's or user's root when set (a node cache), else one per pod.
@@ -584,23 +626,37 @@ class CompileCache:
 
     async def before_start(self, session: aiohttp.ClientSession, token: str | None) -> None:
         """A target fetches, verifies and installs its ranks' caches from its first peer that
-        offers them; nothing here ever fails the replica (vLLM compiles instead)."""
+        offers them; a replica no peer served, from the node store. Nothing here ever fails
+        the replica (vLLM compiles instead)."""
         facts = self.facts()  # a second interpreter reads the versions: overlap it with vLLM
-        if self.plan.role != Role.TARGET or not self.plan.peers:
+        peers = [(p.pod, p.address) for p in self.plan.peers]
+        if self.plan.role != Role.TARGET:
+            peers = []
+        if not peers and not self.stores:
             return
         try:
             wanted = await facts
         except (OSError, subprocess.SubprocessError, ValueError, KeyError) as exc:
             self.installed = Installed(reason=f"engine versions unknown: {exc}")
             return
-        peers = [(p.pod, p.address) for p in self.plan.peers]
-        self.installed = await fetch_and_install(
-            session, peers, auth_headers(token), wanted, self.root, self.max_bytes
-        )
+        if peers:
+            self.installed = await fetch_and_install(
+                session, peers, auth_headers(token), wanted, self.root, self.max_bytes
+            )
+        for store in self.stores:
+            if self.installed and self.installed.vllm_hash:
+                break
+            # No Ready peer gave one: a store that outlived replicas, before vLLM compiles.
+            before = self.installed.reason if self.installed else ""
+            self.installed = await asyncio.to_thread(store.install, wanted, self.root)
+            if before and self.installed.reason:
+                self.installed.reason = f"{before}; {self.installed.reason}"
         got = self.installed
+        if got is None:
+            return
         if got.vllm_hash and got.files:
             log.info(
-                "compile cache %s from %s installed: %d files, %d bytes",
+                "compile cache %s from %s installed: %d files, %d bytes (vLLM should not compile)",
                 got.vllm_hash[:12],
                 got.peer,
                 got.files,
@@ -625,4 +681,20 @@ class CompileCache:
             packed, why = {}, f"compile cache not packed: {exc}"
         if why:
             log.info("no compile cache published: %s", why)
+        else:
+            for store in self.stores:
+                await asyncio.to_thread(self._store, store, packed)
         return status, CacheRoutes(inner, packed, why)
+
+    @staticmethod
+    def _store(store: Store, packed: dict[int, Packed]) -> None:
+        """Also into a store that outlives this replica; one that cannot be written (a
+        root-owned hostPath, a full disk, credentials refused) costs the next replica a compile,
+        nothing more."""
+        try:
+            stored = store.put(packed)
+        except OSError as exc:
+            log.warning("compile cache not stored in %s: %s", store, exc)
+            return
+        if stored:
+            log.info("compile cache stored in %s: %d bytes", store, stored)

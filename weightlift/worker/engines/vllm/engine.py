@@ -36,6 +36,7 @@ from weightlift.api.model import Role
 from weightlift.api.worker import WorkerPhase, WorkerPlan, WorkerReport
 from weightlift.worker.engines.base import BringUp, not_served
 from weightlift.worker.engines.vllm.compile_cache import CompileCache
+from weightlift.worker.engines.vllm.compile_stores import open_stores
 from weightlift.worker.engines.vllm.plugin import DIE_WITH_PARENT_ENV
 from weightlift.worker.engines.vllm.ranks import (
     LOAD_FORMAT,
@@ -153,7 +154,7 @@ class VllmEngine:
         self._session: aiohttp.ClientSession | None = None
         self.started_at = 0.0
         self.app: web.Application | None = None
-        self.compile_cache = CompileCache(plan, workdir, engine_python())
+        self.compile_cache = CompileCache(plan, workdir, engine_python(), open_stores())
         self.log_offset = 0  # where this start's lines begin in vllm.log
         # Standby: where the ranks' weight step waits for the relayed hand-off (None: no wait).
         self.relay_file: Path | None = None
