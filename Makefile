@@ -19,12 +19,13 @@ export WL_CACHE
 
 .PHONY: venv tools controlplane lws node node-images minio prometheus vllm-env triton-env images registry test test-images unit lint crd demo clean
 
-$(STAMP): pyproject.toml
+# constraints.txt: the one torch pin the vLLM environment and the images read too.
+$(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	# torch first, so later packages that require torch (nixl) do not pull a second build.
-	$(PY) -m pip install -q "torch>=2.5"
-	$(PY) -m pip install -q -e ".[worker,p2p,bench,dev,local]"
+	$(PY) -m pip install -q -c constraints.txt torch
+	$(PY) -m pip install -q -c constraints.txt -e ".[worker,p2p,bench,dev,local]"
 	touch $(STAMP)
 
 venv: $(STAMP)
