@@ -49,6 +49,20 @@ RUN python3 /etc/weightlift/build/requirements.py pyproject /etc/weightlift/buil
       worker p2p > /tmp/requirements.txt \
     && pip install --no-cache-dir -r /tmp/requirements.txt && rm /tmp/requirements.txt
 
+# -- the images: each one its dependencies plus the code (no local/, no bench/). /tmp, the pod's
+# emptyDir, is the working directory: it exists under a read-only root.
+FROM worker-deps AS worker
+ARG PIP_CERT
+WORKDIR /opt/weightlift
+COPY pyproject.toml README.md ./
+COPY weightlift weightlift
+RUN rm -rf weightlift/local weightlift/bench \
+    && pip install --no-cache-dir --no-deps . && rm -rf /opt/weightlift
+WORKDIR /tmp
+USER 1000
+ENTRYPOINT []
+CMD ["weightlift", "worker"]
+
 # vLLM as hack/install-vllm.sh installs it: the wheel, then its own requirements minus torch (the
 # pin's) and the media packages text models never import. VLLM_PACKAGE=vllm: the CUDA build of
 # the same version (it pins the same torch), for GPU nodes.
@@ -60,6 +74,18 @@ RUN pip download --no-cache-dir --no-deps "$VLLM_PACKAGE==$VLLM_VERSION" -d /tmp
     && python3 /etc/weightlift/build/requirements.py wheel /tmp/vllm/*.whl > /tmp/vllm/req.txt \
     && pip install --no-cache-dir -r /tmp/vllm/req.txt \
     && pip install --no-cache-dir --no-deps /tmp/vllm/*.whl && rm -rf /tmp/vllm
+
+FROM vllm-deps AS worker-vllm
+ARG PIP_CERT
+WORKDIR /opt/weightlift
+COPY pyproject.toml README.md ./
+COPY weightlift weightlift
+RUN rm -rf weightlift/local weightlift/bench \
+    && pip install --no-cache-dir --no-deps . && rm -rf /opt/weightlift
+WORKDIR /tmp
+USER 1000
+ENTRYPOINT []
+CMD ["weightlift", "worker"]
 
 # tritonserver 2.51 and its Python backend from nvidia-pytriton, unpacked by hack/install-triton.sh
 # (the same tree as the local stack's), with numpy 1.26 in the stub's own site directory (the
@@ -75,32 +101,6 @@ RUN python3 -c 'import os, sys, sysconfig as s; \
          && rm -rf /var/lib/apt/lists/* /var/cache/apt/archives/*.deb; }
 RUN PYTHON=python3 ENGINE_PYTHON=python3 /etc/weightlift/build/install-triton.sh /opt/triton
 ENV WEIGHTLIFT_TRITON_HOME=/opt/triton
-
-# -- the images: each one its dependencies plus the code (no local/, no bench/). /tmp, the pod's
-# emptyDir, is the working directory: it exists under a read-only root.
-FROM worker-deps AS worker
-ARG PIP_CERT
-WORKDIR /opt/weightlift
-COPY pyproject.toml README.md ./
-COPY weightlift weightlift
-RUN rm -rf weightlift/local weightlift/bench \
-    && pip install --no-cache-dir --no-deps . && rm -rf /opt/weightlift
-WORKDIR /tmp
-USER 1000
-ENTRYPOINT []
-CMD ["weightlift", "worker"]
-
-FROM vllm-deps AS worker-vllm
-ARG PIP_CERT
-WORKDIR /opt/weightlift
-COPY pyproject.toml README.md ./
-COPY weightlift weightlift
-RUN rm -rf weightlift/local weightlift/bench \
-    && pip install --no-cache-dir --no-deps . && rm -rf /opt/weightlift
-WORKDIR /tmp
-USER 1000
-ENTRYPOINT []
-CMD ["weightlift", "worker"]
 
 FROM triton-deps AS worker-triton
 ARG PIP_CERT
