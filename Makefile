@@ -62,9 +62,10 @@ vllm-env:
 triton-env: vllm-env
 	ENGINE_PYTHON=$(VLLM_ENV)/bin/python hack/install-triton.sh $(TRITON_ENV)
 
-# The Dockerfile's operator and worker images, built with buildah (no daemon). BASE empty: a local
-# Debian base made by debootstrap (no registry needed); BASE=python:3.11-slim pulls the usual one.
-# See README "Images" (pushing) and hack/build-images.sh.
+# The Dockerfile's operator, worker, worker-vllm and worker-triton images, built with buildah (no
+# daemon). BASE empty: a local Debian base made by debootstrap (no registry needed);
+# BASE=python:3.11-slim pulls the usual one. See README "Images" (pushing, vLLM on GPUs) and
+# hack/build-images.sh.
 images:
 	hack/build-images.sh
 
@@ -96,8 +97,8 @@ test: controlplane lws minio prometheus vllm-env triton-env node node-images
 	WEIGHTLIFT_TRITON_HOME=$(TRITON_ENV) \
 	WEIGHTLIFT_VLLM_PYTHON=$(VLLM_ENV)/bin/python $(PY) -m pytest -q --durations=25
 
-# Builds both images (a layer cache makes an unchanged rebuild quick) and checks what they hold
-# and run; kept out of `make test` (the worker image's torch: minutes and GBs, see README).
+# Builds the images (a layer cache makes an unchanged rebuild quick) and checks what they hold
+# and run; kept out of `make test` (torch and vLLM: minutes and GBs, see README).
 test-images: venv registry
 	WEIGHTLIFT_IMAGES=1 $(PY) -m pytest tests/images -q
 
