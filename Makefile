@@ -5,8 +5,9 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 WL_CACHE ?= $(HOME)/.cache/weightlift
-# vLLM's CPU build lives in its own environment (its torch pin clashes with ours); see
-# hack/install-vllm.sh. Built once into the cache, re-pointed at this checkout on each run.
+# vLLM's CPU build lives in its own environment (it pins torch==X+cpu, not on PyPI, and versions of
+# its own); its torch is constraints.txt's, as ours. See hack/install-vllm.sh. Built once into the
+# cache (rebuilt when the torch pin moves), re-pointed at this checkout on each run.
 VLLM_VERSION ?= 0.32.0
 VLLM_ENV := $(WL_CACHE)/vllm-$(VLLM_VERSION)
 # Triton Inference Server (runtime.engine Triton): tritonserver and its Python backend stubs from
