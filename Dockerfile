@@ -105,7 +105,8 @@ RUN python3 -c 'import os, sys, sysconfig as s; \
     || { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q \
          --no-install-recommends "libpython$(python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])')" \
          && rm -rf /var/lib/apt/lists/* /var/cache/apt/archives/*.deb; }
-RUN PYTHON=python3 ENGINE_PYTHON=python3 /etc/weightlift/build/install-triton.sh /opt/triton
+# ENGINE_PYTHON: a path (the script checks -x), else the stub gets no numpy.
+RUN PYTHON=python3 ENGINE_PYTHON="$(command -v python3)" /etc/weightlift/build/install-triton.sh /opt/triton
 ENV WEIGHTLIFT_TRITON_HOME=/opt/triton
 
 FROM triton-deps AS worker-triton
