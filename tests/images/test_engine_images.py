@@ -158,7 +158,9 @@ def test_worker_triton_runs_tritonserver_and_its_stub_gets_numpy_1(
     got = pod_json(images["worker-triton"], TRITON_PROBE)
     assert got["uid"] == 1000
     assert got["root"].startswith("/opt/triton/")
-    assert got["help_rc"] == 0 and "--model-repository" in got["help"], got["help"][-2000:]
+    # tritonserver 2.51 exits 1 after printing its usage: the usage shows that it ran.
+    assert "--model-repository" in got["help"], got["help"][-2000:]
+    assert "error while loading shared libraries" not in got["help"]
     assert got["stub_missing"] == [] and got["stub_libpython"], got
     major = int(got["stub_numpy"].split(".")[0])
     assert major == 1 and got["stub_numpy"].startswith("1.26"), got
