@@ -34,6 +34,7 @@ from weightlift.local.stack import (
     VLLM_ENV,
     LocalStack,
     add_hook_library,
+    engine_image,
     make_demo_model,
     model_deployment,
     vllm_engine_args,
@@ -264,9 +265,12 @@ def demo_command(
         install=install,
         node_kind=node_kind,
         with_lws=groups,
+        # A real node runs the engine's own image (`make images`); the process node, this venv.
+        worker_image=engine_image(engine) if node_kind == "kubelet" else "",
     )
     where: DemoStorage | None = None
     prom: LocalPrometheus | None = None
+    obs: Observer | None = None
     with _sigterm_raises():
         try:
             probe = _prepare_model(
@@ -290,8 +294,10 @@ def demo_command(
                 env=VLLM_ENV if llm else None,
                 warm_spares=1 if scale_up else 0,
                 parallelism=_parallelism(pods_per_replica),
+                image=stack.worker_image or None,
             )
             obs = Observer(stack, name)
+            obs.watch_handoffs()
             stack.apply(manifest)
             with Live(render(obs), console=console, refresh_per_second=8) as live:
                 obs.wait_ready(timeout, tick=lambda o: live.update(render(o)))
@@ -316,6 +322,8 @@ def demo_command(
             raise SystemExit(1) from None
         finally:
             with console.status("tearing down (operator, worker processes, control plane)"):
+                if obs is not None:
+                    obs.close()
                 if prom is not None:
                     prom.down()
                 if where is not None:
@@ -584,6 +592,7 @@ def _print_tables(console: Any, summary: JSON, name: str) -> None:
         "compile",
         "created at",
         "standby at",
+        "hand-off s",
         "ready at",
     ):
         table.add_column(col)
@@ -603,9 +612,13 @@ def _print_tables(console: Any, summary: JSON, name: str) -> None:
             str(r.get("compileCache") or "-"),
             at(r.get("createdAt")),
             at(r.get("standbyAt")),
+            f"{r['handoffSeconds']:.3f}" if r.get("handoffSeconds") is not None else "-",
             at(r.get("readyAt")),
         )
-    table.caption = "created / standby / ready at: seconds since the apply"
+    table.caption = (
+        "created / standby / ready at: seconds since the apply; hand-off: the operator's "
+        "peers annotation (its watch event) to the waiting worker reading it"
+    )
     if summary.get("afterSourceRatio") is not None:
         table.caption += (
             f"; source Ready at {summary['sourceReadyAt']:.1f}s, all at "
