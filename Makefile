@@ -86,10 +86,11 @@ lint: venv
 unit: venv
 	$(PY) -m pytest tests/unit -q
 
-# The images the real node's e2e tests run (tests/e2e/test_kubelet_*.py): buildah's layer cache
-# keeps an unchanged rebuild at seconds.
+# The images the real node's e2e tests run (tests/e2e/test_kubelet_*.py; worker-vllm stands on
+# the worker's torch and dependency layers): buildah's layer cache keeps an unchanged rebuild at
+# seconds.
 node-images:
-	hack/build-images.sh operator worker
+	hack/build-images.sh operator worker worker-vllm
 
 test: controlplane lws minio prometheus vllm-env triton-env node node-images
 	# integration, vLLM, Triton and real-node tests fail (not skip) when a piece is missing

@@ -3,7 +3,10 @@ pinned kubelet (in-cluster config through the `kubernetes` Service), three repli
 model run as containers of the worker image pulled from the stack's registry: a storage source
 and two standby targets that pull P2P over the pod network, all Ready with identical outputs.
 Each worker lives in its own PID, IPC and network namespaces under its pod's memory cgroup.
-Needs root, `make node` and `make images`."""
+Needs root, `make node` and `make images`. Then two vLLM replicas of the worker-vllm image in
+the same stack: a source from storage and a target that waits in Standby and pulls P2P (eager:
+see `vllm_ready`), both giving transformers' greedy text through the pod network (needs `make
+vllm-env` for the tiny Llama)."""
 
 from __future__ import annotations
 
@@ -14,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from tests.e2e.test_kubelet_node import _require_node
 from tests.e2e.test_prometheus import _require_prometheus
 from tests.support.e2e import READY_TIMEOUT
@@ -25,16 +27,26 @@ from tests.support.promchecks import (
     check_service_discovery,
     check_time_to_ready,
 )
+from tests.support.vllm import READY_TIMEOUT as VLLM_READY_TIMEOUT
+from tests.support.vllm import require_vllm_python, tiny_llm
 from weightlift.local.kube import call
 from weightlift.local.kubeletnode import KubeletNode
-from weightlift.local.observe import Observer, infer
+from weightlift.local.observe import Observer, complete, infer
 from weightlift.local.prometheus import NAMESPACE as PROM_NAMESPACE
 from weightlift.local.prometheus import LocalPrometheus
 from weightlift.local.prometheus_pod import POD as PROM_POD
-from weightlift.local.stack import LocalStack, make_demo_model, model_deployment
+from weightlift.local.stack import (
+    VLLM_ENV,
+    LocalStack,
+    engine_image,
+    make_demo_model,
+    model_deployment,
+    vllm_engine_args,
+)
 
 JSON = dict[str, Any]
 NAME = "kube-life"
+VLLM = "kube-vllm"
 REPLICAS = 3
 MODEL_MB = 8.0
 # The first test pays for the stack: a cold registry cache compresses and pushes the worker
@@ -60,14 +72,26 @@ def _require_images(stack_images: tuple[str, ...]) -> None:
 
 
 @pytest.fixture(scope="module")
-def model(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, JSON]:
-    out = tmp_path_factory.mktemp("kmodel") / "model"
+def models(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The models' folder: the operator's hostpath prefix, mounted into the pods."""
+    return tmp_path_factory.mktemp("kmodels")
+
+
+@pytest.fixture(scope="module")
+def model(models: Path) -> tuple[Path, JSON]:
+    out = models / "model"
     return out, make_demo_model(out, MODEL_MB)
 
 
 @pytest.fixture(scope="module")
+def llm(models: Path) -> tuple[Path, JSON]:
+    out = models / "llm"
+    return out, tiny_llm(require_vllm_python(), out)
+
+
+@pytest.fixture(scope="module")
 def kstack(
-    tmp_path_factory: pytest.TempPathFactory, model: tuple[Path, JSON]
+    tmp_path_factory: pytest.TempPathFactory, models: Path
 ) -> Iterator[LocalStack]:
     _require_node()
     stack = LocalStack(
@@ -76,8 +100,10 @@ def kstack(
         node_name="kubelet-life",
         gpus=4,
         install="helm",
-        model_path_prefixes=(str(model[0].parent),),
+        model_path_prefixes=(str(models),),
     )
+    # worker-vllm shares the worker's layers: the registry and containerd hold them once.
+    stack.images = (*stack.node_images(), engine_image("vLLM"))
     _require_images(stack.node_images())
     with stack:
         yield stack
@@ -97,7 +123,9 @@ def kprom(
 
 
 @pytest.fixture(scope="module")
-def deployed(kstack: LocalStack, kprom: LocalPrometheus, model: tuple[Path, JSON]) -> Deployed:
+def deployed(
+    kstack: LocalStack, kprom: LocalPrometheus, model: tuple[Path, JSON]
+) -> Deployed:
     model_dir, probe = model
     applied_at = time.time()
     kstack.apply(model_deployment(NAME, model_dir, replicas=REPLICAS, probe=probe))
@@ -115,7 +143,9 @@ def test_operator_runs_as_a_container_in_cluster(kstack: LocalStack) -> None:
     assert kstack.release is not None
     pod = kstack.release.operator_pod()
     assert pod is not None and pod["spec"]["nodeName"] == kstack.node_name
-    (pid, *_) = kstack.node.pids()[f"{kstack.release.namespace}/{pod['metadata']['name']}"]
+    (pid, *_) = kstack.node.pids()[
+        f"{kstack.release.namespace}/{pod['metadata']['name']}"
+    ]
     env = dict(
         item.split("=", 1)
         for item in Path(f"/proc/{pid}/environ").read_text().split("\0")
@@ -142,12 +172,15 @@ def test_source_and_p2p_targets_ready_with_identical_outputs(
     assert len(sources) == 1 and len(targets) == 2, rows
     summary = {r["name"]: r for r in ready.summary()["replicas"]}
     outputs = [
-        infer(summary[r["name"]]["endpoint"], NAME, probe["request"])["outputs"] for r in rows
+        infer(summary[r["name"]]["endpoint"], NAME, probe["request"])["outputs"]
+        for r in rows
     ]
     assert all(o == outputs[0] for o in outputs)
     node_net = ready.stack.node.net  # type: ignore[attr-defined]
     prefix = node_net.pod_cidr.rsplit(".", 1)[0] + "."
-    assert all(summary[r["name"]]["endpoint"].split("//")[1].startswith(prefix) for r in rows)
+    assert all(
+        summary[r["name"]]["endpoint"].split("//")[1].startswith(prefix) for r in rows
+    )
 
 
 def test_each_worker_has_its_own_namespaces_and_memory_cgroup(
@@ -193,3 +226,66 @@ def test_prometheus_as_a_pod_scrapes_the_operator_pods_and_workers(
     check_time_to_ready(kstack, kprom, deployed)
     check_loaded_bytes(kstack, kprom, deployed)
     check_dashboard(kprom, deployed)
+
+
+@pytest.fixture(scope="module")
+def vllm_ready(kstack: LocalStack, llm: tuple[Path, JSON]) -> Observer:
+    """Eager (--enforce-eager): vLLM's compiled mode needs a C++ compiler (torch Inductor's CPU
+    codegen) that the worker-vllm image does not carry yet."""
+    model_dir, probe = llm
+    obs = Observer(kstack, VLLM)
+    obs.watch_handoffs()
+    manifest = model_deployment(
+        VLLM,
+        model_dir,
+        replicas=2,
+        probe=probe,
+        engine="vLLM",
+        engine_args=vllm_engine_args(eager=True),
+        env=VLLM_ENV,
+        hook_library=None,
+        image=engine_image("vLLM"),
+        # Its wait begins at the pods' creation: the pull of worker-vllm's own layers and vLLM's
+        # start on 2 busy cores come first (demo.REAL_NODE_WAIT_FOR_SOURCE).
+        wait_for_source_seconds=int(VLLM_READY_TIMEOUT),
+    )
+    kstack.apply(manifest)
+    try:
+        obs.wait_ready(VLLM_READY_TIMEOUT)
+    finally:
+        obs.close()
+    return obs
+
+
+def test_vllm_source_and_standby_target_ready_with_the_same_completion(
+    vllm_ready: Observer, llm: tuple[Path, JSON], kstack: LocalStack
+) -> None:
+    _, probe = llm
+    rows = vllm_ready.replica_statuses()
+    assert len(rows) == 2 and all(r["ready"] and r["probe"]["passed"] for r in rows), (
+        rows
+    )
+    source = next(r for r in rows if r["loadedFrom"] == "storage:hostpath")
+    target = next(r for r in rows if r["name"] != source["name"])
+    assert target["loadedFrom"] == f"peer:{source['name']}", rows
+    assert target["bytesLoaded"] == target["bytesTotal"] == source["bytesTotal"] > 0, (
+        rows
+    )
+    summary = {r["name"]: r for r in vllm_ready.summary()["replicas"]}
+    src, tgt = summary[source["name"]], summary[target["name"]]
+    # Standby: the target's vLLM was up and waiting at its weight step before the source was
+    # Ready, and the kubelet's downwardAPI refresh handed it the source.
+    assert tgt["standbyAt"] < src["readyAt"], (src, tgt)
+    assert 0 <= tgt["handoffSeconds"] < 5, tgt
+    texts = [
+        complete(r["openaiEndpoint"], VLLM, probe["completion"]) for r in (src, tgt)
+    ]
+    assert texts == [probe["completion"]["expectedText"]] * 2
+    node = kstack.node
+    assert isinstance(node, KubeletNode)
+    prefix = node.net.pod_cidr.rsplit(".", 1)[0] + "."
+    assert all(
+        str(r["openaiEndpoint"]).split("//")[1].startswith(prefix) for r in (src, tgt)
+    )
+    images = {c["image"] for p in kstack.pods(VLLM) for c in p["spec"]["containers"]}
+    assert images == {engine_image("vLLM")}, images
