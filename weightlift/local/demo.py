@@ -43,6 +43,10 @@ from weightlift.local.stack import (
 log = logging.getLogger("weightlift.demo")
 
 INSTALL_KINDS = ("process", "helm")
+# waitForSourceSeconds counts from when the targets start waiting, that is from their pods'
+# creation: on a real node a cold pull of the engine image (3 GB compressed for worker-vllm, 1.5-3
+# min here) comes before the source's start, and 300 s sent the waiting vLLM target to storage.
+REAL_NODE_WAIT_FOR_SOURCE = 900
 # What fails the demo with a message (not a traceback).
 DEMO_ERRORS: tuple[type[Exception], ...] = (TimeoutError, RuntimeError, *KUBE_ERRORS)
 
@@ -295,6 +299,9 @@ def demo_command(
                 warm_spares=1 if scale_up else 0,
                 parallelism=_parallelism(pods_per_replica),
                 image=stack.worker_image or None,
+                wait_for_source_seconds=REAL_NODE_WAIT_FOR_SOURCE
+                if node_kind == "kubelet"
+                else 300,
             )
             obs = Observer(stack, name)
             obs.watch_handoffs()
