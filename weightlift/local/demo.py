@@ -263,6 +263,9 @@ def demo_command(
     engine = {"vllm": "vLLM", "triton": "Triton"}.get(runtime, "Builtin")
     model_dir = state_dir / ("llm" if llm else "model")
     groups = _parallelism(pods_per_replica, llm) is not None
+    # The worker-vllm image has no C++ compiler, which torch Inductor's CPU codegen (vLLM's
+    # compiled mode) needs: a real node's vLLM runs eager until the image carries one.
+    real_node = node_kind == "kubelet"
     stack = LocalStack(
         state_dir,
         model_path_prefixes=(str(model_dir),),
@@ -294,14 +297,12 @@ def demo_command(
                 probe=probe,
                 model=where.model,
                 engine=engine,
-                engine_args=vllm_engine_args(enforce_eager) if llm else None,
+                engine_args=vllm_engine_args(enforce_eager or real_node) if llm else None,
                 env=VLLM_ENV if llm else None,
                 warm_spares=1 if scale_up else 0,
                 parallelism=_parallelism(pods_per_replica),
                 image=stack.worker_image or None,
-                wait_for_source_seconds=REAL_NODE_WAIT_FOR_SOURCE
-                if node_kind == "kubelet"
-                else 300,
+                wait_for_source_seconds=REAL_NODE_WAIT_FOR_SOURCE if real_node else 300,
             )
             obs = Observer(stack, name)
             obs.watch_handoffs()
