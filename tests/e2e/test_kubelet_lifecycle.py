@@ -91,9 +91,7 @@ def llm(models: Path) -> tuple[Path, JSON]:
 
 
 @pytest.fixture(scope="module")
-def kstack(
-    tmp_path_factory: pytest.TempPathFactory, models: Path
-) -> Iterator[LocalStack]:
+def kstack(tmp_path_factory: pytest.TempPathFactory, models: Path) -> Iterator[LocalStack]:
     _require_node()
     stack = LocalStack(
         tmp_path_factory.mktemp("klife") / "stack",
@@ -124,9 +122,7 @@ def kprom(
 
 
 @pytest.fixture(scope="module")
-def deployed(
-    kstack: LocalStack, kprom: LocalPrometheus, model: tuple[Path, JSON]
-) -> Deployed:
+def deployed(kstack: LocalStack, kprom: LocalPrometheus, model: tuple[Path, JSON]) -> Deployed:
     model_dir, probe = model
     applied_at = time.time()
     kstack.apply(model_deployment(NAME, model_dir, replicas=REPLICAS, probe=probe))
@@ -144,9 +140,7 @@ def test_operator_runs_as_a_container_in_cluster(kstack: LocalStack) -> None:
     assert kstack.release is not None
     pod = kstack.release.operator_pod()
     assert pod is not None and pod["spec"]["nodeName"] == kstack.node_name
-    (pid, *_) = kstack.node.pids()[
-        f"{kstack.release.namespace}/{pod['metadata']['name']}"
-    ]
+    (pid, *_) = kstack.node.pids()[f"{kstack.release.namespace}/{pod['metadata']['name']}"]
     env = dict(
         item.split("=", 1)
         for item in Path(f"/proc/{pid}/environ").read_text().split("\0")
@@ -173,15 +167,12 @@ def test_source_and_p2p_targets_ready_with_identical_outputs(
     assert len(sources) == 1 and len(targets) == 2, rows
     summary = {r["name"]: r for r in ready.summary()["replicas"]}
     outputs = [
-        infer(summary[r["name"]]["endpoint"], NAME, probe["request"])["outputs"]
-        for r in rows
+        infer(summary[r["name"]]["endpoint"], NAME, probe["request"])["outputs"] for r in rows
     ]
     assert all(o == outputs[0] for o in outputs)
     node_net = ready.stack.node.net  # type: ignore[attr-defined]
     prefix = node_net.pod_cidr.rsplit(".", 1)[0] + "."
-    assert all(
-        summary[r["name"]]["endpoint"].split("//")[1].startswith(prefix) for r in rows
-    )
+    assert all(summary[r["name"]]["endpoint"].split("//")[1].startswith(prefix) for r in rows)
 
 
 def test_each_worker_has_its_own_namespaces_and_memory_cgroup(
@@ -263,30 +254,22 @@ def test_vllm_source_and_standby_target_ready_with_the_same_completion(
 ) -> None:
     _, probe = llm
     rows = vllm_ready.replica_statuses()
-    assert len(rows) == 2 and all(r["ready"] and r["probe"]["passed"] for r in rows), (
-        rows
-    )
+    assert len(rows) == 2 and all(r["ready"] and r["probe"]["passed"] for r in rows), rows
     source = next(r for r in rows if r["loadedFrom"] == "storage:hostpath")
     target = next(r for r in rows if r["name"] != source["name"])
     assert target["loadedFrom"] == f"peer:{source['name']}", rows
-    assert target["bytesLoaded"] == target["bytesTotal"] == source["bytesTotal"] > 0, (
-        rows
-    )
+    assert target["bytesLoaded"] == target["bytesTotal"] == source["bytesTotal"] > 0, rows
     summary = {r["name"]: r for r in vllm_ready.summary()["replicas"]}
     src, tgt = summary[source["name"]], summary[target["name"]]
     # Standby: the target's vLLM was up and waiting at its weight step before the source was
     # Ready, and the kubelet's downwardAPI refresh handed it the source.
     assert tgt["standbyAt"] < src["readyAt"], (src, tgt)
     assert 0 <= tgt["handoffSeconds"] < 5, tgt
-    texts = [
-        complete(r["openaiEndpoint"], VLLM, probe["completion"]) for r in (src, tgt)
-    ]
+    texts = [complete(r["openaiEndpoint"], VLLM, probe["completion"]) for r in (src, tgt)]
     assert texts == [probe["completion"]["expectedText"]] * 2
     node = kstack.node
     assert isinstance(node, KubeletNode)
     prefix = node.net.pod_cidr.rsplit(".", 1)[0] + "."
-    assert all(
-        str(r["openaiEndpoint"]).split("//")[1].startswith(prefix) for r in (src, tgt)
-    )
+    assert all(str(r["openaiEndpoint"]).split("//")[1].startswith(prefix) for r in (src, tgt))
     images = {c["image"] for p in kstack.pods(VLLM) for c in p["spec"]["containers"]}
     assert images == {engine_image("vLLM")}, images
