@@ -97,7 +97,7 @@ def kstack(tmp_path_factory: pytest.TempPathFactory, models: Path) -> Iterator[L
         tmp_path_factory.mktemp("klife") / "stack",
         node_kind="kubelet",
         node_name="kubelet-life",
-        gpus=4,
+        gpus=5,  # the builtin deployment's 3 and the vLLM pair's 2, side by side
         install="helm",
         model_path_prefixes=(str(models),),
     )
