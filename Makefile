@@ -5,8 +5,9 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 WL_CACHE ?= $(HOME)/.cache/weightlift
-# vLLM's CPU build lives in its own environment (its torch pin clashes with ours); see
-# hack/install-vllm.sh. Built once into the cache, re-pointed at this checkout on each run.
+# vLLM's CPU build lives in its own environment (it pins torch==X+cpu, not on PyPI, and versions of
+# its own); its torch is constraints.txt's, as ours. See hack/install-vllm.sh. Built once into the
+# cache (rebuilt when the torch pin moves), re-pointed at this checkout on each run.
 VLLM_VERSION ?= 0.32.0
 VLLM_ENV := $(WL_CACHE)/vllm-$(VLLM_VERSION)
 # Triton Inference Server (runtime.engine Triton): tritonserver and its Python backend stubs from
@@ -19,12 +20,13 @@ export WL_CACHE
 
 .PHONY: venv tools controlplane lws node node-images minio prometheus vllm-env triton-env images registry test test-images unit lint crd demo clean
 
-$(STAMP): pyproject.toml
+# constraints.txt: the one torch pin the vLLM environment and the images read too.
+$(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	# torch first, so later packages that require torch (nixl) do not pull a second build.
-	$(PY) -m pip install -q "torch>=2.5"
-	$(PY) -m pip install -q -e ".[worker,p2p,bench,dev,local]"
+	$(PY) -m pip install -q -c constraints.txt torch
+	$(PY) -m pip install -q -c constraints.txt -e ".[worker,p2p,bench,dev,local]"
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -61,9 +63,10 @@ vllm-env:
 triton-env: vllm-env
 	ENGINE_PYTHON=$(VLLM_ENV)/bin/python hack/install-triton.sh $(TRITON_ENV)
 
-# The Dockerfile's operator and worker images, built with buildah (no daemon). BASE empty: a local
-# Debian base made by debootstrap (no registry needed); BASE=python:3.11-slim pulls the usual one.
-# See README "Images" (pushing) and hack/build-images.sh.
+# The Dockerfile's operator, worker, worker-vllm and worker-triton images, built with buildah (no
+# daemon). BASE empty: a local Debian base made by debootstrap (no registry needed);
+# BASE=python:3.11-slim pulls the usual one. See README "Images" (pushing, vLLM on GPUs) and
+# hack/build-images.sh.
 images:
 	hack/build-images.sh
 
@@ -83,10 +86,11 @@ lint: venv
 unit: venv
 	$(PY) -m pytest tests/unit -q
 
-# The images the real node's e2e tests run (tests/e2e/test_kubelet_*.py): buildah's layer cache
-# keeps an unchanged rebuild at seconds.
+# The images the real node's e2e tests run (tests/e2e/test_kubelet_*.py; worker-vllm stands on
+# the worker's torch and dependency layers): buildah's layer cache keeps an unchanged rebuild at
+# seconds.
 node-images:
-	hack/build-images.sh operator worker
+	hack/build-images.sh operator worker worker-vllm
 
 test: controlplane lws minio prometheus vllm-env triton-env node node-images
 	# integration, vLLM, Triton and real-node tests fail (not skip) when a piece is missing
@@ -95,8 +99,8 @@ test: controlplane lws minio prometheus vllm-env triton-env node node-images
 	WEIGHTLIFT_TRITON_HOME=$(TRITON_ENV) \
 	WEIGHTLIFT_VLLM_PYTHON=$(VLLM_ENV)/bin/python $(PY) -m pytest -q --durations=25
 
-# Builds both images (a layer cache makes an unchanged rebuild quick) and checks what they hold
-# and run; kept out of `make test` (the worker image's torch: minutes and GBs, see README).
+# Builds the images (a layer cache makes an unchanged rebuild quick) and checks what they hold
+# and run; kept out of `make test` (torch and vLLM: minutes and GBs, see README).
 test-images: venv registry
 	WEIGHTLIFT_IMAGES=1 $(PY) -m pytest tests/images -q
 

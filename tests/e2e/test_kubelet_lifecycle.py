@@ -3,7 +3,10 @@ pinned kubelet (in-cluster config through the `kubernetes` Service), three repli
 model run as containers of the worker image pulled from the stack's registry: a storage source
 and two standby targets that pull P2P over the pod network, all Ready with identical outputs.
 Each worker lives in its own PID, IPC and network namespaces under its pod's memory cgroup.
-Needs root, `make node` and `make images`."""
+Needs root, `make node` and `make images`. Then two vLLM replicas of the worker-vllm image in
+the same stack: a source from storage and a target that waits in Standby and pulls P2P (eager:
+see `vllm_ready`), both giving transformers' greedy text through the pod network (needs `make
+vllm-env` for the tiny Llama)."""
 
 from __future__ import annotations
 
@@ -25,16 +28,26 @@ from tests.support.promchecks import (
     check_service_discovery,
     check_time_to_ready,
 )
+from tests.support.vllm import READY_TIMEOUT as VLLM_READY_TIMEOUT
+from tests.support.vllm import require_vllm_python, tiny_llm
 from weightlift.local.kube import call
 from weightlift.local.kubeletnode import KubeletNode
-from weightlift.local.observe import Observer, infer
+from weightlift.local.observe import Observer, complete, infer
 from weightlift.local.prometheus import NAMESPACE as PROM_NAMESPACE
 from weightlift.local.prometheus import LocalPrometheus
 from weightlift.local.prometheus_pod import POD as PROM_POD
-from weightlift.local.stack import LocalStack, make_demo_model, model_deployment
+from weightlift.local.stack import (
+    VLLM_ENV,
+    LocalStack,
+    engine_image,
+    make_demo_model,
+    model_deployment,
+    vllm_engine_args,
+)
 
 JSON = dict[str, Any]
 NAME = "kube-life"
+VLLM = "kube-vllm"
 REPLICAS = 3
 MODEL_MB = 8.0
 # The first test pays for the stack: a cold registry cache compresses and pushes the worker
@@ -60,24 +73,36 @@ def _require_images(stack_images: tuple[str, ...]) -> None:
 
 
 @pytest.fixture(scope="module")
-def model(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, JSON]:
-    out = tmp_path_factory.mktemp("kmodel") / "model"
+def models(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The models' folder: the operator's hostpath prefix, mounted into the pods."""
+    return tmp_path_factory.mktemp("kmodels")
+
+
+@pytest.fixture(scope="module")
+def model(models: Path) -> tuple[Path, JSON]:
+    out = models / "model"
     return out, make_demo_model(out, MODEL_MB)
 
 
 @pytest.fixture(scope="module")
-def kstack(
-    tmp_path_factory: pytest.TempPathFactory, model: tuple[Path, JSON]
-) -> Iterator[LocalStack]:
+def llm(models: Path) -> tuple[Path, JSON]:
+    out = models / "llm"
+    return out, tiny_llm(require_vllm_python(), out)
+
+
+@pytest.fixture(scope="module")
+def kstack(tmp_path_factory: pytest.TempPathFactory, models: Path) -> Iterator[LocalStack]:
     _require_node()
     stack = LocalStack(
         tmp_path_factory.mktemp("klife") / "stack",
         node_kind="kubelet",
         node_name="kubelet-life",
-        gpus=4,
+        gpus=5,  # the builtin deployment's 3 and the vLLM pair's 2, side by side
         install="helm",
-        model_path_prefixes=(str(model[0].parent),),
+        model_path_prefixes=(str(models),),
     )
+    # worker-vllm shares the worker's layers: the registry and containerd hold them once.
+    stack.images = (*stack.node_images(), engine_image("vLLM"))
     _require_images(stack.node_images())
     with stack:
         yield stack
@@ -193,3 +218,58 @@ def test_prometheus_as_a_pod_scrapes_the_operator_pods_and_workers(
     check_time_to_ready(kstack, kprom, deployed)
     check_loaded_bytes(kstack, kprom, deployed)
     check_dashboard(kprom, deployed)
+
+
+@pytest.fixture(scope="module")
+def vllm_ready(kstack: LocalStack, llm: tuple[Path, JSON]) -> Observer:
+    """Eager (--enforce-eager): vLLM's compiled mode needs a C++ compiler (torch Inductor's CPU
+    codegen) that the worker-vllm image does not carry yet."""
+    model_dir, probe = llm
+    obs = Observer(kstack, VLLM)
+    obs.watch_handoffs()
+    manifest = model_deployment(
+        VLLM,
+        model_dir,
+        replicas=2,
+        probe=probe,
+        engine="vLLM",
+        engine_args=vllm_engine_args(eager=True),
+        env=VLLM_ENV,
+        hook_library=None,
+        image=engine_image("vLLM"),
+        # Its wait begins at the pods' creation: the pull of worker-vllm's own layers and vLLM's
+        # start on 2 busy cores come first (demo.REAL_NODE_WAIT_FOR_SOURCE).
+        wait_for_source_seconds=int(VLLM_READY_TIMEOUT),
+    )
+    kstack.apply(manifest)
+    try:
+        obs.wait_ready(VLLM_READY_TIMEOUT)
+    finally:
+        obs.close()
+    return obs
+
+
+def test_vllm_source_and_standby_target_ready_with_the_same_completion(
+    vllm_ready: Observer, llm: tuple[Path, JSON], kstack: LocalStack
+) -> None:
+    _, probe = llm
+    rows = vllm_ready.replica_statuses()
+    assert len(rows) == 2 and all(r["ready"] and r["probe"]["passed"] for r in rows), rows
+    source = next(r for r in rows if r["loadedFrom"] == "storage:hostpath")
+    target = next(r for r in rows if r["name"] != source["name"])
+    assert target["loadedFrom"] == f"peer:{source['name']}", rows
+    assert target["bytesLoaded"] == target["bytesTotal"] == source["bytesTotal"] > 0, rows
+    summary = {r["name"]: r for r in vllm_ready.summary()["replicas"]}
+    src, tgt = summary[source["name"]], summary[target["name"]]
+    # Standby: the target's vLLM was up and waiting at its weight step before the source was
+    # Ready, and the kubelet's downwardAPI refresh handed it the source.
+    assert tgt["standbyAt"] < src["readyAt"], (src, tgt)
+    assert 0 <= tgt["handoffSeconds"] < 5, tgt
+    texts = [complete(r["openaiEndpoint"], VLLM, probe["completion"]) for r in (src, tgt)]
+    assert texts == [probe["completion"]["expectedText"]] * 2
+    node = kstack.node
+    assert isinstance(node, KubeletNode)
+    prefix = node.net.pod_cidr.rsplit(".", 1)[0] + "."
+    assert all(str(r["openaiEndpoint"]).split("//")[1].startswith(prefix) for r in (src, tgt))
+    images = {c["image"] for p in kstack.pods(VLLM) for c in p["spec"]["containers"]}
+    assert images == {engine_image("vLLM")}, images

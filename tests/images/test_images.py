@@ -16,7 +16,6 @@ import os
 import subprocess
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -24,87 +23,21 @@ import httpx
 import pytest
 import yaml
 
-REPO = Path(__file__).resolve().parents[2]
-BUILD_TIMEOUT_S = 3600
+from tests.images.buildah import BUILD_TIMEOUT_S, REPO, build
+from tests.images.buildah import attempt as _try
+from tests.images.buildah import buildah as _buildah
+from tests.images.buildah import config as _config
+from tests.images.buildah import dev_only_code as _dev_only_code
+from tests.images.buildah import files as _files
+from tests.images.buildah import run as _run
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(BUILD_TIMEOUT_S)]
-
-
-def _buildah(*args: str, timeout: float = 300) -> str:
-    done = subprocess.run(
-        ["buildah", *args], capture_output=True, text=True, timeout=timeout, check=False
-    )
-    if done.returncode != 0:
-        raise AssertionError(f"buildah {' '.join(args)} exited {done.returncode}: {done.stderr}")
-    return done.stdout
 
 
 @pytest.fixture(scope="module")
 def images() -> dict[str, str]:
     """target -> image name, built (or found up to date) by hack/build-images.sh."""
-    if not os.environ.get("WEIGHTLIFT_IMAGES"):
-        pytest.skip(
-            "image tests build the images with buildah (minutes, GBs); "
-            "run `make test-images` or set WEIGHTLIFT_IMAGES=1"
-        )
-    done = subprocess.run(
-        [str(REPO / "hack" / "build-images.sh"), "operator", "worker"],
-        capture_output=True,
-        text=True,
-        timeout=BUILD_TIMEOUT_S,
-        check=False,
-    )
-    assert done.returncode == 0, f"hack/build-images.sh failed:\n{done.stderr[-4000:]}"
-    built = {}
-    for line in done.stdout.splitlines():
-        target, image, _seconds = line.split()
-        built[target] = image
-    assert set(built) == {"operator", "worker"}, done.stdout
-    return built
-
-
-def _config(image: str) -> dict[str, object]:
-    config = json.loads(_buildah("inspect", "--type", "image", image))["OCIv1"]["config"]
-    assert isinstance(config, dict)
-    return config
-
-
-@contextmanager
-def _container(image: str) -> Iterator[str]:
-    name = _buildah("from", "--pull-never", image).strip()
-    try:
-        yield name
-    finally:
-        _buildah("rm", name)
-
-
-def _try(image: str, *command: str, user: str | None = None) -> subprocess.CompletedProcess[str]:
-    """Runs `command` in a fresh container of `image` (chroot isolation) as `user`, or as the
-    image's configured user."""
-    with _container(image) as ctr:
-        as_user = ["--user", user] if user else []
-        argv = ["buildah", "run", "--isolation", "chroot", *as_user, ctr, "--", *command]
-        return subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False)
-
-
-def _run(image: str, *command: str, user: str | None = None) -> str:
-    done = _try(image, *command, user=user)
-    assert done.returncode == 0, f"{command} in {image} exited {done.returncode}: {done.stderr}"
-    return done.stdout
-
-
-def _files(image: str) -> list[str]:
-    """Every path in the image's root filesystem, relative to /."""
-    with _container(image) as ctr:
-        root = Path(_buildah("mount", ctr).strip())
-        try:
-            return [str(p.relative_to(root)) for p in root.rglob("*")]
-        finally:
-            _buildah("umount", ctr)
-
-
-def _dev_only_code(paths: list[str]) -> list[str]:
-    return [p for p in paths if "/weightlift/local" in f"/{p}" or "/weightlift/bench" in f"/{p}"]
+    return build("operator", "worker")
 
 
 def test_operator_image_has_no_torch_and_no_dev_or_worker_code(images: dict[str, str]) -> None:

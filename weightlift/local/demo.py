@@ -34,6 +34,7 @@ from weightlift.local.stack import (
     VLLM_ENV,
     LocalStack,
     add_hook_library,
+    engine_image,
     make_demo_model,
     model_deployment,
     vllm_engine_args,
@@ -42,6 +43,10 @@ from weightlift.local.stack import (
 log = logging.getLogger("weightlift.demo")
 
 INSTALL_KINDS = ("process", "helm")
+# waitForSourceSeconds counts from when the targets start waiting, that is from their pods'
+# creation: on a real node a cold pull of the engine image (3 GB compressed for worker-vllm, 1.5-3
+# min here) comes before the source's start, and 300 s sent the waiting vLLM target to storage.
+REAL_NODE_WAIT_FOR_SOURCE = 900
 # What fails the demo with a message (not a traceback).
 DEMO_ERRORS: tuple[type[Exception], ...] = (TimeoutError, RuntimeError, *KUBE_ERRORS)
 
@@ -258,15 +263,21 @@ def demo_command(
     engine = {"vllm": "vLLM", "triton": "Triton"}.get(runtime, "Builtin")
     model_dir = state_dir / ("llm" if llm else "model")
     groups = _parallelism(pods_per_replica, llm) is not None
+    # The worker-vllm image has no C++ compiler, which torch Inductor's CPU codegen (vLLM's
+    # compiled mode) needs: a real node's vLLM runs eager until the image carries one.
+    real_node = node_kind == "kubelet"
     stack = LocalStack(
         state_dir,
         model_path_prefixes=(str(model_dir),),
         install=install,
         node_kind=node_kind,
         with_lws=groups,
+        # A real node runs the engine's own image (`make images`); the process node, this venv.
+        worker_image=engine_image(engine) if node_kind == "kubelet" else "",
     )
     where: DemoStorage | None = None
     prom: LocalPrometheus | None = None
+    obs: Observer | None = None
     with _sigterm_raises():
         try:
             probe = _prepare_model(
@@ -286,12 +297,15 @@ def demo_command(
                 probe=probe,
                 model=where.model,
                 engine=engine,
-                engine_args=vllm_engine_args(enforce_eager) if llm else None,
+                engine_args=vllm_engine_args(enforce_eager or real_node) if llm else None,
                 env=VLLM_ENV if llm else None,
                 warm_spares=1 if scale_up else 0,
                 parallelism=_parallelism(pods_per_replica),
+                image=stack.worker_image or None,
+                wait_for_source_seconds=REAL_NODE_WAIT_FOR_SOURCE if real_node else 300,
             )
             obs = Observer(stack, name)
+            obs.watch_handoffs()
             stack.apply(manifest)
             with Live(render(obs), console=console, refresh_per_second=8) as live:
                 obs.wait_ready(timeout, tick=lambda o: live.update(render(o)))
@@ -316,6 +330,8 @@ def demo_command(
             raise SystemExit(1) from None
         finally:
             with console.status("tearing down (operator, worker processes, control plane)"):
+                if obs is not None:
+                    obs.close()
                 if prom is not None:
                     prom.down()
                 if where is not None:
@@ -584,6 +600,7 @@ def _print_tables(console: Any, summary: JSON, name: str) -> None:
         "compile",
         "created at",
         "standby at",
+        "hand-off s",
         "ready at",
     ):
         table.add_column(col)
@@ -603,9 +620,13 @@ def _print_tables(console: Any, summary: JSON, name: str) -> None:
             str(r.get("compileCache") or "-"),
             at(r.get("createdAt")),
             at(r.get("standbyAt")),
+            f"{r['handoffSeconds']:.3f}" if r.get("handoffSeconds") is not None else "-",
             at(r.get("readyAt")),
         )
-    table.caption = "created / standby / ready at: seconds since the apply"
+    table.caption = (
+        "created / standby / ready at: seconds since the apply; hand-off: the operator's "
+        "peers annotation (its watch event) to the waiting worker reading it"
+    )
     if summary.get("afterSourceRatio") is not None:
         table.caption += (
             f"; source Ready at {summary['sourceReadyAt']:.1f}s, all at "

@@ -183,8 +183,20 @@ def make_in_engine_env(
             check=True,
             stdout=subprocess.DEVNULL,
         )
+    readable_by_all(out)
     probe: dict[str, Any] = json.loads((out / PROBE_FILE).read_text())
     return probe
+
+
+def readable_by_all(root: Path) -> None:
+    """Let every user read the model (directories: enter): transformers' save_pretrained writes
+    model.safetensors 0600 (a temp file renamed), and a real node's worker (uid 1000) reads the
+    hostPath with its own uid, not root's."""
+    for path in [root, *root.rglob("*")]:
+        mode = path.stat().st_mode
+        want = mode | (0o555 if path.is_dir() else 0o444)
+        if want != mode:
+            path.chmod(want)
 
 
 def greedy_text(model: Any, model_dir: Path, prompt: str, max_tokens: int) -> str:

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from weightlift.local.handoffwatch import HandoffWatch, handoff_seconds
 from weightlift.local.kube import JSON
 from weightlift.local.stack import LocalStack
 
@@ -41,6 +42,17 @@ class Observer:
     md: JSON | None = None
     pods: list[JSON] = field(default_factory=list)
     ready_at: float | None = None
+    # watch_handoffs(): when each target was handed its peers (the summary's handoffSeconds).
+    handoffs: HandoffWatch | None = None
+
+    def watch_handoffs(self) -> None:
+        """Watch the pods' hand-off annotations from now on (before the apply); close() stops."""
+        if self.handoffs is None:
+            self.handoffs = HandoffWatch(self.stack.kube, self.stack.namespace, self.name)
+
+    def close(self) -> None:
+        if self.handoffs is not None:
+            self.handoffs.close()
 
     def poll(self) -> JSON | None:
         now = time.monotonic()
@@ -182,6 +194,11 @@ class Observer:
         }
         if "standby" in worker:
             moments["standbyAt"] = since(worker["standby"])
+        if self.handoffs is not None and seen is not None:
+            name = next((n for n, t in self.times.items() if t is seen), "")
+            latency = handoff_seconds(self.handoffs.handed.get(name), worker)
+            if latency is not None:  # annotation patch (its watch event) -> worker read it
+                moments["handoffSeconds"] = latency
         return moments
 
 

@@ -64,6 +64,16 @@ def vllm_engine_args(eager: bool) -> list[str]:
     return [*args, VLLM_EAGER] if eager else args
 
 
+def engine_image(engine: str) -> str:
+    """The worker image `make images` builds for a runtime engine (hack/build-images.sh's tags):
+    the CRD's default for Builtin, worker-vllm and worker-triton beside it."""
+    from weightlift.api.model import DEFAULT_WORKER_IMAGE
+
+    repository, _, tag = DEFAULT_WORKER_IMAGE.rpartition(":")
+    suffix = {"Builtin": "", "vLLM": "-vllm", "Triton": "-triton"}[engine]
+    return f"{repository}{suffix}:{tag}"
+
+
 def weightlift_exe() -> str:
     exe = BIN_DIR / "weightlift"
     return str(exe) if exe.exists() else "weightlift"
@@ -118,6 +128,8 @@ class LocalStack(UpDown):
     # worker image and, with install "helm", the operator image).
     node_kind: NodeKindName = "process"
     images: tuple[str, ...] | None = None
+    # The worker image the kubelet node's registry gets by default (engine_image: the engine's).
+    worker_image: str = ""
     # Run the LeaderWorkerSet controller (`make lws`): multi-pod replicas need it.
     with_lws: bool = False
 
@@ -352,19 +364,19 @@ class LocalStack(UpDown):
         return self.node
 
     def node_images(self) -> tuple[str, ...]:
-        """What the kubelet node's registry gets: `images`, or the worker image (the CRD's
-        default) and, when the chart runs the operator, its image."""
+        """What the kubelet node's registry gets: `images`, or `worker_image` (default: the
+        CRD's) and, when the chart runs the operator, its image."""
         if self.images is not None:
             return self.images
-        from weightlift.api.model import DEFAULT_WORKER_IMAGE
         from weightlift.local.release import CHART
 
+        worker = self.worker_image or engine_image("Builtin")
         if self.install != "helm":
-            return (DEFAULT_WORKER_IMAGE,)
+            return (worker,)
         image = yaml.safe_load((CHART / "values.yaml").read_text())["image"]
         app = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
         operator = self.operator_image or f"{image['repository']}:{image['tag'] or app}"
-        return (DEFAULT_WORKER_IMAGE, operator)
+        return (worker, operator)
 
     def _start_node(self, info: Any) -> None:
         if self.node_kind == "kubelet":
@@ -565,8 +577,10 @@ def model_deployment(
     env: dict[str, str] | None = None,
     warm_spares: int = 0,
     parallelism: JSON | None = None,
+    image: str | None = None,
 ) -> JSON:
-    """A ModelDeployment for a local demo model, pinned to process nodes. `model` overrides
+    """A ModelDeployment for a local demo model, pinned to the stack's node. `image`: the worker
+    image (a kubelet node runs it; default: the CRD's). `model` overrides
     spec.model fields (another uri, endpoint, credentials: see local/demo_stores.py). engine "vLLM":
     an HF model directory served by vLLM with weightlift loading (the init hook runs in each
     vLLM rank's process). engine "Triton": the same inside tritonserver's Python backend
@@ -586,6 +600,7 @@ def model_deployment(
         "template": {
             "nodeSelector": {LOCAL_NODE_LABEL: "true"},
             "shmSize": "1Gi",
+            **({"image": image} if image else {}),
         },
         "loading": {
             "strategy": strategy,

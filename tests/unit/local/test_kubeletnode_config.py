@@ -48,6 +48,8 @@ def test_containerd_config_for_this_machine_kind(tmp_path: Path) -> None:
     assert cri["netns_mounts_under_state_dir"] is True
     assert cri["sandbox_image"] == f"{net.host_ip}:5000/weightlift/pause:3.10"
     assert cri["registry"]["config_path"] == str(lay.registry_hosts)
+    # An image's compressed layers are dropped once unpacked (not kept twice on disk).
+    assert cri["containerd"]["discard_unpacked_layers"] is True
     runc = cri["containerd"]["runtimes"]["runc"]
     assert runc["options"]["SystemdCgroup"] is False
     for key in ("root", "state"):

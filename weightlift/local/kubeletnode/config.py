@@ -141,6 +141,9 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
 [{cri}.containerd]
   snapshotter = "overlayfs"
   default_runtime_name = "runc"
+  # The compressed layers go once unpacked: the worker images (torch, vLLM) would otherwise
+  # cost their size twice on a disk the kubelet already sees as mostly full.
+  discard_unpacked_layers = true
 
 [{cri}.containerd.runtimes.runc]
   runtime_type = "io.containerd.runc.v2"
