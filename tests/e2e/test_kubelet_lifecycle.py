@@ -97,7 +97,9 @@ def kstack(tmp_path_factory: pytest.TempPathFactory, models: Path) -> Iterator[L
         tmp_path_factory.mktemp("klife") / "stack",
         node_kind="kubelet",
         node_name="kubelet-life",
-        gpus=5,  # the builtin deployment's 3 and the vLLM pair's 2, side by side
+        # The builtin deployment's 3 (4 after the failover test's scale-up), the vLLM pair's 2
+        # and the unpullable image's 1, side by side.
+        gpus=7,
         install="helm",
         model_path_prefixes=(str(models),),
     )
@@ -273,3 +275,64 @@ def test_vllm_source_and_standby_target_ready_with_the_same_completion(
     assert all(str(r["openaiEndpoint"]).split("//")[1].startswith(prefix) for r in (src, tgt))
     images = {c["image"] for p in kstack.pods(VLLM) for c in p["spec"]["containers"]}
     assert images == {engine_image("vLLM")}, images
+
+
+def test_an_image_that_cannot_be_pulled_is_named_in_status(
+    kstack: LocalStack, model: tuple[Path, JSON]
+) -> None:
+    """A tag the registry does not have: the replica stays Pending, and the status names the
+    image and the kubelet's reason (ErrImagePull, then ImagePullBackOff)."""
+    model_dir, probe = model
+    image = "ghcr.io/weightlift/worker:no-such-tag"
+    kstack.apply(model_deployment("kube-badimg", model_dir, replicas=1, probe=probe, image=image))
+    obs = Observer(kstack, "kube-badimg")
+
+    def named(o: Observer) -> bool:
+        message = str(o.status().get("message") or "")
+        return image in message and ("ErrImagePull" in message or "ImagePullBackOff" in message)
+
+    try:
+        obs.wait(named, 120, "the status to name the unpullable image")
+        status = obs.status()
+        assert status["phase"] == "Pending", status
+        (row,) = obs.replica_statuses()
+        assert image in row["message"] and not row["ready"], row
+    finally:
+        kstack.delete_md("kube-badimg")
+        obs.wait(lambda o: not o.pods, 120, "kube-badimg's pod to go")
+
+
+def test_the_standby_operator_pod_takes_over_when_the_leader_pod_dies(
+    kstack: LocalStack, ready: Observer
+) -> None:
+    """Issue 34's failover on the real node: the chart's two operator pods; the leader's pod is
+    deleted at once (no grace: its container is killed, its Lease not released) just as a
+    scale-up asks for a fourth replica. The other pod takes the Lease once it runs out and
+    finishes the scale-up: the three replicas keep their pods, the new one pulls from a peer."""
+    release = kstack.release
+    assert release is not None
+    leader = release.operator_pod()
+    assert leader is not None and release.lease_holder() == leader["metadata"]["name"]
+    before = {p["metadata"]["name"]: p["metadata"]["uid"] for p in kstack.pods(NAME)}
+    killed_at = time.monotonic()
+    call(
+        kstack.kube.core.delete_namespaced_pod,
+        leader["metadata"]["name"],
+        release.namespace,
+        grace_period_seconds=0,
+    )
+    kstack.scale_md(NAME, REPLICAS + 1)
+    ready.wait(
+        lambda o: release.lease_holder() not in (None, leader["metadata"]["name"]),
+        60,
+        "another operator pod to hold the Lease",
+    )
+    takeover = time.monotonic() - killed_at
+    ready.wait_ready(READY_TIMEOUT)
+    rows = {r["name"]: r for r in ready.replica_statuses()}
+    assert len(rows) == REPLICAS + 1 and all(r["ready"] for r in rows.values()), rows
+    now = {p["metadata"]["name"]: p["metadata"]["uid"] for p in kstack.pods(NAME)}
+    assert {n: now[n] for n in before} == before, (before, now)  # none replaced
+    (new,) = set(now) - set(before)
+    assert str(rows[new]["loadedFrom"]).startswith("peer:"), rows[new]
+    print(f"operator failover on the real node: Lease taken {takeover:.1f}s after the kill")
