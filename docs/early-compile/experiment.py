@@ -14,6 +14,8 @@ process so that nothing (Dynamo caches, oneDNN handlers) leaks between them:
          compiles and warms up; then the checkpoint is read and handed to vLLM's in-place
          `Worker.reload_weights` (layer-wise: checkpoint-format tensors, the layer's
          `process_weights_after_loading` again, values copied back into the original tensors).
+- early-wl: as early, through weightlift's own in-place reload (worker/engines/vllm/inplace.py,
+         what the load format does), the checkpoint fed through `model.load_weights`.
 - dummy: placeholder weights only; its outputs must differ, or the comparison proves nothing.
 
 The engine runs in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, `uni` executor), in
@@ -68,6 +70,31 @@ def _reload_from(path: str) -> Any:
     return reload
 
 
+def _reload_weightlift(path: str) -> Any:
+    """Runs on the worker: weightlift's own in-place reload (the load format's path), the
+    checkpoint fed through vLLM's model.load_weights as a storage-loaded rank does."""
+
+    def reload(worker: Any) -> dict[str, Any]:
+        from safetensors.torch import load_file
+
+        from weightlift.worker.engines.vllm.inplace import reload_in_place
+
+        model = worker.model_runner.get_model()
+        tensors = {}
+        for f in sorted(Path(path).glob("*.safetensors")):
+            tensors.update(load_file(str(f)))
+        seconds = reload_in_place(
+            model,
+            worker.vllm_config,
+            worker.model_config,
+            worker.device,
+            lambda params: model.load_weights(iter(tensors.items())),
+        )
+        return {"processing_s": round(seconds, 4)}
+
+    return reload
+
+
 def _stamp_auto_load() -> dict[str, float]:
     """Record when vLLM's default loader starts reading the weights (in this process)."""
     from vllm.model_executor.model_loader.default_loader import DefaultModelLoader
@@ -101,9 +128,10 @@ def main() -> None:
     t_engine = time.perf_counter()
     result: dict[str, Any] = {"mode": mode, "import_s": round(t_import - t_proc, 2)}
     result["engine_s"] = round(t_engine - t_import, 2)
-    if mode == "early":
+    if mode in ("early", "early-wl"):
         stamps["weights_available"] = time.perf_counter()
-        result["reload"] = llm.collective_rpc(_reload_from(model_dir))[0]
+        how = _reload_from if mode == "early" else _reload_weightlift
+        result["reload"] = llm.collective_rpc(how(model_dir))[0]
     params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, logprobs=5, seed=0)
     first = llm.generate(PROMPTS[:1], SamplingParams(temperature=0.0, max_tokens=1))
     t_first = time.perf_counter()
