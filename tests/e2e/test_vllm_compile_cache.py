@@ -40,6 +40,7 @@ from weightlift.local.llm import vllm_worker_plan
 from weightlift.local.observe import Observer, complete
 from weightlift.local.stack import LocalStack, model_deployment
 from weightlift.worker.engines.vllm.compile_store import ARCHIVE
+from weightlift.worker.engines.vllm.engine import engine_host
 
 JSON = dict[str, Any]
 # vLLM's default: torch.compile (Inductor on CPU) and its AOT artifact, for these tests only.
@@ -202,12 +203,12 @@ def test_standby_target_compiles_first_and_answers_bit_identically(
     )
     target = Worker(p, work, node_a.cache, python, env={PEERS_FILE_ENV: str(handoff)})
     running.append(target)
-    engine = f"http://{target.address.rsplit(':', 1)[0]}:{p.runtime.engine_port}"
+    engine = f"http://{engine_host(p.host)}:{p.runtime.engine_port}"
     deadline = time.monotonic() + READY_TIMEOUT
-    while ENGINE_UP not in target_log(target) or phase(target) != "Standby":
+    # vLLM compiled, warmed up and serves /health, with no weights yet: the worker in Standby.
+    while not (healthy(engine) and phase(target) == "Standby"):
         assert time.monotonic() < deadline and target.proc.poll() is None, target_log(target)
         time.sleep(0.5)
-    assert httpx.get(engine + "/health", timeout=10).status_code == 200
     st = target.status()
     assert st["phase"] == "Standby" and "peers" not in st["timeline"], st
     log = target.vllm_log
@@ -225,6 +226,13 @@ def test_standby_target_compiles_first_and_answers_bit_identically(
     for prompt in PROMPTS:
         assert greedy(target, prompt) == greedy(source, prompt), prompt
     assert target.complete(probe) == probe["completion"]["expectedText"]
+
+
+def healthy(url: str) -> bool:
+    try:
+        return httpx.get(url + "/health", timeout=10).status_code == 200
+    except httpx.HTTPError:
+        return False
 
 
 def phase(worker: Worker) -> str | None:
