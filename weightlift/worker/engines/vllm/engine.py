@@ -376,7 +376,12 @@ class VllmEngine:
         arrives in time) and only then relays the hand-off to the ranks' weight step."""
         relay_file = self.workdir / "handoff.json"
         relay_file.unlink(missing_ok=True)
-        self.compile_cache.facts()  # the engine versions, read beside vLLM's start
+        if compiles_before_weights(os.environ):
+            # The ranks compile at once, before any peer is known: only a store can give the
+            # program now (loader.py; a rank that cannot compile first gets the peer's later).
+            await self.compile_cache.before_start(self.session(), ctx.state.peer_token)
+        else:
+            self.compile_cache.facts()  # the engine versions, read beside vLLM's start
         self.relay_file = relay_file
         self.start()
         relay = asyncio.ensure_future(self.relay_handoff(ctx, path, relay_file))
