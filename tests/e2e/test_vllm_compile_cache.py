@@ -3,13 +3,16 @@
 Compiled mode (no --enforce-eager), each replica with its own VLLM_CACHE_ROOT: a first start
 compiles and vLLM saves its AOT artifact; a second start of the same model on the same node loads
 it (vLLM's own log line says so); a target with an empty cache root fetches the Ready source's
-cache over the P2P surface and loads it too, as two bare workers and on the process node.
+cache over the P2P surface and loads it too, as two bare workers and on the process node. A
+standby target compiles and warms up on placeholder weights before its hand-off, then answers
+bit-identically (token ids and logprobs) to the storage-loaded replica it pulled from.
 On the cluster, the node store outlives the replicas: a later deployment of the same model loads
 the program a deleted one stored, and a store entry with a flipped byte is refused.
 """
 
 from __future__ import annotations
 
+import os
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -17,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from tests.support.compile_cache import flip_a_byte
@@ -31,11 +35,12 @@ from tests.support.vllm import (
     tiny_llm,
 )
 from weightlift.api.model import Role
-from weightlift.api.worker import PeerCandidate, WorkerPlan
+from weightlift.api.worker import PEERS_FILE_ENV, PeerCandidate, PeerHandoff, WorkerPlan
 from weightlift.local.llm import vllm_worker_plan
 from weightlift.local.observe import Observer, complete
 from weightlift.local.stack import LocalStack, model_deployment
 from weightlift.worker.engines.vllm.compile_store import ARCHIVE
+from weightlift.worker.engines.vllm.engine import engine_host
 
 JSON = dict[str, Any]
 # vLLM's default: torch.compile (Inductor on CPU) and its AOT artifact, for these tests only.
@@ -49,8 +54,15 @@ LOAD_FAILED = "Compiling model again due to a load failure"
 class Worker(VllmWorker):
     """A vLLM worker with its own vLLM cache root; answers the completion probe."""
 
-    def __init__(self, plan: WorkerPlan, workdir: Path, cache_root: Path, python: Path) -> None:
-        super().__init__(plan, workdir, python, cache_root=cache_root)
+    def __init__(
+        self,
+        plan: WorkerPlan,
+        workdir: Path,
+        cache_root: Path,
+        python: Path,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(plan, workdir, python, cache_root=cache_root, env=env)
 
     def complete(self, probe: JSON) -> str:
         return complete(f"http://{self.address}/v1", "llm", probe["completion"], timeout=120)
@@ -78,6 +90,7 @@ def running() -> Iterator[list[Worker]]:
 
 @dataclass
 class NodeA:
+    cache: Path  # node A's vLLM cache root
     first_status: JSON
     first_log: str
     second: Worker  # still running: the source of the next test
@@ -101,7 +114,7 @@ def node_a(
     running.remove(first)
     second = Worker(plan(model, "llm-0b", Role.SOURCE, []), work, cache, python)
     running.append(second)
-    return NodeA(first_status, first_log, second, second.wait_serving())
+    return NodeA(cache, first_status, first_log, second, second.wait_serving())
 
 
 @pytest.mark.timeout(TEST_TIMEOUT)
@@ -145,6 +158,95 @@ def test_target_installs_the_source_cache_and_compiles_nothing(
     assert SAVED not in log and LOAD_FAILED not in log, log[-3000:]
     assert "compile cache" in target.log.read_text() and "installed" in target.log.read_text()
     assert target.complete(probe) == source.complete(probe) == probe["completion"]["expectedText"]
+
+
+# The load format's log lines (engines/vllm/loader.py) and vLLM's end of engine start-up.
+IN_PLACE = "weights in place after compile"
+STANDBY_OVER = "standby over"
+ENGINE_UP = "init engine (profile, create kv cache, warmup model)"
+PROMPTS = ["hello world", "the quick brown fox", "one two three four five six seven"]
+
+
+def greedy(worker: Worker, prompt: str) -> JSON:
+    """Greedy token ids (as text pieces) and the top-5 logprobs of each step, as vLLM sends
+    them: floats in JSON round-trip exactly, so equal dicts mean equal bits."""
+    resp = httpx.post(
+        f"http://{worker.address}/v1/completions",
+        json={"model": "llm", "prompt": prompt, "max_tokens": 16, "temperature": 0, "logprobs": 5},
+        timeout=120,
+    )
+    assert resp.status_code == 200, resp.text
+    logprobs: JSON = resp.json()["choices"][0]["logprobs"]
+    return logprobs
+
+
+@pytest.mark.timeout(TEST_TIMEOUT)
+def test_standby_target_compiles_first_and_answers_bit_identically(
+    llm: tuple[Path, Path, JSON],
+    node_a: NodeA,
+    running: list[Worker],
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """A standby target on node A (issue 33 item 3): its vLLM loads the compiled program, warms
+    up on placeholder weights and answers /health while the worker still waits in Standby,
+    not Ready. Handed node A's storage-loaded replica as its peer, it pulls the weights into
+    the same tensors and redoes vLLM's post-load processing (CPU repacking): its greedy token
+    ids and top-5 logprobs are bit-identical to that replica's."""
+    python, model, probe = llm
+    source = node_a.second
+    work = tmp_path_factory.mktemp("standby")
+    handoff = work / "peers.json"
+    p = plan(model, "llm-2", Role.TARGET, [])
+    # The worker's own bound on the wait: beyond this test's slowest vLLM start.
+    p = p.model_copy(
+        update={"loading": p.loading.model_copy(update={"wait_for_source_seconds": 3600})}
+    )
+    target = Worker(p, work, node_a.cache, python, env={PEERS_FILE_ENV: str(handoff)})
+    running.append(target)
+    engine = f"http://{engine_host(p.host)}:{p.runtime.engine_port}"
+    deadline = time.monotonic() + READY_TIMEOUT
+    # vLLM compiled, warmed up and serves /health, with no weights yet: the worker in Standby.
+    while not (healthy(engine) and phase(target) == "Standby"):
+        assert time.monotonic() < deadline and target.proc.poll() is None, target_log(target)
+        time.sleep(0.5)
+    st = target.status()
+    assert st["phase"] == "Standby" and "peers" not in st["timeline"], st
+    log = target.vllm_log
+    assert LOADED in log and SAVED not in log and IN_PLACE not in log, log[-3000:]
+    tmp = handoff.with_suffix(".tmp")
+    peer = PeerCandidate(pod=source.plan.pod_name, address=source.address)
+    tmp.write_text(PeerHandoff(peers=[peer]).to_text())
+    os.replace(tmp, handoff)
+    st = target.wait_serving()
+    assert st["loadedFrom"] == "peer:llm-0b" and st["bytesLoaded"] == st["bytesTotal"] > 0, st
+    log = target.vllm_log
+    # The engine was up (compiled, warmed up) before the weights came, then never compiled.
+    assert log.index(ENGINE_UP) < log.index(STANDBY_OVER) < log.index(IN_PLACE), log[-3000:]
+    assert SAVED not in log and LOAD_FAILED not in log, log[-3000:]
+    for prompt in PROMPTS:
+        assert greedy(target, prompt) == greedy(source, prompt), prompt
+    assert target.complete(probe) == probe["completion"]["expectedText"]
+
+
+def healthy(url: str) -> bool:
+    try:
+        return httpx.get(url + "/health", timeout=10).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def phase(worker: Worker) -> str | None:
+    try:
+        return str(worker.status().get("phase"))
+    except (httpx.HTTPError, ValueError):  # its HTTP server is not up yet
+        return None
+
+
+def target_log(worker: Worker) -> str:
+    try:
+        return worker.vllm_log
+    except OSError:
+        return ""
 
 
 @pytest.mark.timeout(TEST_TIMEOUT)

@@ -23,6 +23,7 @@ from weightlift.api.model import ModelFormat, ModelSource, Role, RuntimeSpec
 from weightlift.api.worker import PeerCandidate, WorkerPlan
 from weightlift.worker.engines.vllm.engine import engine_host, vllm_command, vllm_environment
 from weightlift.worker.engines.vllm.ranks import (
+    COMPILE_FIRST_ENV,
     EngineRankReport,
     ModelDirError,
     check_model_dir,
@@ -192,7 +193,9 @@ def test_reports_round_trip_and_missing_is_none(tmp_path: Path) -> None:
     assert got is not None and not got.ok and got.message == "rank 1: boom"
 
 
-def test_vllm_command_carries_plan_port_tp_and_user_args(hf_dir: Path, tmp_path: Path) -> None:
+def test_vllm_command_carries_plan_port_tp_and_user_args(
+    hf_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     plan = plan_for(hf_dir, "p", tp=2)
     cmd = vllm_command(plan, tmp_path / "plan.json", tmp_path / "reports")
     assert cmd[1:3] == ["-m", "weightlift.worker.engines.vllm.serve"]
@@ -200,12 +203,21 @@ def test_vllm_command_carries_plan_port_tp_and_user_args(hf_dir: Path, tmp_path:
     assert args["--model"] == str(hf_dir) and args["--port"] == "18123"
     assert args["--tensor-parallel-size"] == "2" and args["--load-format"] == "weightlift"
     extra = json.loads(cmd[cmd.index("--model-loader-extra-config") + 1])
-    assert extra == {"plan": str(tmp_path / "plan.json"), "reportDir": str(tmp_path / "reports")}
+    assert extra == {
+        "plan": str(tmp_path / "plan.json"),
+        "reportDir": str(tmp_path / "reports"),
+        "compileFirst": False,
+    }
     assert cmd[-1] == "--enforce-eager"
     # Standby: each rank's weight step waits for the file the worker relays the hand-off to.
     cmd = vllm_command(plan, tmp_path / "plan.json", tmp_path / "reports", tmp_path / "h.json")
     extra = json.loads(cmd[cmd.index("--model-loader-extra-config") + 1])
     assert extra["handoff"] == str(tmp_path / "h.json")
+    # ...after vLLM compiled and warmed up on placeholders, unless the pod's env opts out.
+    assert extra["compileFirst"] is True
+    monkeypatch.setenv(COMPILE_FIRST_ENV, "0")
+    cmd = vllm_command(plan, tmp_path / "plan.json", tmp_path / "reports", tmp_path / "h.json")
+    assert json.loads(cmd[cmd.index("--model-loader-extra-config") + 1])["compileFirst"] is False
 
 
 def test_vllm_listens_where_only_the_worker_reaches_it(hf_dir: Path, tmp_path: Path) -> None:

@@ -44,6 +44,7 @@ from weightlift.worker.engines.vllm.ranks import (
     EngineLoadOptions,
     EngineRankReport,
     check_model_dir,
+    compiles_before_weights,
     holds_weights,
     read_report,
 )
@@ -97,7 +98,10 @@ def engine_args(
     """vLLM's engine arguments for the plan's model with weightlift's load format, as `vllm
     serve` takes them (vLLM's own server and the one inside Triton alike); the user's last."""
     options = EngineLoadOptions(
-        plan=str(plan_file), report_dir=str(report_dir), handoff=str(handoff) if handoff else None
+        plan=str(plan_file),
+        report_dir=str(report_dir),
+        handoff=str(handoff) if handoff else None,
+        compile_first=handoff is not None and compiles_before_weights(os.environ),
     )
     return [
         "--model",
@@ -372,7 +376,12 @@ class VllmEngine:
         arrives in time) and only then relays the hand-off to the ranks' weight step."""
         relay_file = self.workdir / "handoff.json"
         relay_file.unlink(missing_ok=True)
-        self.compile_cache.facts()  # the engine versions, read beside vLLM's start
+        if compiles_before_weights(os.environ):
+            # The ranks compile at once, before any peer is known: only a store can give the
+            # program now (loader.py; a rank that cannot compile first gets the peer's later).
+            await self.compile_cache.before_start(self.session(), ctx.state.peer_token)
+        else:
+            self.compile_cache.facts()  # the engine versions, read beside vLLM's start
         self.relay_file = relay_file
         self.start()
         relay = asyncio.ensure_future(self.relay_handoff(ctx, path, relay_file))
@@ -384,7 +393,9 @@ class VllmEngine:
 
     async def relay_handoff(self, ctx: BringUp, path: Path, relay_file: Path) -> None:
         """The pod's hand-off (peers or storage), bounded as worker/standby.py bounds it,
-        passed on to vLLM's ranks once the peer's compile cache is installed."""
+        passed on to vLLM's ranks once the peer's compile cache is installed; or, when the
+        ranks compile first (loader.py), once vLLM has compiled, warmed up and answers
+        /health: the weights then go in while it is idle."""
         rep = ctx.state.report
         handoff = await wait_for_handoff(path, wait_limit(self.plan))
         rep.timeline["peers"] = round(time.time(), 3)
@@ -392,12 +403,28 @@ class VllmEngine:
         self.compile_cache.plan = self.plan
         if not self.plan.peers:
             rep.role = str(Role.SOURCE)
-        await self.compile_cache.before_start(self.session(), ctx.state.peer_token)
+        if await self._ranks_compile_first():
+            while not await self._healthy(self.session()):
+                await asyncio.sleep(0.1)
+        else:
+            await self.compile_cache.before_start(self.session(), ctx.state.peer_token)
         tmp = relay_file.with_suffix(".tmp")
         tmp.write_text(handoff.to_text())
         os.replace(tmp, relay_file)  # atomically: a rank never reads half of it
         rep.phase = WorkerPhase.LOADING
         log.info("standby over, relayed to vLLM: %s", handoff.to_text())
+
+    async def _ranks_compile_first(self) -> bool:
+        """Once every rank has reached standby: whether they all hold placeholders (a rank
+        that cannot, a quantized model, waits at its weight step and needs the relay now)."""
+        while True:
+            reports = self.reports()
+            if any(not r.ok for r in reports):
+                return False  # wait_ready reports the failure
+            waiting = [r for r in reports if r.stage == "standby"]
+            if len(waiting) == self.plan.tensor_parallel:
+                return all(r.compiles_first for r in waiting)
+            await asyncio.sleep(0.1)
 
     async def serve_until(self, stop: asyncio.Future[Any]) -> None:
         """Until `stop` completes; EngineFailed when vLLM exits first."""

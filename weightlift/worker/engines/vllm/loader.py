@@ -10,6 +10,12 @@ source, then let vLLM process them. Each rank writes a report file the weightlif
 once when vLLM reaches the weight load, once at the end with where each step's seconds went; a
 failure writes the reason there too, then raises so vLLM stops. What is published and why: see
 `weights`.
+
+Standby with `compileFirst` (an unquantized model): the rank fills its parameters with
+placeholders and returns the model at once, so vLLM profiles, compiles and warms up while the
+pod waits; a thread then waits for the relayed hand-off (the worker relays it once vLLM answers
+/health: vLLM is idle then, and no request reaches it before the worker is Ready) and puts the
+weights into the same tensors, redoing vLLM's post-load processing (`inplace`).
 """
 
 from __future__ import annotations
@@ -25,8 +31,10 @@ from vllm.config import ModelConfig, VllmConfig
 from vllm.config.load import LoadConfig
 from vllm.distributed import get_tensor_model_parallel_rank
 from vllm.model_executor.model_loader.base_loader import BaseModelLoader
+from vllm.model_executor.model_loader.weight_utils import initialize_single_dummy_weight
 
 from weightlift.api.worker import WorkerPlan
+from weightlift.worker.engines.vllm.inplace import reload_in_place
 from weightlift.worker.engines.vllm.ranks import (
     RELAY_MARGIN_SECONDS,
     EngineLoadOptions,
@@ -91,12 +99,18 @@ class WeightliftModelLoader(BaseModelLoader):
         with self._report_lock:
             write_report(self.options.report_dir, self.report)
 
+    def _compiles_first(self, model_config: ModelConfig) -> bool:
+        return bool(self.options.handoff and self.options.compile_first) and (
+            model_config.quantization is None
+        )
+
     def load_model(
         self, vllm_config: VllmConfig, model_config: ModelConfig, prefix: str = ""
     ) -> nn.Module:
         """vLLM's own flow (create, load_weights, process) between our reports and hooks."""
         rank = get_tensor_model_parallel_rank()
         self.report = EngineRankReport(rank=rank, ok=True, stage="loading")
+        self.report.compiles_first = self._compiles_first(model_config)
         self._stamp("engine")
         try:
             self._write_report()
@@ -114,11 +128,20 @@ class WeightliftModelLoader(BaseModelLoader):
             self._write_report()  # the weights' turn now
             model = super().load_model(vllm_config, model_config, prefix)
         except Exception as exc:
-            self.report.ok = False
-            self.report.message = f"rank {rank}: {exc}"
-            self.report.permanent = bool(getattr(exc, "permanent", False))
-            self._write_report()
+            self._fail(exc)
             raise
+        if self.report.compiles_first:
+            with self._report_lock:
+                self.report.stage = "standby"
+                self._stamp("standby")
+                write_report(self.options.report_dir, self.report)
+            threading.Thread(
+                target=self._load_later,
+                args=(model, vllm_config, model_config),
+                name="wl-weights",
+                daemon=True,
+            ).start()
+            return model
         with self._report_lock:
             self._stamp("processed")
             self.report.stage = "done"
@@ -126,28 +149,78 @@ class WeightliftModelLoader(BaseModelLoader):
         log.info("weightlift: rank %d steps %s", rank, self.report.timeline)
         return model
 
+    def _fail(self, exc: Exception) -> None:
+        with self._report_lock:
+            self.report.ok = False
+            self.report.message = f"rank {self.report.rank}: {exc}"
+            self.report.permanent = bool(getattr(exc, "permanent", False))
+            write_report(self.options.report_dir, self.report)
+
     def load_weights(self, model: nn.Module, model_config: ModelConfig) -> None:
-        rank = self.report.rank
+        if self.report.compiles_first:
+            # Placeholders of the right shapes (parameters only: buffers keep their init
+            # values, which the in-place load keeps too); vLLM processes them as real ones.
+            for param in model.parameters():
+                initialize_single_dummy_weight(param)
+            return
         self._standby()
+        self._load_into(model, model_config, dict(model.named_parameters()))
+
+    def _load_later(
+        self, model: nn.Module, vllm_config: VllmConfig, model_config: ModelConfig
+    ) -> None:
+        """Compile-first standby's thread: the hand-off, then the weights in place."""
+        try:
+            self._standby()
+            device = torch.device(
+                self.load_config.device or vllm_config.device_config.device or "cpu"
+            )
+            seconds = reload_in_place(
+                model,
+                vllm_config,
+                model_config,
+                device,
+                lambda params: self._load_into(model, model_config, params),
+            )
+        except Exception as exc:
+            log.exception("weightlift: rank %d: weights after compile failed", self.report.rank)
+            self._fail(exc)
+            return
+        with self._report_lock:
+            self._stamp("processed")
+            self.report.stage = "done"
+            write_report(self.options.report_dir, self.report)
+        log.info(
+            "weightlift: rank %d weights in place after compile (processing %.3fs); steps %s",
+            self.report.rank,
+            seconds,
+            self.report.timeline,
+        )
+
+    def _load_into(
+        self, model: nn.Module, model_config: ModelConfig, params: dict[str, torch.Tensor]
+    ) -> None:
+        """Fill `params` (the rank's parameters before vLLM's processing), then publish."""
+        rank = self.report.rank
         started = time.perf_counter()
         check_model_dir(model_config.model, weights=self._holds_weights())
-        params: dict[str, torch.Tensor] = dict(model.named_parameters())
         loaded = load_rank(self.plan, rank, params, lambda ckpt: self._feed(model, ckpt))
-        self._stamp("load")
         p = loaded.progress
-        self.report = self.report.model_copy(
-            update={
-                "strategy": loaded.strategy,
-                "loaded_from": p.loaded_from or "",
-                "bytes_loaded": p.bytes_loaded,
-                "bytes_total": p.bytes_total or p.bytes_loaded,
-                "seconds": p.seconds,
-                "gbps": p.gbps,
-                "peer_failures": loaded.peer_failures,
-                "load_phases": dict(p.phases),
-                "publishing": True,
-            }
-        )
+        with self._report_lock:
+            self._stamp("load")
+            self.report = self.report.model_copy(
+                update={
+                    "strategy": loaded.strategy,
+                    "loaded_from": p.loaded_from or "",
+                    "bytes_loaded": p.bytes_loaded,
+                    "bytes_total": p.bytes_total or p.bytes_loaded,
+                    "seconds": p.seconds,
+                    "gbps": p.gbps,
+                    "peer_failures": loaded.peer_failures,
+                    "load_phases": dict(p.phases),
+                    "publishing": True,
+                }
+            )
         # Checksums, the NIXL agent and its registration take ~0.8 s for 155 MB on 2 cores:
         # off vLLM's path to Ready (its post-load processing and compile go on meanwhile). The
         # snapshot they publish was taken inside load_rank, before any post-load processing.

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 from pydantic import Field
@@ -24,6 +25,18 @@ LOAD_FORMAT = "weightlift"
 # Standby: beyond the worker's own bound on the hand-off (worker/standby.py), how long a rank
 # also waits for the worker's compile-cache fetch before it relays the hand-off.
 RELAY_MARGIN_SECONDS = 120.0
+
+
+# "0": a vLLM standby target or spare waits for its weights before vLLM compiles (the old way).
+COMPILE_FIRST_ENV = "WEIGHTLIFT_VLLM_COMPILE_FIRST"
+
+
+def compiles_before_weights(environ: Mapping[str, str]) -> bool:
+    """Whether a vLLM standby pod compiles and warms up before its weights: yes unless the
+    pod's environment says "0". Outputs are bit-identical either way (docs/early-compile);
+    what changes is where the compile falls: before the hand-off, without the peer's compile
+    cache (it is not known yet), instead of after it with the cache."""
+    return environ.get(COMPILE_FIRST_ENV, "1") != "0"
 
 
 class ModelDirError(LoadError):
@@ -43,6 +56,13 @@ class EngineLoadOptions(ApiModel):
         "storage, worker/standby.py), once it has installed the peer's compile cache; each "
         "rank's weight step waits for it. None: load with the plan's peers at once.",
     )
+    compile_first: bool = Field(
+        False,
+        description="Standby only: the ranks let vLLM compile and warm up on placeholder "
+        "weights first, then wait for the relayed hand-off and put the weights in place "
+        "(engines/vllm/inplace.py). An unquantized model only: a quantized one waits at its "
+        "weight step as before.",
+    )
 
 
 class EngineRankReport(ApiModel):
@@ -56,6 +76,9 @@ class EngineRankReport(ApiModel):
     rank: int
     ok: bool
     stage: str = "done"  # loading | standby | done
+    # Standby with placeholder weights: vLLM compiles and warms up meanwhile; the worker relays
+    # the hand-off once vLLM answers /health (the weights go in while vLLM is idle).
+    compiles_first: bool = False
     message: str = ""
     permanent: bool = False  # retrying cannot help (bad files, a missing hook symbol)
     strategy: str = ""
