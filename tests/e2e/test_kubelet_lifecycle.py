@@ -306,9 +306,11 @@ def test_the_standby_operator_pod_takes_over_when_the_leader_pod_dies(
     kstack: LocalStack, ready: Observer
 ) -> None:
     """Issue 34's failover on the real node: the chart's two operator pods; the leader's pod is
-    deleted at once (no grace: its container is killed, its Lease not released) just as a
-    scale-up asks for a fourth replica. The other pod takes the Lease once it runs out and
-    finishes the scale-up: the three replicas keep their pods, the new one pulls from a peer."""
+    deleted with no grace period (as a drain or an eviction that will not wait) just as a
+    scale-up asks for a fourth replica. The kubelet stops its container, whose operator gives up
+    its Lease on the way out; the other pod takes it and finishes the scale-up: the three
+    replicas keep their pods, the new one pulls from a peer. (A leader that dies without a word
+    is bench chaos' leader-sigkill-standby-takes-over: the Lease has to run out there.)"""
     release = kstack.release
     assert release is not None
     leader = release.operator_pod()
@@ -335,4 +337,4 @@ def test_the_standby_operator_pod_takes_over_when_the_leader_pod_dies(
     assert {n: now[n] for n in before} == before, (before, now)  # none replaced
     (new,) = set(now) - set(before)
     assert str(rows[new]["loadedFrom"]).startswith("peer:"), rows[new]
-    print(f"operator failover on the real node: Lease taken {takeover:.1f}s after the kill")
+    print(f"operator failover on the real node: Lease taken {takeover:.1f}s after the delete")

@@ -263,9 +263,6 @@ def demo_command(
     engine = {"vllm": "vLLM", "triton": "Triton"}.get(runtime, "Builtin")
     model_dir = state_dir / ("llm" if llm else "model")
     groups = _parallelism(pods_per_replica, llm) is not None
-    # The worker-vllm image has no C++ compiler, which torch Inductor's CPU codegen (vLLM's
-    # compiled mode) needs: a real node's vLLM runs eager until the image carries one.
-    real_node = node_kind == "kubelet"
     stack = LocalStack(
         state_dir,
         model_path_prefixes=(str(model_dir),),
@@ -290,19 +287,17 @@ def demo_command(
                     storage, stack.kube, stack.namespace, name, model_dir, state_dir
                 )
             console.print(f"[green]✓[/] model at {where.model['uri']}")
-            manifest = model_deployment(
+            manifest = _manifest(
+                stack,
                 name,
                 model_dir,
-                replicas=replicas,
-                probe=probe,
-                model=where.model,
-                engine=engine,
-                engine_args=vllm_engine_args(enforce_eager or real_node) if llm else None,
-                env=VLLM_ENV if llm else None,
+                replicas,
+                probe,
+                where.model,
+                engine,
+                enforce_eager,
                 warm_spares=1 if scale_up else 0,
                 parallelism=_parallelism(pods_per_replica),
-                image=stack.worker_image or None,
-                wait_for_source_seconds=REAL_NODE_WAIT_FOR_SOURCE if real_node else 300,
             )
             obs = Observer(stack, name)
             obs.watch_handoffs()
@@ -329,15 +324,56 @@ def demo_command(
             console.print(f"[dim]operator log tail:\n{stack.operator_log_tail(20)}[/]")
             raise SystemExit(1) from None
         finally:
-            with console.status("tearing down (operator, worker processes, control plane)"):
-                if obs is not None:
-                    obs.close()
-                if prom is not None:
-                    prom.down()
-                if where is not None:
-                    where.close()
-                stack.down()
-            console.print("[green]✓[/] everything stopped")
+            _tear_down(console, stack, obs, prom, where)
+
+
+def _tear_down(
+    console: Any,
+    stack: LocalStack,
+    obs: Observer | None,
+    prom: LocalPrometheus | None,
+    where: DemoStorage | None,
+) -> None:
+    with console.status("tearing down (operator, worker processes, control plane)"):
+        if obs is not None:
+            obs.close()
+        if prom is not None:
+            prom.down()
+        if where is not None:
+            where.close()
+        stack.down()
+    console.print("[green]✓[/] everything stopped")
+
+
+def _manifest(
+    stack: LocalStack,
+    name: str,
+    model_dir: Path,
+    replicas: int,
+    probe: JSON,
+    model: JSON,
+    engine: str,
+    enforce_eager: bool,
+    **extra: Any,
+) -> JSON:
+    """The demo's ModelDeployment. The worker-vllm image has no C++ compiler, which torch
+    Inductor's CPU codegen (vLLM's compiled mode) needs: a real node's vLLM runs eager until the
+    image carries one."""
+    real_node = stack.node_kind == "kubelet"
+    llm = engine != "Builtin"
+    return model_deployment(
+        name,
+        model_dir,
+        replicas=replicas,
+        probe=probe,
+        model=model,
+        engine=engine,
+        engine_args=vllm_engine_args(enforce_eager or real_node) if llm else None,
+        env=VLLM_ENV if llm else None,
+        image=stack.worker_image or None,
+        wait_for_source_seconds=REAL_NODE_WAIT_FOR_SOURCE if real_node else 300,
+        **extra,
+    )
 
 
 def _bring_up(console: Any, stack: LocalStack) -> JSON:
