@@ -101,7 +101,8 @@ def engine_args(
         plan=str(plan_file),
         report_dir=str(report_dir),
         handoff=str(handoff) if handoff else None,
-        compile_first=handoff is not None and compiles_before_weights(os.environ),
+        compile_first=handoff is not None
+        and compiles_before_weights(os.environ, plan.runtime.engine_args),
     )
     return [
         "--model",
@@ -376,7 +377,7 @@ class VllmEngine:
         arrives in time) and only then relays the hand-off to the ranks' weight step."""
         relay_file = self.workdir / "handoff.json"
         relay_file.unlink(missing_ok=True)
-        if compiles_before_weights(os.environ):
+        if compiles_before_weights(os.environ, self.plan.runtime.engine_args):
             # The ranks compile at once, before any peer is known: only a store can give the
             # program now (loader.py; a rank that cannot compile first gets the peer's later).
             await self.compile_cache.before_start(self.session(), ctx.state.peer_token)

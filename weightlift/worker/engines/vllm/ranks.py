@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from pydantic import Field
@@ -31,12 +31,14 @@ RELAY_MARGIN_SECONDS = 120.0
 COMPILE_FIRST_ENV = "WEIGHTLIFT_VLLM_COMPILE_FIRST"
 
 
-def compiles_before_weights(environ: Mapping[str, str]) -> bool:
+def compiles_before_weights(environ: Mapping[str, str], engine_args: Sequence[str]) -> bool:
     """Whether a vLLM standby pod compiles and warms up before its weights: yes unless the
-    pod's environment says "0". Outputs are bit-identical either way (docs/early-compile);
-    what changes is where the compile falls: before the hand-off, without the peer's compile
-    cache (it is not known yet), instead of after it with the cache."""
-    return environ.get(COMPILE_FIRST_ENV, "1") != "0"
+    pod's environment says "0", or vLLM runs eager (`--enforce-eager`: nothing to compile, so
+    nothing to take off the hand-off's path). Outputs are bit-identical either way
+    (docs/early-compile); what changes is where the compile falls: before the hand-off, without
+    the peer's compile cache (it is not known yet), instead of after it with the cache."""
+    eager = any(a == "--enforce-eager" or a.startswith("--enforce-eager=") for a in engine_args)
+    return environ.get(COMPILE_FIRST_ENV, "1") != "0" and not eager
 
 
 class ModelDirError(LoadError):
