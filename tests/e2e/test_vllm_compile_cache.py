@@ -181,13 +181,13 @@ def greedy(worker: Worker, prompt: str) -> JSON:
 
 
 @pytest.mark.timeout(TEST_TIMEOUT)
-def test_standby_target_compiles_first_and_answers_bit_identically(
+def test_a_warm_spare_compiles_first_and_answers_bit_identically(
     llm: tuple[Path, Path, JSON],
     node_a: NodeA,
     running: list[Worker],
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
-    """A standby target on node A (issue 33 item 3): its vLLM loads the compiled program, warms
+    """A warm spare on node A (issue 33 item 3): its vLLM loads the compiled program, warms
     up on placeholder weights and answers /health while the worker still waits in Standby,
     not Ready. Handed node A's storage-loaded replica as its peer, it pulls the weights into
     the same tensors and redoes vLLM's post-load processing (CPU repacking): its greedy token
@@ -196,7 +196,7 @@ def test_standby_target_compiles_first_and_answers_bit_identically(
     source = node_a.second
     work = tmp_path_factory.mktemp("standby")
     handoff = work / "peers.json"
-    p = plan(model, "llm-2", Role.TARGET, [])
+    p = plan(model, "llm-2", Role.TARGET, []).model_copy(update={"spare": True})
     # The worker's own bound on the wait: beyond this test's slowest vLLM start.
     p = p.model_copy(
         update={"loading": p.loading.model_copy(update={"wait_for_source_seconds": 3600})}

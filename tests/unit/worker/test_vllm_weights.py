@@ -215,10 +215,15 @@ def test_vllm_command_carries_plan_port_tp_and_user_args(
     assert extra["handoff"] == str(tmp_path / "h.json")
     # Eager: nothing to compile first; the ranks wait at their weight step.
     assert extra["compileFirst"] is False
-    # Compiled: after vLLM compiled and warmed up on placeholders, unless the env opts out.
+    # Compiled, a standby target: it installs its source's program after the hand-off.
     compiled = plan.model_copy(
         update={"runtime": plan.runtime.model_copy(update={"engine_args": []})}
     )
+    cmd = vllm_command(compiled, tmp_path / "plan.json", tmp_path / "reports", tmp_path / "h.json")
+    assert json.loads(cmd[cmd.index("--model-loader-extra-config") + 1])["compileFirst"] is False
+    # Compiled, a warm spare: after vLLM compiled and warmed up on placeholders, unless the env
+    # opts out.
+    compiled = compiled.model_copy(update={"spare": True})
     cmd = vllm_command(compiled, tmp_path / "plan.json", tmp_path / "reports", tmp_path / "h.json")
     assert json.loads(cmd[cmd.index("--model-loader-extra-config") + 1])["compileFirst"] is True
     monkeypatch.setenv(COMPILE_FIRST_ENV, "0")

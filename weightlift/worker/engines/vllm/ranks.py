@@ -31,14 +31,18 @@ RELAY_MARGIN_SECONDS = 120.0
 COMPILE_FIRST_ENV = "WEIGHTLIFT_VLLM_COMPILE_FIRST"
 
 
-def compiles_before_weights(environ: Mapping[str, str], engine_args: Sequence[str]) -> bool:
-    """Whether a vLLM standby pod compiles and warms up before its weights: yes unless the
-    pod's environment says "0", or vLLM runs eager (`--enforce-eager`: nothing to compile, so
-    nothing to take off the hand-off's path). Outputs are bit-identical either way
-    (docs/early-compile); what changes is where the compile falls: before the hand-off, without
-    the peer's compile cache (it is not known yet), instead of after it with the cache."""
+def compiles_before_weights(
+    environ: Mapping[str, str], engine_args: Sequence[str], spare: bool
+) -> bool:
+    """Whether a vLLM standby pod compiles and warms up before its weights: a warm spare does,
+    unless the pod's environment says "0" or vLLM runs eager (`--enforce-eager`: nothing to
+    compile). Outputs are bit-identical either way (docs/early-compile); what changes is where
+    the compile falls: before the hand-off, without any peer's compile cache (none is known
+    yet), instead of after it with the peer's. A spare waits long enough for its own compile
+    to be done when it is woken; a standby target created with its source gets its hand-off as
+    soon as the source is Ready, and then installing the source's program beats compiling."""
     eager = any(a == "--enforce-eager" or a.startswith("--enforce-eager=") for a in engine_args)
-    return environ.get(COMPILE_FIRST_ENV, "1") != "0" and not eager
+    return spare and environ.get(COMPILE_FIRST_ENV, "1") != "0" and not eager
 
 
 class ModelDirError(LoadError):
