@@ -123,7 +123,7 @@ def test_operator_under_chart_rbac_never_forbidden(
     kubectl: Kubectl, chart_rbac: ChartRbac, operator: OperatorProcess
 ) -> None:
     """The real operator, authenticated as the chart's ServiceAccount, does a full cycle
-    (create pods, patch status, post events, delete) without a single 403."""
+    (create pods, patch status, delete) without a single 403."""
     md = {
         "apiVersion": "weightlift.dev/v1alpha1",
         "kind": "ModelDeployment",
@@ -144,8 +144,8 @@ def test_operator_under_chart_rbac_never_forbidden(
         return len(pods) == 2 and (got.get("status") or {}).get("replicas") == 2
 
     wait_for(progressed, 60, "operator to create 2 pods and write status")
-    events = json.loads(kubectl("get", "events", "-n", NS, "-o", "json").stdout)["items"]
-    assert any(e["involvedObject"]["name"] == "rbac-cycle" for e in events)
+    # No Event is due here: progress phases post none (planning.EVENT_PHASES), and this cycle
+    # never reaches an outcome; it checks pods, status and deletion.
     kubectl("delete", "-n", NS, "md/rbac-cycle", "--timeout=60s")
     log = operator.log()[seen:]
     assert operator.alive()

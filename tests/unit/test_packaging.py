@@ -14,7 +14,10 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 # Modules that run only inside an engine's own environment (they subclass the engine's classes):
 # shipped like every other, imported there (tests/e2e/test_vllm_worker.py), not here.
-ENGINE_ONLY = {"weightlift.worker.engines.vllm.loader"}
+ENGINE_ONLY = {
+    "weightlift.worker.engines.vllm.loader",
+    "weightlift.worker.engines.vllm.inplace",  # vLLM's own reload helpers, in the engine
+}
 
 
 def _source_modules() -> set[str]:
