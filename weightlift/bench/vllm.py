@@ -13,6 +13,10 @@ contender with its own empty vLLM cache root, so every compile is cold unless a 
   p2p        a worker, role Target, pulling its rank's parameters from the preload one over NIXL
              (checksums verified) while that one keeps serving; compile cache not fetched
   p2p+cache  the same, and it installs the source's verified compile cache before vLLM starts
+  source, store hit
+             compiled mode: a fresh source (no Ready peer, its own empty vLLM cache root) that
+             installs the compile cache the preload source wrote to a node store
+             (WEIGHTLIFT_COMPILE_STORE) before vLLM starts, so it does not compile
   p2p+cache+standby
              a fresh source and a target started together: the target's vLLM starts at once and
              waits in Standby; the hand-off (the operator's annotation, here written to its file
@@ -45,7 +49,13 @@ import click
 import httpx
 
 from weightlift.api.model import Role
-from weightlift.api.worker import PEERS_FILE_ENV, PeerCandidate, PeerHandoff, WorkerPlan
+from weightlift.api.worker import (
+    COMPILE_STORE_ENV,
+    PEERS_FILE_ENV,
+    PeerCandidate,
+    PeerHandoff,
+    WorkerPlan,
+)
 from weightlift.local.llm import (
     ensure_vllm_env,
     make_in_engine_env,
@@ -58,6 +68,7 @@ from weightlift.local.stack import VLLM_ENV, vllm_engine_args
 from weightlift.worker.engines.vllm.compile_cache import MAX_BYTES_ENV, engine_init_seconds
 
 JSON = dict[str, Any]
+STORE_HIT = "source, store hit"
 _LOAD_LINE = re.compile(r"Loading weights took ([0-9.]+) seconds")
 
 
@@ -321,8 +332,11 @@ def vllm_command(
         )
     finally:
         _stop(proc)
+    # Compiled mode: the source also writes its compile cache to a node store that outlives it,
+    # which the `source, store hit` row (a fresh source, no Ready peer) installs before compiling.
+    store = {} if enforce_eager else {COMPILE_STORE_ENV: str(work / "compile-store")}
     src, (sproc, surl, saddr, spod) = run_worker(
-        python, model, work, Role.SOURCE, [], timeout, args, "source"
+        python, model, work, Role.SOURCE, [], timeout, args, "source", **store
     )
     try:
         measure("preload", src, surl)
@@ -340,6 +354,14 @@ def vllm_command(
                 _stop(tproc)
     finally:
         _stop(sproc)
+    if store:
+        hit, (hproc, hurl, _, _) = run_worker(
+            python, model, work, Role.SOURCE, [], timeout, args, "store-hit", **store
+        )
+        try:
+            measure(STORE_HIT, hit, hurl)
+        finally:
+            _stop(hproc)
     if not enforce_eager:
         _, stby, ((s2, _, _, _), (t2, t2url, _, _)) = run_standby(
             python, model, work, timeout, args
