@@ -17,8 +17,15 @@ TRITON_VERSION ?= 2.51
 TRITON_ENV := $(WL_CACHE)/triton-$(TRITON_VERSION)
 # cluster.py (tests, demo) finds the control plane and kubectl/helm here.
 export WL_CACHE
+# Our Go builds (control plane, LWS, MinIO, Prometheus, registry, node) share a build and module
+# cache of their own: later builds reuse what earlier ones compiled, the user's own Go caches are
+# left alone, and `go-scratch-clean` drops its ~12 GB once every binary is cached (the peak disk
+# of a cold `make test`). A version bump then rebuilds from the module proxy, as on a fresh machine.
+GO_SCRATCH := $(WL_CACHE)/go-scratch
+export GOCACHE := $(GO_SCRATCH)/build
+export GOMODCACHE := $(GO_SCRATCH)/mod
 
-.PHONY: venv tools controlplane lws node node-images minio prometheus vllm-env triton-env images registry test test-images unit lint crd demo clean
+.PHONY: venv tools controlplane lws node node-images minio prometheus vllm-env triton-env images registry go-scratch-clean test test-images unit lint crd demo clean
 
 # constraints.txt: the one torch pin the vLLM environment and the images read too.
 $(STAMP): pyproject.toml constraints.txt
@@ -92,7 +99,12 @@ unit: venv
 node-images:
 	hack/build-images.sh operator worker worker-vllm
 
-test: controlplane lws minio prometheus vllm-env triton-env node node-images
+# Only once every Go-built binary is cached (each build script's `.complete` stamp).
+go-scratch-clean:
+	@if [ -d "$(GO_SCRATCH)" ]; then \
+		du -sh "$(GO_SCRATCH)"; go clean -cache -modcache && rm -rf "$(GO_SCRATCH)"; fi
+
+test: controlplane lws minio prometheus vllm-env triton-env node go-scratch-clean node-images
 	# integration, vLLM, Triton and real-node tests fail (not skip) when a piece is missing
 	WEIGHTLIFT_REQUIRE_CLUSTER=1 WEIGHTLIFT_REQUIRE_VLLM=1 WEIGHTLIFT_REQUIRE_TRITON=1 \
 	WEIGHTLIFT_REQUIRE_NODE=1 \
