@@ -194,7 +194,7 @@ class Group:
     def all_reduce(self, t: torch.Tensor) -> None:
         """Sum `t` (a CPU tensor) in place over the group."""
         opts = dist.AllreduceOptions()
-        opts.reduceOp = dist.ReduceOp.SUM
+        opts.reduceOp = dist.ReduceOp.SUM  # type: ignore[assignment]  # stubs: RedOpType, accepted
         opts.timeout = self.timeout
         self._wait(self.pg.allreduce([t], opts), "all-reduce")
 
