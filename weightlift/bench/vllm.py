@@ -68,7 +68,6 @@ from weightlift.local.stack import VLLM_ENV, vllm_engine_args
 from weightlift.worker.engines.vllm.compile_cache import MAX_BYTES_ENV, engine_init_seconds
 
 JSON = dict[str, Any]
-STORE_HIT = "source, store hit"
 _LOAD_LINE = re.compile(r"Loading weights took ([0-9.]+) seconds")
 
 
@@ -354,15 +353,14 @@ def vllm_command(
                 _stop(tproc)
     finally:
         _stop(sproc)
-    if store:
+    if not enforce_eager:
         hit, (hproc, hurl, _, _) = run_worker(
             python, model, work, Role.SOURCE, [], timeout, args, "store-hit", **store
         )
         try:
-            measure(STORE_HIT, hit, hurl)
+            measure("source, store hit", hit, hurl)
         finally:
             _stop(hproc)
-    if not enforce_eager:
         _, stby, ((s2, _, _, _), (t2, t2url, _, _)) = run_standby(
             python, model, work, timeout, args
         )

@@ -102,7 +102,7 @@ def engine_args(
         report_dir=str(report_dir),
         handoff=str(handoff) if handoff else None,
         compile_first=handoff is not None
-        and compiles_before_weights(os.environ, plan.runtime.engine_args, bool(plan.spare)),
+        and compiles_before_weights(os.environ, plan),
     )
     return [
         "--model",
@@ -377,8 +377,7 @@ class VllmEngine:
         arrives in time) and only then relays the hand-off to the ranks' weight step."""
         relay_file = self.workdir / "handoff.json"
         relay_file.unlink(missing_ok=True)
-        plan = self.plan
-        if compiles_before_weights(os.environ, plan.runtime.engine_args, bool(plan.spare)):
+        if compiles_before_weights(os.environ, self.plan):
             # The ranks compile at once, before any peer is known: only a store can give the
             # program now (loader.py; a rank that cannot compile first gets the peer's later).
             await self.compile_cache.before_start(self.session(), ctx.state.peer_token)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 
 from pydantic import Field
@@ -31,9 +31,7 @@ RELAY_MARGIN_SECONDS = 120.0
 COMPILE_FIRST_ENV = "WEIGHTLIFT_VLLM_COMPILE_FIRST"
 
 
-def compiles_before_weights(
-    environ: Mapping[str, str], engine_args: Sequence[str], spare: bool
-) -> bool:
+def compiles_before_weights(environ: Mapping[str, str], plan: WorkerPlan) -> bool:
     """Whether a vLLM standby pod compiles and warms up before its weights: a warm spare does,
     unless the pod's environment says "0" or vLLM runs eager (`--enforce-eager`: nothing to
     compile). Outputs are bit-identical either way (docs/early-compile); what changes is where
@@ -41,8 +39,9 @@ def compiles_before_weights(
     yet), instead of after it with the peer's. A spare waits long enough for its own compile
     to be done when it is woken; a standby target created with its source gets its hand-off as
     soon as the source is Ready, and then installing the source's program beats compiling."""
-    eager = any(a == "--enforce-eager" or a.startswith("--enforce-eager=") for a in engine_args)
-    return spare and environ.get(COMPILE_FIRST_ENV, "1") != "0" and not eager
+    args = plan.runtime.engine_args
+    eager = any(a == "--enforce-eager" or a.startswith("--enforce-eager=") for a in args)
+    return bool(plan.spare) and environ.get(COMPILE_FIRST_ENV, "1") != "0" and not eager
 
 
 class ModelDirError(LoadError):
