@@ -101,8 +101,7 @@ def engine_args(
         plan=str(plan_file),
         report_dir=str(report_dir),
         handoff=str(handoff) if handoff else None,
-        compile_first=handoff is not None
-        and compiles_before_weights(os.environ, plan),
+        compile_first=handoff is not None and compiles_before_weights(os.environ, plan),
     )
     return [
         "--model",
