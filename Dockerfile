@@ -80,6 +80,15 @@ RUN if [ "$VLLM_PACKAGE" = none ]; then python3 -c "import vllm"; else \
       && python3 /etc/weightlift/build/requirements.py wheel /tmp/vllm/*.whl > /tmp/vllm/req.txt \
       && pip install --no-cache-dir -r /tmp/vllm/req.txt \
       && pip install --no-cache-dir --no-deps /tmp/vllm/*.whl && rm -rf /tmp/vllm; fi
+# vLLM's compiled mode: torch Inductor's CPU codegen builds C++ with g++ against Python's
+# headers (without them: "InvalidCxxCompiler: No working C++ compiler found"). After vLLM, so a
+# change here leaves vLLM's layer cached.
+RUN set -e; need=""; command -v g++ >/dev/null || need="g++"; \
+    python3 -c 'import os, sys, sysconfig; \
+      sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' \
+    || need="$need libpython$(python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])')-dev"; \
+    [ -z "$need" ] || { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q \
+      --no-install-recommends $need && rm -rf /var/lib/apt/lists/* /var/cache/apt/archives/*.deb; }
 
 FROM vllm-deps AS worker-vllm
 ARG PIP_CERT

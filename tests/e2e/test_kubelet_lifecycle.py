@@ -4,9 +4,10 @@ model run as containers of the worker image pulled from the stack's registry: a 
 and two standby targets that pull P2P over the pod network, all Ready with identical outputs.
 Each worker lives in its own PID, IPC and network namespaces under its pod's memory cgroup.
 Needs root, `make node` and `make images`. Then two vLLM replicas of the worker-vllm image in
-the same stack: a source from storage and a target that waits in Standby and pulls P2P (eager:
-see `vllm_ready`), both giving transformers' greedy text through the pod network (needs `make
-vllm-env` for the tiny Llama)."""
+the same stack: a source from storage and a target that waits in Standby and pulls P2P and its
+source's compiled program, both giving transformers' greedy text through the pod network; once
+they are deleted, a new replica of the model installs the node store's entry instead of
+compiling (needs `make vllm-env` for the tiny Llama)."""
 
 from __future__ import annotations
 
@@ -44,6 +45,7 @@ from weightlift.local.stack import (
     model_deployment,
     vllm_engine_args,
 )
+from weightlift.worker.engines.vllm.compile_store import ARCHIVE
 
 JSON = dict[str, Any]
 NAME = "kube-life"
@@ -224,18 +226,22 @@ def test_prometheus_as_a_pod_scrapes_the_operator_pods_and_workers(
 
 @pytest.fixture(scope="module")
 def vllm_ready(kstack: LocalStack, llm: tuple[Path, JSON]) -> Observer:
-    """Eager (--enforce-eager): vLLM's compiled mode needs a C++ compiler (torch Inductor's CPU
-    codegen) that the worker-vllm image does not carry yet."""
+    """Compiled (torch Inductor builds C++ with the image's g++): the source compiles and
+    publishes its program to its target and to the node store."""
+    return _deploy_vllm(kstack, llm, VLLM, replicas=2)
+
+
+def _deploy_vllm(kstack: LocalStack, llm: tuple[Path, JSON], name: str, replicas: int) -> Observer:
     model_dir, probe = llm
-    obs = Observer(kstack, VLLM)
+    obs = Observer(kstack, name)
     obs.watch_handoffs()
     manifest = model_deployment(
-        VLLM,
+        name,
         model_dir,
-        replicas=2,
+        replicas=replicas,
         probe=probe,
         engine="vLLM",
-        engine_args=vllm_engine_args(eager=True),
+        engine_args=vllm_engine_args(eager=False),
         env=VLLM_ENV,
         hook_library=None,
         image=engine_image("vLLM"),
@@ -260,6 +266,7 @@ def test_vllm_source_and_standby_target_ready_with_the_same_completion(
     source = next(r for r in rows if r["loadedFrom"] == "storage:hostpath")
     target = next(r for r in rows if r["name"] != source["name"])
     assert target["loadedFrom"] == f"peer:{source['name']}", rows
+    assert source["compileCache"].startswith("miss (") and target["compileCache"] == "hit (peer)"
     assert target["bytesLoaded"] == target["bytesTotal"] == source["bytesTotal"] > 0, rows
     summary = {r["name"]: r for r in vllm_ready.summary()["replicas"]}
     src, tgt = summary[source["name"]], summary[target["name"]]
@@ -275,6 +282,39 @@ def test_vllm_source_and_standby_target_ready_with_the_same_completion(
     assert all(str(r["openaiEndpoint"]).split("//")[1].startswith(prefix) for r in (src, tgt))
     images = {c["image"] for p in kstack.pods(VLLM) for c in p["spec"]["containers"]}
     assert images == {engine_image("vLLM")}, images
+
+
+def test_a_new_vllm_replica_installs_the_node_store_entry_the_deleted_pair_left(
+    vllm_ready: Observer, llm: tuple[Path, JSON], kstack: LocalStack
+) -> None:
+    """Issue 33 on the real node: the store is a hostPath, root-owned as the kubelet makes it;
+    the chart's node-prep DaemonSet hands it to uid 1000, so the source (a non-root container)
+    stored its compiled program there. It outlives the pair: a new deployment's first replica,
+    with no Ready peer, installs it verified and does not compile."""
+    store = Path(kstack.compile_store)
+    deadline = time.monotonic() + 60
+    while not (archives := sorted(store.glob(f"*/*/{ARCHIVE}"))) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert archives, f"nothing stored in {store}: {[str(p) for p in store.rglob('*')]}"
+    assert {p.stat().st_uid for p in archives} == {1000}  # written by the worker's uid
+    kstack.delete_md(VLLM)
+    vllm_ready.wait(lambda o: not o.pods, 120, f"{VLLM}'s pods to go")
+    again = f"{VLLM}-again"
+    try:
+        obs = _deploy_vllm(kstack, llm, again, replicas=1)
+        (row,) = obs.replica_statuses()
+        assert row["compileCache"] == "hit (store)" and row["role"] == "Source", row
+        worker_log = "".join(
+            p.read_text(errors="replace")
+            for p in kstack.node.pod_logs(kstack.namespace, row["name"])
+        )
+        assert "from the node store installed" in worker_log, worker_log[-3000:]
+        (served,) = obs.summary()["replicas"]
+        _, probe = llm
+        text = complete(served["openaiEndpoint"], again, probe["completion"])
+        assert text == probe["completion"]["expectedText"]
+    finally:
+        kstack.delete_md(again)
 
 
 def test_an_image_that_cannot_be_pulled_is_named_in_status(

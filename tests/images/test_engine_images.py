@@ -125,6 +125,22 @@ def test_worker_vllm_imports_vllm_and_loads_the_weightlift_load_format(
     assert got["ours"], got
 
 
+# vLLM's compiled mode: Inductor writes C++ and builds it with g++ against Python's headers.
+INDUCTOR_PROBE = """
+import json, os, torch
+x = torch.randn(64)
+compiled = torch.compile(lambda t: (t * 2).sin() + 1, backend="inductor")
+same = bool(torch.allclose(compiled(x), (x * 2).sin() + 1))
+print(json.dumps({"uid": os.getuid(), "same": same}))
+"""
+
+
+@pytest.mark.parametrize("target", ENGINES)
+def test_engine_image_compiles_with_inductor_as_a_pod(images: dict[str, str], target: str) -> None:
+    got = pod_json(images[target], INDUCTOR_PROBE)
+    assert got == {"uid": 1000, "same": True}, got
+
+
 TRITON_PROBE = """
 import json, os, subprocess, sys
 from weightlift.worker.engines.triton.install import (

@@ -356,9 +356,7 @@ def _manifest(
     enforce_eager: bool,
     **extra: Any,
 ) -> JSON:
-    """The demo's ModelDeployment. The worker-vllm image has no C++ compiler, which torch
-    Inductor's CPU codegen (vLLM's compiled mode) needs: a real node's vLLM runs eager until the
-    image carries one."""
+    """The demo's ModelDeployment (on a real node, from the engine's image)."""
     real_node = stack.node_kind == "kubelet"
     llm = engine != "Builtin"
     return model_deployment(
@@ -368,7 +366,7 @@ def _manifest(
         probe=probe,
         model=model,
         engine=engine,
-        engine_args=vllm_engine_args(enforce_eager or real_node) if llm else None,
+        engine_args=vllm_engine_args(enforce_eager) if llm else None,
         env=VLLM_ENV if llm else None,
         image=stack.worker_image or None,
         wait_for_source_seconds=REAL_NODE_WAIT_FOR_SOURCE if real_node else 300,

@@ -216,6 +216,8 @@ class LocalStack(UpDown):
             "logLevel": "debug" if self.operator_verbose else "info",
             "extraEnv": [{"name": k, "value": v} for k, v in self.operator_env.items()],
             "compileStore": self.compile_store,
+            # The process node runs workers as this host's user: no uid to hand the store to.
+            "compileStoreNodePrep": {"enabled": self.node_kind == "kubelet"},
             **_image_values(self.operator_image),
         }
 

@@ -165,6 +165,38 @@ def test_the_node_compile_store_is_a_chart_value(helm: Path) -> None:
     assert result.returncode != 0 and "compileStore" in result.stderr, result.stderr
 
 
+def test_a_node_prep_daemonset_hands_the_store_to_the_workers_uid_with_chown_only(
+    helm: Path,
+) -> None:
+    """A hostPath is root-owned and fsGroup never reaches it: uid 1000 could not write the node
+    store. Only the init container is root, and it may only chown; no operator selector
+    (Deployment, PDB, metrics Service) matches the DaemonSet's pods."""
+    docs = template(helm)
+    (ds,) = by_kind(docs, "DaemonSet")
+    pod = ds["spec"]["template"]["spec"]
+    assert pod["automountServiceAccountToken"] is False
+    (init,) = pod["initContainers"]
+    assert "chown -R 1000:1000 /store" in init["command"][-1]
+    assert init["securityContext"]["runAsUser"] == 0
+    assert init["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["CHOWN"]}
+    assert init["securityContext"]["readOnlyRootFilesystem"] is True
+    (sleeper,) = pod["containers"]
+    assert sleeper["securityContext"]["runAsNonRoot"] is True
+    assert sleeper["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    (volume,) = pod["volumes"]
+    assert volume["hostPath"]["path"] == "/var/cache/weightlift/compile-store"
+    labels = ds["spec"]["template"]["metadata"]["labels"]
+    (deployment,) = by_kind(docs, "Deployment")
+    selectors = [deployment["spec"]["selector"]["matchLabels"]]
+    selectors += [d["spec"]["selector"] for d in by_kind(docs, "Service")]
+    selectors += [
+        d["spec"]["selector"]["matchLabels"] for d in by_kind(docs, "PodDisruptionBudget")
+    ]
+    assert selectors and not [s for s in selectors if s.items() <= labels.items()], selectors
+    for off in (("--set", "compileStore="), ("--set", "compileStoreNodePrep.enabled=false")):
+        assert not by_kind(template(helm, *off), "DaemonSet"), off
+
+
 def rules(role: dict[str, Any]) -> dict[tuple[str, str], set[str]]:
     table: dict[tuple[str, str], set[str]] = {}
     for rule in role["rules"]:
