@@ -1,6 +1,6 @@
 """What every `weightlift bench chaos` scenario runs on: `Run` (one scenario's deployment, its
 waits and its convergence check), the wrong-weights watcher and the count of worker processes.
-The scenario modules (chaos.py, chaos_pull.py, chaos_standby.py) import this one, never each
+The scenario modules (chaos.py, chaos_pull.py, chaos_standby.py, chaos_spares.py) import this one, never each
 other's runner."""
 
 from __future__ import annotations
@@ -224,7 +224,9 @@ class Run:
         return {pid for key in self._node_pods() for pid in pids.get(key, [])}
 
     # -- convergence
-    def converged(self, replicas: int) -> bool:
+    def converged(self, replicas: int, spares: int = 0) -> bool:
+        """`replicas` Ready and `spares` warm spares (spec.warmSpares: phase Spare, never
+        Ready), and exactly their pods and worker processes."""
         md = self.stack.get_md(self.name)
         if md is None:
             return replicas == 0 and not self._node_pods() and not self.stack.pods(self.name)
@@ -233,15 +235,20 @@ class Run:
             return False
         rows = status.get("replicaStatuses") or []
         pods = [p for p in self.stack.pods(self.name) if not p["metadata"].get("deletionTimestamp")]
-        if replicas == 0:
+        if replicas == 0 and spares == 0:
             return not rows and not pods and not self._node_pods()
+        serving = [r for r in rows if not r.get("spare")]
+        waiting = [r for r in rows if r.get("spare")]
         return (
             status.get("phase") == "Ready"
             and int(status.get("readyReplicas") or 0) == replicas
-            and len(rows) == replicas
-            and all(r.get("ready") for r in rows)
-            and len(pods) == replicas
-            and len(self._node_pods()) == replicas
+            and len(serving) == replicas
+            and all(r.get("ready") for r in serving)
+            and int(status.get("spares") or 0) == spares
+            and len(waiting) == spares
+            and all(r.get("phase") == "Spare" and not r.get("ready") for r in waiting)
+            and len(pods) == replicas + spares
+            and len(self._node_pods()) == replicas + spares
         )
 
     def refused(self, what: str) -> bool:
