@@ -284,6 +284,8 @@ def run_scenario(stack: LocalStack, models: Models, scenario: Scenario, index: i
         detail = f"{describe(exc)} [{run.status_text()}]"
     finally:
         watch.stop()
+        for cleanup in run.cleanups:
+            cleanup()
         faultgate.disarm(run.gate, name)  # a hold left armed or held is no fault of the next
     orphans, left = _clean_up(run, before)
     if orphans:

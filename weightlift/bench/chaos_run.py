@@ -160,6 +160,8 @@ class Run:
         # Other ModelDeployments the scenario applied: deleted with it, their processes counted.
         self.others: list[str] = []
         self.notes: JSON = {}  # what the scenario saw, for its `verify`
+        # Run when the scenario ends, converged or not (a watch thread it started, stopped).
+        self.cleanups: list[Callable[[], None]] = []
 
     def deploy(self, model_dir: Path | None = None, replicas: int = 1, **kw: Any) -> None:
         manifest = model_deployment(

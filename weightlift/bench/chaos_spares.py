@@ -38,7 +38,7 @@ from weightlift.local.processnode import ProcessNode
 JSON = dict[str, Any]
 # The node the spare of spare-node-lost runs on, and loses.
 SPARE_NODE = "chaos-spare-node"
-# A watch thread left behind by a scenario that never reached its `verify` ends by itself.
+# A bound on a watch's threads (the runner stops them when the scenario ends).
 WATCH_LIFETIME = 1200.0
 
 
@@ -208,6 +208,7 @@ def _watch(run: Run) -> SpareWatch:
 def _started(run: Run) -> SpareWatch:
     spare_watch = SpareWatch(run).start()
     run.notes["spare_watch"] = spare_watch
+    run.cleanups.append(spare_watch.stop)
     return spare_watch
 
 
@@ -321,6 +322,14 @@ def _cordoned(run: Run, node: str) -> Iterator[None]:
         call(core.patch_node, node, {"spec": {"unschedulable": False}})
 
 
+def _alive(pid: int) -> bool:
+    """A live process of that id (a zombie is dead: only its parent's wait is left)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
 def verify_spare_node_lost(run: Run) -> str:
     spare_watch = _watch(run)
     spare_watch.stop()
@@ -333,7 +342,7 @@ def verify_spare_node_lost(run: Run) -> str:
     assert old["uid"] not in uids.values(), f"the lost spare's pod {old['name']} is still there"
     assert fresh.get("node") == run.stack.node_name, f"the new spare runs on {fresh.get('node')}"
     assert run.notes["serving"].items() <= uids.items(), "the serving replica's pod was replaced"
-    alive = [pid for pid in run.notes["pids"] if Path(f"/proc/{pid}").exists()]
+    alive = [pid for pid in run.notes["pids"] if _alive(pid)]
     assert not alive, f"the lost spare's processes {alive} outlived its node"
     low = spare_watch.min_ready_since(spare_watch.since)
     assert low >= 1, f"readyReplicas fell to {low} after the spare's node was lost"
