@@ -392,9 +392,13 @@ def verify_spare_scale_race(run: Run) -> str:
     spare = run.notes["spare"]
     kept = next((r for r in run.replicas() if r["name"] == spare["name"]), None)
     fate = "gone" if kept is None else ("serving" if kept.get("ready") else kept.get("phase"))
+    # A name may come back (names derive from the index) once its pod is gone: counted, not
+    # refused; two live at once is what check_spares refuses.
+    names = [seen.name for seen in spare_watch.pods.values()]
+    reused = len(names) - len(set(names))
     return (
-        f"1->{'->'.join(map(str, RACE))}: {len(spare_watch.pods)} pods in all, none twice on "
-        f"an index; status.replicas peaked at {peak}; the first spare {fate}"
+        f"1->{'->'.join(map(str, RACE))}: {len(names)} pods in all ({reused} names reused), "
+        f"none twice live on an index; status.replicas peaked at {peak}; first spare {fate}"
     )
 
 
