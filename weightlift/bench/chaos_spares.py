@@ -107,10 +107,7 @@ class SpareWatch:
             while not self._ended(started):
                 with contextlib.suppress(*KUBE_ERRORS):
                     listing = call(core.list_namespaced_pod, namespace, label_selector=selector)
-                    self._live.clear()
-                    for pod in listing["items"]:
-                        self._see(pod, deleted=False)
-                    self._listed.set()
+                    self._relisted(listing["items"])
                     stream = watch.Watch().stream(
                         core.list_namespaced_pod,
                         namespace,
@@ -120,6 +117,8 @@ class SpareWatch:
                         _request_timeout=15,
                     )
                     for event in stream:
+                        if event["type"] == "ERROR":  # e.g. 410 Gone: list again
+                            break
                         pod = plain.sanitize_for_serialization(event["object"])
                         self._see(pod, deleted=event["type"] == "DELETED")
                         if self._ended(started):
@@ -127,6 +126,16 @@ class SpareWatch:
                 time.sleep(0.1)
         finally:
             kube.close()
+
+    def _relisted(self, pods: list[JSON]) -> None:
+        """A fresh list: what it lacks went while no watch was open."""
+        listed = {p["metadata"]["uid"] for p in pods}
+        for uid, seen in self.pods.items():
+            seen.gone |= uid not in listed
+        self._live.clear()
+        for pod in pods:
+            self._see(pod, deleted=False)
+        self._listed.set()
 
     def _see(self, pod: JSON, deleted: bool) -> None:
         meta = pod["metadata"]
