@@ -1,7 +1,7 @@
 """What every `weightlift bench chaos` scenario runs on: `Run` (one scenario's deployment, its
 waits and its convergence check), the wrong-weights watcher and the count of worker processes.
-The scenario modules (chaos.py, chaos_pull.py, chaos_standby.py, chaos_spares.py) import this one, never each
-other's runner."""
+The scenario modules (chaos.py, chaos_pull.py, chaos_standby.py, chaos_spares.py) import this
+one, never each other's runner."""
 
 from __future__ import annotations
 
