@@ -271,7 +271,11 @@ def _check_scale(run: Run, replicas: int) -> None:
         run.stack.namespace,
         label_selector=status["selector"],
     )
-    selected = {p["metadata"]["name"] for p in listing["items"]}
+    selected = {
+        p["metadata"]["name"]
+        for p in listing["items"]
+        if not p["metadata"].get("deletionTimestamp")  # a scaled-down pod on its way out
+    }
     serving = {r["name"] for r in _serving(run)}
     assert selected == serving, f"the scale selector picks {sorted(selected)}, serving {serving}"
 
