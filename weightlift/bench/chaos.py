@@ -91,12 +91,12 @@ class Scenario:
     name: str
     inject: Callable[[Run], None]
     replicas: int = 1  # Ready at the end (0: deleted or refused)
-    spares: int = 0  # warm spares waiting at the end (spec.warmSpares)
     refuses: str | None = None  # broken input: the status must name this; never Ready
     fast: bool = False  # in `make test`'s subset
     # After convergence: checks what the scenario is about (AssertionError: not converged) and
     # returns a line for the detail column.
     verify: Callable[[Run], str] | None = None
+    spares: int = 0  # warm spares waiting at the end (spec.warmSpares)
 
 
 # Faults mid-rollout strike while a Target holds its pull open (chaos_pull.pulling): a poll of

@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -384,13 +384,18 @@ def spare_scale_race(run: Run) -> None:
     run.fault_at = time.monotonic()
     for replicas in RACE:
         run.scale(replicas)
-        generation = (run.stack.get_md(run.name) or {})["metadata"]["generation"]
-        run.wait(f"generation {generation} planned", lambda g=generation: _planned(run, g))
+        generation = int((run.stack.get_md(run.name) or {})["metadata"]["generation"])
+        run.wait(f"generation {generation} planned", _planned(run, generation))
 
 
-def _planned(run: Run, generation: int) -> bool:
-    md = run.stack.get_md(run.name) or {}
-    return int((md.get("status") or {}).get("observedGeneration") or 0) >= generation
+def _planned(run: Run, generation: int) -> Callable[[], bool]:
+    """The operator has planned `generation` (its status says so)."""
+
+    def planned() -> bool:
+        md = run.stack.get_md(run.name) or {}
+        return int((md.get("status") or {}).get("observedGeneration") or 0) >= generation
+
+    return planned
 
 
 def verify_spare_scale_race(run: Run) -> str:
@@ -455,4 +460,3 @@ def verify_spare_revision_changed(run: Run) -> str:
         f"spare {old['name']} ({old['modelIdentity'][:6]}) replaced unhanded by "
         f"{fresh['name']} ({identity[:6]})"
     )
-
