@@ -83,13 +83,15 @@ class WeightsWatch(threading.Thread):
     """Infers through every replica the status calls Ready; remembers the pods that answered
     with anything but the right weights' output (or that were Ready at all, when `never_ready`,
     or Ready with a model identity in `banned`: a revision the spec has left). A scenario that
-    changes the model sets `probe` to the new weights' probe."""
+    changes the model sets `probe` to the new weights' probe; one whose old replicas may keep
+    serving through the rollout names their weights' probe in `probes`, by model identity."""
 
     def __init__(self, kubeconfig: Path, namespace: str, name: str, probe: JSON) -> None:
         super().__init__(name=f"weights-watch-{name}", daemon=True)
         self.kubeconfig, self.namespace, self.name, self.probe = kubeconfig, namespace, name, probe
         self.never_ready = False
         self.banned: set[str] = set()
+        self.probes: dict[str, JSON] = {}  # model identity -> its weights' probe
         self.wrong: set[str] = set()
         self.checked: set[str] = set()
         self._halt = threading.Event()
@@ -114,7 +116,7 @@ class WeightsWatch(threading.Thread):
         if md is None:
             return
         ports = pod_ports(kube, self.namespace, self.name)
-        probe = self.probe  # one expectation per pass: a scenario may swap it meanwhile
+        default, probes = self.probe, dict(self.probes)  # a scenario may swap them meanwhile
         for rs in (md.get("status") or {}).get("replicaStatuses") or []:
             if not rs.get("ready"):
                 continue
@@ -122,6 +124,7 @@ class WeightsWatch(threading.Thread):
             if self.never_ready or rs.get("modelIdentity") in self.banned:
                 self.wrong.add(pod)
                 continue
+            probe = probes.get(str(rs.get("modelIdentity")), default)
             ip, port = rs.get("podIP"), ports.get(pod)
             if not ip or port is None:
                 continue

@@ -55,6 +55,7 @@ class PodSeen:
     node: str = ""
     spare: bool = False  # ever labelled a spare
     handed: bool = False  # ever carried a hand-off (peers or storage) while labelled a spare
+    woken: bool = False  # a spare that lost its label: now a serving replica
     ready_as_spare: bool = False  # its Ready condition True while labelled a spare
     gone: bool = False  # seen terminating or deleted
 
@@ -75,6 +76,7 @@ class SpareWatch:
     pods: dict[str, PodSeen] = field(default_factory=dict)
     twins: list[str] = field(default_factory=list)  # "identity/index: pod, pod" moments
     counted_ready: set[str] = field(default_factory=set)  # spare rows the status called ready
+    ready_rows: dict[str, set[str]] = field(default_factory=dict)  # identity -> pods called ready
     samples: list[Sample] = field(default_factory=list)
     since: float = 0.0  # when the fault struck (monotonic)
     _live: dict[str, JSON] = field(default_factory=dict)  # uid -> pod, not terminating
@@ -153,6 +155,8 @@ class SpareWatch:
             seen.ready_as_spare |= any(
                 c.get("type") == "Ready" and c.get("status") == "True" for c in conditions
             )
+        elif seen.spare:
+            seen.woken = True
         seen.gone |= deleted or bool(meta.get("deletionTimestamp"))
         if deleted or meta.get("deletionTimestamp"):
             self._live.pop(uid, None)
@@ -183,6 +187,9 @@ class SpareWatch:
                     for row in status.get("replicaStatuses") or []:
                         if row.get("spare") and (row.get("ready") or row.get("phase") == "Ready"):
                             self.counted_ready.add(str(row.get("name")))
+                        if row.get("ready"):
+                            names = self.ready_rows.setdefault(str(row.get("modelIdentity")), set())
+                            names.add(str(row.get("name")))
                     self.samples.append(
                         Sample(
                             time.monotonic(),
@@ -426,14 +433,18 @@ def verify_spare_scale_race(run: Run) -> str:
 def spare_revision_changed(run: Run) -> None:
     """One replica and a warm spare of revision 1; the spec moves to revision 2 (other files,
     other weights, same shapes). The old spare must go without being handed anything, and a
-    spare of the new identity wait in its place; no replica may be Ready with revision 1's
-    weights from then on (the watcher bans the old identity and probes with revision 2's)."""
+    spare of the new identity wait in its place. Of revision 1 only the replica serving at the
+    change may be Ready (until revision 2's is), and every Ready replica answers with the
+    weights of the identity it is labelled with (the watcher probes each with its own)."""
     run.deploy(replicas=1, warm_spares=1)
     spare = _warm(run)
     run.notes["spare"] = spare
+    run.notes["serving"] = {r["name"] for r in _serving(run)}
     alt, probe = run.models.alt()
     assert run.watch is not None
-    run.watch.banned.add(spare["modelIdentity"])
+    # The serving replica of revision 1 keeps serving until one of revision 2 is Ready (a
+    # rollout): each replica must answer with the weights of the identity it is labelled with.
+    run.watch.probes[spare["modelIdentity"]] = run.models.probe
     run.watch.probe = probe
     _started(run)
     run.fault_at = time.monotonic()
@@ -455,6 +466,10 @@ def verify_spare_revision_changed(run: Run) -> str:
     seen = spare_watch.pods.get(old["uid"])
     assert seen is not None and seen.gone, f"the old spare {old['name']} was never deleted"
     assert not seen.handed, f"the old spare {old['name']} was handed peers or storage"
+    assert not seen.woken, f"the old spare {old['name']} was woken as a serving replica"
+    # Of revision 1 only the replica serving at the change was ever Ready.
+    old_ready = spare_watch.ready_rows.get(old["modelIdentity"], set())
+    assert old_ready <= run.notes["serving"], f"Ready of the old identity: {sorted(old_ready)}"
     assert all(r.get("modelIdentity") == identity for r in run.replicas()), run.replicas()
     return (
         f"spare {old['name']} ({old['modelIdentity'][:6]}) replaced unhanded by "
