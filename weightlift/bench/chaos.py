@@ -4,7 +4,8 @@ One LocalStack (control plane, process node, operator: local/stack.py) runs ever
 A scenario applies a ModelDeployment, injects its fault (SIGKILL the operator, restart the
 kube-apiserver, corrupt a file, a hook library that crashes; faults while a Target pulls, held
 open by the node's fault gate: bench/chaos_pull.py; faults while Targets wait in Standby:
-bench/chaos_standby.py) and then waits for convergence: the right number of replicas Ready with
+bench/chaos_standby.py; faults while warm spares wait: bench/chaos_spares.py) and then waits
+for convergence: the right number of replicas Ready (and of warm spares waiting) with
 `observedGeneration` caught up and exactly those pods and worker processes, or, for broken
 inputs, no replica Ready and a status that names what is wrong and where. Meanwhile a watcher
 (bench/chaos_run.py) sends the probe request to every replica the status calls Ready and
@@ -29,6 +30,7 @@ import click
 
 from weightlift.bench import chaos_failover as failover
 from weightlift.bench import chaos_pull as pull
+from weightlift.bench import chaos_spares as spares
 from weightlift.bench import chaos_standby as standby
 from weightlift.bench.chaos_models import (
     Models,
@@ -94,6 +96,7 @@ class Scenario:
     # After convergence: checks what the scenario is about (AssertionError: not converged) and
     # returns a line for the detail column.
     verify: Callable[[Run], str] | None = None
+    spares: int = 0  # warm spares waiting at the end (spec.warmSpares)
 
 
 # Faults mid-rollout strike while a Target holds its pull open (chaos_pull.pulling): a poll of
@@ -222,6 +225,29 @@ SCENARIOS: tuple[Scenario, ...] = (
         replicas=2,
         verify=standby.verify_foreign_peer,
     ),
+    # Faults while a warm spare waits (spec.warmSpares: 1): its node is lost, the scale
+    # subresource races up and down, the revision changes (bench/chaos_spares.py).
+    Scenario(
+        "spare-node-lost",
+        spares.spare_node_lost,
+        replicas=1,
+        spares=1,
+        verify=spares.verify_spare_node_lost,
+    ),
+    Scenario(
+        "spare-scale-race",
+        spares.spare_scale_race,
+        replicas=spares.RACE[-1],
+        spares=1,
+        verify=spares.verify_spare_scale_race,
+    ),
+    Scenario(
+        "spare-revision-changed",
+        spares.spare_revision_changed,
+        replicas=1,
+        spares=1,
+        verify=spares.verify_spare_revision_changed,
+    ),
     # Two operators with leader election; the active one dies mid-rollout: the takeover time.
     Scenario(
         "leader-sigkill-standby-takes-over",
@@ -246,7 +272,10 @@ def run_scenario(stack: LocalStack, models: Models, scenario: Scenario, index: i
         if what is not None:
             run.wait(f"status naming {what!r}", lambda: run.refused(what))
         else:
-            run.wait(f"{scenario.replicas} Ready", lambda: run.converged(scenario.replicas))
+            run.wait(
+                f"{scenario.replicas} Ready, {scenario.spares} spare(s)",
+                lambda: run.converged(scenario.replicas, scenario.spares),
+            )
         seconds = round(time.monotonic() - run.fault_at, 1)
         detail = run.status_text() if scenario.refuses else ""
         if scenario.verify is not None:
@@ -256,6 +285,8 @@ def run_scenario(stack: LocalStack, models: Models, scenario: Scenario, index: i
         detail = f"{describe(exc)} [{run.status_text()}]"
     finally:
         watch.stop()
+        for cleanup in run.cleanups:
+            cleanup()
         faultgate.disarm(run.gate, name)  # a hold left armed or held is no fault of the next
     orphans, left = _clean_up(run, before)
     if orphans:

@@ -1,7 +1,7 @@
 """What every `weightlift bench chaos` scenario runs on: `Run` (one scenario's deployment, its
 waits and its convergence check), the wrong-weights watcher and the count of worker processes.
-The scenario modules (chaos.py, chaos_pull.py, chaos_standby.py) import this one, never each
-other's runner."""
+The scenario modules (chaos.py, chaos_pull.py, chaos_standby.py, chaos_spares.py) import this
+one, never each other's runner."""
 
 from __future__ import annotations
 
@@ -83,13 +83,15 @@ class WeightsWatch(threading.Thread):
     """Infers through every replica the status calls Ready; remembers the pods that answered
     with anything but the right weights' output (or that were Ready at all, when `never_ready`,
     or Ready with a model identity in `banned`: a revision the spec has left). A scenario that
-    changes the model sets `probe` to the new weights' probe."""
+    changes the model sets `probe` to the new weights' probe; one whose old replicas may keep
+    serving through the rollout names their weights' probe in `probes`, by model identity."""
 
     def __init__(self, kubeconfig: Path, namespace: str, name: str, probe: JSON) -> None:
         super().__init__(name=f"weights-watch-{name}", daemon=True)
         self.kubeconfig, self.namespace, self.name, self.probe = kubeconfig, namespace, name, probe
         self.never_ready = False
         self.banned: set[str] = set()
+        self.probes: dict[str, JSON] = {}  # model identity -> its weights' probe
         self.wrong: set[str] = set()
         self.checked: set[str] = set()
         self._halt = threading.Event()
@@ -114,7 +116,7 @@ class WeightsWatch(threading.Thread):
         if md is None:
             return
         ports = pod_ports(kube, self.namespace, self.name)
-        probe = self.probe  # one expectation per pass: a scenario may swap it meanwhile
+        default, probes = self.probe, dict(self.probes)  # a scenario may swap them meanwhile
         for rs in (md.get("status") or {}).get("replicaStatuses") or []:
             if not rs.get("ready"):
                 continue
@@ -122,6 +124,7 @@ class WeightsWatch(threading.Thread):
             if self.never_ready or rs.get("modelIdentity") in self.banned:
                 self.wrong.add(pod)
                 continue
+            probe = probes.get(str(rs.get("modelIdentity")), default)
             ip, port = rs.get("podIP"), ports.get(pod)
             if not ip or port is None:
                 continue
@@ -160,6 +163,8 @@ class Run:
         # Other ModelDeployments the scenario applied: deleted with it, their processes counted.
         self.others: list[str] = []
         self.notes: JSON = {}  # what the scenario saw, for its `verify`
+        # Run when the scenario ends, converged or not (a watch thread it started, stopped).
+        self.cleanups: list[Callable[[], None]] = []
 
     def deploy(self, model_dir: Path | None = None, replicas: int = 1, **kw: Any) -> None:
         manifest = model_deployment(
@@ -224,7 +229,9 @@ class Run:
         return {pid for key in self._node_pods() for pid in pids.get(key, [])}
 
     # -- convergence
-    def converged(self, replicas: int) -> bool:
+    def converged(self, replicas: int, spares: int = 0) -> bool:
+        """`replicas` Ready and `spares` warm spares (spec.warmSpares: phase Spare, never
+        Ready), and exactly their pods and worker processes."""
         md = self.stack.get_md(self.name)
         if md is None:
             return replicas == 0 and not self._node_pods() and not self.stack.pods(self.name)
@@ -233,15 +240,20 @@ class Run:
             return False
         rows = status.get("replicaStatuses") or []
         pods = [p for p in self.stack.pods(self.name) if not p["metadata"].get("deletionTimestamp")]
-        if replicas == 0:
+        if replicas == 0 and spares == 0:
             return not rows and not pods and not self._node_pods()
+        serving = [r for r in rows if not r.get("spare")]
+        waiting = [r for r in rows if r.get("spare")]
         return (
             status.get("phase") == "Ready"
             and int(status.get("readyReplicas") or 0) == replicas
-            and len(rows) == replicas
-            and all(r.get("ready") for r in rows)
-            and len(pods) == replicas
-            and len(self._node_pods()) == replicas
+            and len(serving) == replicas
+            and all(r.get("ready") for r in serving)
+            and int(status.get("spares") or 0) == spares
+            and len(waiting) == spares
+            and all(r.get("phase") == "Spare" and not r.get("ready") for r in waiting)
+            and len(pods) == replicas + spares
+            and len(self._node_pods()) == replicas + spares
         )
 
     def refused(self, what: str) -> bool:
