@@ -130,7 +130,8 @@ INDUCTOR_PROBE = """
 import json, os, torch
 x = torch.randn(64)
 compiled = torch.compile(lambda t: (t * 2).sin() + 1, backend="inductor")
-same = bool(torch.allclose(compiled(x), (x * 2).sin() + 1))
+# Inductor's vectorized sin may differ from ATen's in the last bits (where the sum is near 0).
+same = bool(torch.allclose(compiled(x), (x * 2).sin() + 1, atol=1e-5))
 print(json.dumps({"uid": os.getuid(), "same": same}))
 """
 
