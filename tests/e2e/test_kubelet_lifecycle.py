@@ -297,8 +297,18 @@ def test_a_new_vllm_replica_installs_the_node_store_entry_the_deleted_pair_left(
         time.sleep(0.5)
     assert archives, f"nothing stored in {store}: {[str(p) for p in store.rglob('*')]}"
     assert {p.stat().st_uid for p in archives} == {1000}  # written by the worker's uid
+    assert kstack.release is not None
+    # The chart's node-prep DaemonSet handed the store over once, and cleanly.
+    (prep,) = call(
+        kstack.kube.core.list_namespaced_pod,
+        kstack.release.namespace,
+        label_selector="app.kubernetes.io/name=weightlift-node-prep",
+    )["items"]
+    (chown,) = prep["status"]["initContainerStatuses"]
+    assert chown["state"]["terminated"]["exitCode"] == 0 and chown["restartCount"] == 0, chown
     kstack.delete_md(VLLM)
-    vllm_ready.wait(lambda o: not o.pods, 120, f"{VLLM}'s pods to go")
+    # Gone with its finalizer, not just its pods: until then its status still lists sources.
+    vllm_ready.wait(lambda o: not o.pods and o.md is None, 120, f"{VLLM} to go")
     again = f"{VLLM}-again"
     try:
         obs = _deploy_vllm(kstack, llm, again, replicas=1)

@@ -19,7 +19,7 @@ from weightlift.api.labels import DEPLOYMENT_LABEL, DEPLOYMENT_UID_LABEL, MANAGE
 from weightlift.api.model import GROUP, KIND, PLURAL, VERSION
 from weightlift.operator import apicalls, kube, leader, metrics, watchtrim
 from weightlift.operator.diffbase import NoDiffBaseStorage
-from weightlift.operator.reconcile import pod_essentials, reconcile
+from weightlift.operator.reconcile import pod_essentials, published_by, reconcile
 from weightlift.operator.state import OperatorState
 
 log = logging.getLogger("weightlift.operator")
@@ -83,15 +83,15 @@ def _state(memo: Any) -> OperatorState:
 # The indexers are coroutines: kopf runs a plain function in a thread, one hop per watch event.
 @kopf.index(GROUP, VERSION, PLURAL)
 async def published_sources(
-    namespace: str | None, status: kopf.Status, **_: Any
+    namespace: str | None, body: kopf.Body, **_: Any
 ) -> dict[tuple[str | None, str], list[Any]]:
     """Every ModelDeployment's status.sources by namespace and model identity, kept current by
     kopf's watch: a reconcile finds the sibling sources of its own identity without listing
     ModelDeployments, and reads none of the others (at 1000 deployments a pass that looked at
     every source of the namespace spent most of the operator's CPU). Deployments publishing
-    nothing are not in it."""
+    nothing (or being deleted) are not in it."""
     by_identity: dict[tuple[str | None, str], list[Any]] = {}
-    for raw in status.get("sources") or []:
+    for raw in published_by(body):
         identity = raw.get("modelIdentity") if isinstance(raw, dict) else None
         if isinstance(identity, str):
             by_identity.setdefault((namespace, identity), []).append(raw)

@@ -251,6 +251,15 @@ async def _probe(
     return result
 
 
+def published_by(md: Mapping[str, Any]) -> list[Any]:
+    """The sources a ModelDeployment's status publishes; none once it is being deleted: its
+    finalizer keeps the object (and its last status) until its pods are gone, and a new
+    deployment of the model must not be handed a source on its way out."""
+    if (md.get("metadata") or {}).get("deletionTimestamp"):
+        return []
+    return list((md.get("status") or {}).get("sources") or [])
+
+
 def _sibling_sources(published: list[Any], name: str) -> list[SourceEndpoint]:
     """Valid sources other ModelDeployments publish (planning matches the identity)."""
     sources: list[SourceEndpoint] = []
@@ -460,7 +469,7 @@ async def _replan_with_published_sources(
         observed.namespace,
         published_sources_selector(result.status.model_identity),
     )
-    published = [raw for md in fresh for raw in (md.get("status") or {}).get("sources") or []]
+    published = [raw for md in fresh for raw in published_by(md)]
     known = {(s.deployment, s.pod) for s in observed.sibling_sources}
     unseen = [
         s for s in _sibling_sources(published, observed.name) if (s.deployment, s.pod) not in known
