@@ -27,6 +27,7 @@ from weightlift.worker.engines.vllm.weights import (
 )
 from weightlift.worker.storage.errors import StorageError
 from weightlift.worker.storage.fetch import Fetched, materialize
+from weightlift.worker.storage.s3 import S3Store
 from weightlift.worker.weights.progress import LoadProgress
 
 BUCKET = "models"
@@ -83,6 +84,23 @@ def test_download_matches_the_objects_and_progress_grows(
     assert progress.bytes_total == total and progress.bytes_loaded == total
     # 9 MB in 16 MiB ranges is one range per file: at least one value below the total per file.
     assert len([v for v in progress.seen if v < total]) >= len(model) - 1
+
+
+def test_small_ranges_on_one_thread_rebuild_the_files_over_one_kept_connection(
+    s3: MinioServer, model: dict[str, bytes], creds: None, tmp_path: Path
+) -> None:
+    """Bodies are read from the socket past urllib3 (ranged.socket_readinto): every byte still
+    arrives, and each connection goes back to the pool once its body is read to the end."""
+    store = S3Store(BUCKET, "tiny", endpoint=s3.endpoint, threads=1, chunk_bytes=256 << 10)
+    objs = store.list_objects()
+    seen: list[int] = []
+    paths = store.fetch(objs, tmp_path / "out", seen.append)
+    assert {p.name: p.read_bytes() for p in paths} == model
+    assert len(seen) > 3 * 12  # 3 MB files in 256 KiB ranges
+    pools = store.client._endpoint.http_session._manager.pools
+    # urllib3's RecentlyUsedContainer has keys() but refuses plain iteration
+    made = [pools[key].num_connections for key in pools.keys()]  # noqa: SIM118
+    assert made == [1], f"connections opened per pool: {made} (keep-alive lost)"
 
 
 def test_target_fetches_only_the_small_files(

@@ -242,6 +242,17 @@ def test_vllm_listens_where_only_the_worker_reaches_it(hf_dir: Path, tmp_path: P
     assert "--api-key" not in cmd  # the key travels in vLLM's environment, not its argv
 
 
+def test_vllm_environment_puts_this_checkout_first_on_the_engines_import_path() -> None:
+    """The engine's venv is shared per machine: its editable weightlift may name another
+    checkout; vLLM's processes must import the weightlift the worker runs."""
+    import weightlift
+
+    root = str(Path(weightlift.__file__).resolve().parents[1])
+    env = vllm_environment({"PYTHONPATH": f"/elsewhere{os.pathsep}{root}"})
+    assert env["PYTHONPATH"].split(os.pathsep) == [root, "/elsewhere"]
+    assert vllm_environment({})["PYTHONPATH"] == root
+
+
 def test_vllm_environment_keeps_our_plugin_in_an_allow_list() -> None:
     env = vllm_environment({"VLLM_PLUGINS": "other", "WEIGHTLIFT_VLLM_PYTHON": "/x/python"})
     assert env["VLLM_PLUGINS"] == "other,weightlift"

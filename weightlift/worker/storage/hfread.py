@@ -2,10 +2,11 @@
 
 `locate` asks huggingface_hub (`get_hf_file_metadata`, a HEAD on the file's `resolve` URL) where
 a file's bytes are, checking the commit, size and (LFS) sha256 against the listing; `read_range`
-GETs one byte range of that location with urllib3, whose `readinto` lands socket data in the
-caller's buffer (httpx's stream iterator was 3x slower per core here: its h11 parser copies every
-chunk twice; loopback 256 MiB, 8 threads: 0.56 GB/s vs 1.2-1.8). The token goes only to the Hub's
-own host, never to a CDN the Hub redirects to, and never into a message.
+GETs one byte range of that location with urllib3, its body read from the socket into the
+caller's buffer (`ranged.socket_readinto`; httpx's stream iterator was 3x slower per core here:
+its h11 parser copies every chunk twice; loopback 256 MiB, 8 threads: 0.56 GB/s vs 1.2-1.8). The
+token goes only to the Hub's own host, never to a CDN the Hub redirects to, and never into a
+message.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ import urllib3
 
 from weightlift.worker.storage import ranged
 from weightlift.worker.storage.errors import StorageError, redact
+
+_BODY_ERRORS: tuple[type[Exception], ...] = (urllib3.exceptions.HTTPError, *ranged.BODY_ERRORS)
 
 
 class ListedFile(Protocol):
@@ -168,10 +171,10 @@ class HubReader:
             resp = self._pool.request("GET", o.url, headers=headers, preload_content=False)
             try:
                 self._check(resp, where, start)
-                ranged.drain(resp.readinto, start, n, counted)
+                ranged.drain(ranged.socket_readinto(resp), start, n, counted)
             finally:
-                resp.release_conn()
-        except urllib3.exceptions.HTTPError as exc:
+                ranged.finish(resp)
+        except _BODY_ERRORS as exc:
             # A body that ends early (IncompleteRead) lands here as well as a dropped connection.
             raise StorageError(
                 f"{where}: truncated transfer: got {got} of {n} bytes at offset {start} "

@@ -142,12 +142,20 @@ class S3Store:
                 Range=f"bytes={start}-{start + n - 1}",
                 IfMatch=o.etag,
             )
-            body = resp["Body"]
-            got = ranged.drain(body.readinto, start, n, sink)
-            body.close()
+            raw = resp["Body"]._raw_stream  # botocore's StreamingBody wraps urllib3's response
+            try:
+                got = ranged.drain(ranged.socket_readinto(raw), start, n, sink)
+            finally:
+                ranged.finish(raw)
         except (ClientError, BotoCoreError) as exc:
             raise StorageError(
                 f"{self.uri(o.key)}: {_explain(exc)}", permanent=not _transient(exc)
+            ) from None
+        except ranged.BODY_ERRORS as exc:  # the connection dropped mid-body
+            raise StorageError(
+                f"{self.uri(o.key)}: truncated transfer of {n} bytes at offset {start} "
+                f"({redact(type(exc).__name__)})",
+                permanent=False,
             ) from None
         if got != n:
             raise StorageError(

@@ -133,7 +133,22 @@ def vllm_environment(base: dict[str, str] | None = None) -> dict[str, str]:
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     env[DIE_WITH_PARENT_ENV] = "1"  # every vLLM process arms it in plugin.register()
     env.pop(PYTHON_ENV, None)
+    root = checkout_root()
+    if root is not None:
+        # vLLM's processes import the weightlift this worker runs: the engine's environment may
+        # be another venv whose editable install names another checkout (one shared per
+        # machine), or one since deleted; PYTHONPATH goes before every .pth file's finder.
+        front = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+        env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys([root, *front]))
     return env
+
+
+def checkout_root() -> str | None:
+    """The source checkout this weightlift runs from (pyproject.toml beside the package), or
+    None when it is installed (an image's site-packages, which must not go ahead of the
+    standard library on PYTHONPATH)."""
+    root = Path(__file__).resolve().parents[4]
+    return str(root) if (root / "pyproject.toml").is_file() else None
 
 
 class VllmEngine:
