@@ -205,10 +205,12 @@ def test_a_warm_spare_compiles_first_and_answers_bit_identically(
     running.append(target)
     engine = f"http://{engine_host(p.host)}:{p.runtime.engine_port}"
     deadline = time.monotonic() + READY_TIMEOUT
-    # vLLM compiled, warmed up and serves /health, with no weights yet: the worker in Standby.
-    while not (healthy(engine) and phase(target) == "Standby"):
+    # The worker says Standby (the operator: a warm spare) only once vLLM has compiled, warmed
+    # up and serves /health, with no weights yet.
+    while phase(target) != "Standby":
         assert time.monotonic() < deadline and target.proc.poll() is None, target_log(target)
         time.sleep(0.5)
+    assert healthy(engine), "the worker said Standby before vLLM answered /health"
     st = target.status()
     assert st["phase"] == "Standby" and "peers" not in st["timeline"], st
     log = target.vllm_log

@@ -249,7 +249,9 @@ class VllmEngine:
         """Until vLLM's /health answers 200 and every rank has reported its load done;
         EngineFailed if vLLM exits, a rank reports a failure, or `timeout` passes. Meanwhile
         the ranks' steps so far go into `report` (the worker's status shows where vLLM is):
-        phase Standby once every rank waits for the hand-off `relay` has not passed on yet."""
+        phase Standby once every rank waits for the hand-off `relay` has not passed on yet,
+        and, when the ranks compile first, vLLM has compiled and warmed up (answers /health):
+        a spare shows as warm only once a hand-off would find nothing left but the weights."""
         assert self.process is not None
         deadline = time.monotonic() + timeout
         session = self.session()
@@ -261,7 +263,12 @@ class VllmEngine:
                 fold_steps(report, reports)
                 waiting = [r for r in reports if r.stage == "standby"]
                 tp = self.plan.tensor_parallel
-                if relay is not None and not relay.done() and len(waiting) == tp:
+                if (
+                    relay is not None
+                    and not relay.done()
+                    and len(waiting) == tp
+                    and await self._warm(session, waiting)
+                ):
                     report.phase = WorkerPhase.STANDBY
                     # Each rank ran its init hooks before it stopped at its weight step: a
                     # spare or standby target says so while it waits, not only once Ready.
@@ -280,6 +287,11 @@ class VllmEngine:
             if time.monotonic() > deadline:
                 raise self._failure(f"not ready within {timeout:.0f}s")
             await asyncio.sleep(poll)
+
+    async def _warm(self, session: aiohttp.ClientSession, waiting: list[EngineRankReport]) -> bool:
+        """Ranks at their weight step: warm, unless they compile first and vLLM is not up yet
+        (it compiles and warms up on placeholders after the ranks reported standby)."""
+        return not all(r.compiles_first for r in waiting) or await self._healthy(session)
 
     async def _healthy(self, session: aiohttp.ClientSession) -> bool:
         for path in self.health_paths:
