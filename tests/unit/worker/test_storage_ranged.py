@@ -2,14 +2,30 @@
 
 from __future__ import annotations
 
+import errno
+import http.server
 import io
 import itertools
+import socket
+import struct
+import threading
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import urllib3
 
-from weightlift.worker.storage.ranged import Sink, drain, fetch_files, ranges
+from weightlift.worker.storage.ranged import (
+    BodyLost,
+    Sink,
+    drain,
+    fetch_files,
+    finish,
+    ranges,
+    socket_readinto,
+)
 
 
 @dataclass(frozen=True)
@@ -65,3 +81,73 @@ def test_fetch_files_renames_complete_files_into_place_and_leaves_nothing_on_fai
     with pytest.raises(OSError, match="connection reset"):
         fetch_files(files, tmp_path / "again", broken, lambda _n: None, threads=3, chunk_bytes=1000)
     assert [p for p in (tmp_path / "again").rglob("*") if p.is_file()] == []
+
+
+BODY = bytes(range(256)) * 12_000  # 3 MB: several passes through the receive buffer
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive: one connection serves several GETs
+
+    def do_GET(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(BODY)))
+        self.end_headers()
+        if self.path == "/drop":  # 100 KB, then a reset: the connection dies mid-body
+            self.wfile.write(BODY[:100_000])
+            self.wfile.flush()
+            self.connection.setsockopt(
+                socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0)
+            )
+            self.connection.close()
+            self.close_connection = True
+            return
+        self.wfile.write(BODY)
+
+    def log_message(self, *_args: object) -> None:
+        return None
+
+
+@pytest.fixture
+def server() -> Iterator[str]:
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    httpd.shutdown()
+    httpd.server_close()
+
+
+def test_socket_reads_keep_the_connection_and_leave_a_sinks_own_error_alone(server: str) -> None:
+    pool = urllib3.PoolManager()
+    out = bytearray(len(BODY))
+
+    def sink(piece: memoryview, offset: int) -> None:
+        out[offset : offset + len(piece)] = piece
+
+    def full_disk(_piece: memoryview, _offset: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    resp = pool.request("GET", server + "/a", preload_content=False)
+    assert drain(socket_readinto(resp), 0, len(BODY), sink) == len(BODY)
+    finish(resp)
+    assert bytes(out) == BODY
+    made = pool.connection_from_url(server).num_connections
+    resp = pool.request("GET", server + "/b", preload_content=False)  # the kept connection
+    with pytest.raises(OSError) as err:  # the disk's error, not a lost body
+        drain(socket_readinto(resp), 0, len(BODY), full_disk)
+    assert err.value.errno == errno.ENOSPC
+    finish(resp)  # 2 MB unread: closed, never handed to the next request
+    resp = pool.request("GET", server + "/c", preload_content=False)
+    assert drain(socket_readinto(resp), 0, len(BODY), sink) == len(BODY)
+    finish(resp)
+    assert bytes(out) == BODY
+    assert (made, pool.connection_from_url(server).num_connections) == (1, 2)
+
+
+def test_a_connection_reset_mid_body_is_a_lost_body(server: str) -> None:
+    pool = urllib3.PoolManager()
+    resp = pool.request("GET", server + "/drop", preload_content=False)
+    with pytest.raises(BodyLost):
+        drain(socket_readinto(resp), 0, len(BODY), lambda _p, _o: time.sleep(0.01))
+    finish(resp)

@@ -23,8 +23,6 @@ import urllib3
 from weightlift.worker.storage import ranged
 from weightlift.worker.storage.errors import StorageError, redact
 
-_BODY_ERRORS: tuple[type[Exception], ...] = (urllib3.exceptions.HTTPError, *ranged.BODY_ERRORS)
-
 
 class ListedFile(Protocol):
     @property
@@ -174,11 +172,11 @@ class HubReader:
                 ranged.drain(ranged.socket_readinto(resp), start, n, counted)
             finally:
                 ranged.finish(resp)
-        except _BODY_ERRORS as exc:
+        except (urllib3.exceptions.HTTPError, ranged.BodyLost) as exc:
             # A body that ends early (IncompleteRead) lands here as well as a dropped connection.
             raise StorageError(
                 f"{where}: truncated transfer: got {got} of {n} bytes at offset {start} "
-                f"({redact(type(exc).__name__)})",
+                f"({redact(str(exc) if isinstance(exc, ranged.BodyLost) else type(exc).__name__)})",
                 permanent=False,
             ) from None
         if got != n:

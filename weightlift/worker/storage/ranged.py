@@ -27,6 +27,8 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
+import urllib3
+
 
 class RemoteFile(Protocol):
     @property
@@ -66,23 +68,31 @@ def drain(readinto: Callable[[memoryview], int | None], start: int, n: int, sink
     return got
 
 
+class BodyLost(Exception):
+    """The connection dropped or the server hung up mid-body (the caller names the range)."""
+
+
 def socket_readinto(resp: Any) -> Callable[[memoryview], int | None]:
     """`readinto` for a urllib3 response body that lands the socket's bytes in the caller's
     buffer. urllib3 2's own `readinto` is `read(n)` and a copy, and http.client's `read(n)`
     allocates a fresh buffer and copies out of it again: two more copies of every byte and a new
     1 MiB allocation (fresh pages to zero) per call, on cores the store's server shares. The
     http.client response under it reads a body of known length into the given buffer
-    (`recv_into`); used when nothing needs decoding (no Content-Encoding, not chunked)."""
+    (`recv_into`); used when nothing needs decoding (no Content-Encoding, a Content-Length).
+    Either way a failed read raises BodyLost (a failing sink's own OSError is not one)."""
     fp = getattr(resp, "_fp", None)
     plain = not resp.headers.get("Content-Encoding")
+    read: Callable[[memoryview], int | None] = resp.readinto
     if isinstance(fp, http.client.HTTPResponse) and fp.length is not None and plain:
-        return fp.readinto
-    return resp.readinto
+        read = fp.readinto
 
+    def readinto(buf: memoryview) -> int | None:
+        try:
+            return read(buf)
+        except (OSError, http.client.HTTPException, urllib3.exceptions.HTTPError) as exc:
+            raise BodyLost(type(exc).__name__) from exc
 
-# What a body read straight from the socket raises when the connection drops mid-body (urllib3
-# would have wrapped these in its own exceptions).
-BODY_ERRORS: tuple[type[Exception], ...] = (OSError, http.client.HTTPException)
+    return readinto
 
 
 def finish(resp: Any) -> None:

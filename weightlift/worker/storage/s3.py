@@ -151,10 +151,10 @@ class S3Store:
             raise StorageError(
                 f"{self.uri(o.key)}: {_explain(exc)}", permanent=not _transient(exc)
             ) from None
-        except ranged.BODY_ERRORS as exc:  # the connection dropped mid-body
+        except ranged.BodyLost as exc:
             raise StorageError(
                 f"{self.uri(o.key)}: truncated transfer of {n} bytes at offset {start} "
-                f"({redact(type(exc).__name__)})",
+                f"({redact(str(exc))})",
                 permanent=False,
             ) from None
         if got != n:
