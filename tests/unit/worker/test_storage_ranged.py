@@ -96,9 +96,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if self.path == "/drop":  # 100 KB, then a reset: the connection dies mid-body
             self.wfile.write(BODY[:100_000])
             self.wfile.flush()
-            self.connection.setsockopt(
-                socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0)
-            )
+            self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
             self.connection.close()
             self.close_connection = True
             return
