@@ -23,7 +23,6 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.support.compile_cache import flip_a_byte
 from tests.support.e2e import pids_of, wait_gone
 from tests.support.vllm import (
     ENGINE_ARGS,
@@ -36,6 +35,7 @@ from tests.support.vllm import (
 )
 from weightlift.api.model import Role
 from weightlift.api.worker import PEERS_FILE_ENV, PeerCandidate, PeerHandoff, WorkerPlan
+from weightlift.bench.chaos_models import flip_a_byte
 from weightlift.local.llm import vllm_worker_plan
 from weightlift.local.observe import Observer, complete
 from weightlift.local.stack import LocalStack, model_deployment

@@ -32,6 +32,7 @@ from weightlift.bench import chaos_failover as failover
 from weightlift.bench import chaos_pull as pull
 from weightlift.bench import chaos_spares as spares
 from weightlift.bench import chaos_standby as standby
+from weightlift.bench import chaos_store as store
 from weightlift.bench.chaos_models import (
     Models,
     lying_header_length,
@@ -39,8 +40,9 @@ from weightlift.bench.chaos_models import (
     overlapping_offsets,
     truncate,
 )
-from weightlift.bench.chaos_run import Run, WeightsWatch, worker_processes
+from weightlift.bench.chaos_run import Run, ScenarioSkipped, WeightsWatch, worker_processes
 from weightlift.local.kube import KUBE_ERRORS, describe
+from weightlift.local.llm import ensure_vllm_env, vllm_python
 from weightlift.local.models import build_hook_library
 from weightlift.local.stack import LocalStack
 from weightlift.worker.p2p import faultgate
@@ -84,6 +86,7 @@ class Result:
     orphans: int
     wrong_weights: int
     detail: str
+    skipped: bool = False  # its fault could not be injected here (the detail says why)
 
 
 @dataclass(frozen=True)
@@ -97,6 +100,7 @@ class Scenario:
     # returns a line for the detail column.
     verify: Callable[[Run], str] | None = None
     spares: int = 0  # warm spares waiting at the end (spec.warmSpares)
+    vllm: bool = False  # deploys vLLM replicas: the stack's workers need the vLLM environment
 
 
 # Faults mid-rollout strike while a Target holds its pull open (chaos_pull.pulling): a poll of
@@ -248,6 +252,12 @@ SCENARIOS: tuple[Scenario, ...] = (
         spares=1,
         verify=spares.verify_spare_revision_changed,
     ),
+    # vLLM's compile-cache store: an entry damaged, a store that cannot be written; the
+    # replica compiles and is Ready anyway (bench/chaos_store.py). Minutes each: never fast.
+    *(
+        Scenario(name, inject, replicas=1, verify=verify, vllm=True)
+        for name, inject, verify in store.STORE_SCENARIOS
+    ),
     # Two operators with leader election; the active one dies mid-rollout: the takeover time.
     Scenario(
         "leader-sigkill-standby-takes-over",
@@ -265,7 +275,7 @@ def run_scenario(stack: LocalStack, models: Models, scenario: Scenario, index: i
     watch.never_ready = scenario.refuses is not None
     run = Run(stack, models, name, watch)
     watch.start()
-    converged, seconds, detail = False, None, ""
+    converged, seconds, detail, skipped = False, None, "", False
     try:
         scenario.inject(run)
         what = scenario.refuses
@@ -281,6 +291,8 @@ def run_scenario(stack: LocalStack, models: Models, scenario: Scenario, index: i
         if scenario.verify is not None:
             detail = scenario.verify(run)
         converged = True
+    except ScenarioSkipped as exc:
+        detail, skipped = f"skipped: {exc}", True
     except SCENARIO_ERRORS as exc:
         detail = f"{describe(exc)} [{run.status_text()}]"
     finally:
@@ -291,7 +303,8 @@ def run_scenario(stack: LocalStack, models: Models, scenario: Scenario, index: i
     orphans, left = _clean_up(run, before)
     if orphans:
         detail += f" [cleanup: {left}]"
-    return Result(scenario.name, converged, seconds, orphans, len(watch.wrong), detail.strip())
+    wrong = len(watch.wrong)
+    return Result(scenario.name, converged, seconds, orphans, wrong, detail.strip(), skipped)
 
 
 def _clean_up(run: Run, before: set[int]) -> tuple[int, str]:
@@ -335,9 +348,17 @@ def run_all(stack: LocalStack, models: Models, scenarios: list[Scenario]) -> lis
 def _row(r: Result) -> str:
     secs = f"{r.seconds:.1f}" if r.seconds is not None else "-"
     return (
-        f"{r.scenario:34} {'yes' if r.converged else 'NO':9} {secs:>8} {r.orphans:>7} "
+        f"{r.scenario:34} {_converged(r):9} {secs:>8} {r.orphans:>7} "
         f"{r.wrong_weights:>13}  {r.detail[:90]}"
     )
+
+
+def _converged(r: Result) -> str:
+    return "skipped" if r.skipped else ("yes" if r.converged else "NO")
+
+
+def _passed(r: Result) -> bool:
+    return (r.converged or r.skipped) and not r.orphans and not r.wrong_weights
 
 
 def render(results: list[Result]) -> str:
@@ -347,8 +368,10 @@ def render(results: list[Result]) -> str:
     )
     lines = [head, "-" * len(head)] + [_row(r) for r in results]
     ok = sum(r.converged for r in results)
+    skipped = sum(r.skipped for r in results)
     lines.append(
-        f"{ok}/{len(results)} converged, {sum(r.orphans for r in results)} orphans, "
+        f"{ok}/{len(results)} converged{f' ({skipped} skipped)' if skipped else ''}, "
+        f"{sum(r.orphans for r in results)} orphans, "
         f"{sum(r.wrong_weights for r in results)} replicas served wrong weights"
     )
     return "\n".join(lines)
@@ -379,11 +402,14 @@ def chaos_command(
         raise click.BadParameter(f"unknown scenarios {sorted(unknown)}", param_hint="--scenario")
     state_dir = state_dir.resolve()
     models = Models(state_dir / "models")
+    worker_env = {"CUDA_VISIBLE_DEVICES": ""}
+    if any(s.vllm for s in picked):  # built once, minutes (hack/install-vllm.sh)
+        worker_env["WEIGHTLIFT_VLLM_PYTHON"] = str(vllm_python() or ensure_vllm_env())
     stack = LocalStack(
         state_dir / "stack",
         node_name="chaos-node",
         model_path_prefixes=(str(models.work),),
-        worker_env={"CUDA_VISIBLE_DEVICES": ""},
+        worker_env=worker_env,
     )
     with stack:
         results = run_all(stack, models, picked)
@@ -391,5 +417,5 @@ def chaos_command(
     if json_out is not None:
         json_out.parent.mkdir(parents=True, exist_ok=True)
         json_out.write_text(json.dumps([asdict(r) for r in results], indent=2) + "\n")
-    if not all(r.converged and not r.orphans and not r.wrong_weights for r in results):
+    if not all(_passed(r) for r in results):
         raise SystemExit(1)

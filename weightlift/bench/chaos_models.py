@@ -1,16 +1,19 @@
 """The models `weightlift bench chaos` deploys: the right one, other weights of the same shapes,
-a program of other dimensions, and broken copies (a truncated file, a lying header length,
-overlapping offsets, NaN weights) whose status must name what is wrong."""
+a program of other dimensions, the tiny Llama vLLM serves, and broken copies (a truncated file,
+a lying header length, overlapping offsets, NaN weights, a compile-cache archive with a flipped
+byte) whose status must name what is wrong."""
 
 from __future__ import annotations
 
 import json
 import shutil
 import struct
+import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from weightlift.local.llm import ensure_vllm_env, make_in_engine_env, vllm_python
 from weightlift.local.stack import make_demo_model
 
 JSON = dict[str, Any]
@@ -60,6 +63,12 @@ class Models:
         shutil.rmtree(out, ignore_errors=True)
         shutil.copytree(self.model, out)
         return out
+
+    def llm(self) -> tuple[Path, JSON]:
+        """The tiny Llama in HF layout (local/llm.py, made once under `work` with the vLLM
+        environment's transformers) and its completion probe: transformers' greedy text."""
+        out = self.work / "llm"
+        return out, make_in_engine_env(vllm_python() or ensure_vllm_env(), out)
 
     def other(self) -> Path:
         """A demo model of other dimensions (its program expects other weight shapes)."""
@@ -125,3 +134,15 @@ def nan_weights(model_dir: Path) -> str:
     tensors[name] = torch.full_like(tensors[name], float("nan"))
     save_file(tensors, str(path), metadata={"weightlift": "demo", "rank": "0"})
     return "non-finite"
+
+
+def flip_a_byte(archive: Path) -> None:
+    """One bit of a compile-cache archive's program bytes (not a tar header: the manifest's
+    checksum must catch it)."""
+    with tarfile.open(archive) as tar:
+        offset = next(m.offset_data for m in tar if m.name.endswith("/model"))
+    with archive.open("r+b") as f:
+        f.seek(offset + 100)
+        byte = f.read(1)[0]
+        f.seek(offset + 100)
+        f.write(bytes([byte ^ 0x01]))

@@ -19,10 +19,18 @@ from weightlift.api.labels import DEPLOYMENT_LABEL
 from weightlift.api.model import GROUP, PLURAL, VERSION
 from weightlift.bench.chaos_models import Models
 from weightlift.local.kube import KUBE_ERRORS, Kube, call, get_or_none
+from weightlift.local.observe import complete
 from weightlift.local.processnode import ProcessNode
 from weightlift.local.stack import LocalStack, model_deployment
 
 JSON = dict[str, Any]
+
+
+class ScenarioSkipped(Exception):
+    """A scenario that cannot inject its fault here (e.g. it must mount a filesystem and may
+    not): reported as skipped, with the reason, not as unconverged."""
+
+
 # Deadlines, not speed checks: a loaded 2-core CI box took 215 s for the operator scenario.
 CONVERGE_TIMEOUT = 420.0
 
@@ -128,14 +136,31 @@ class WeightsWatch(threading.Thread):
             ip, port = rs.get("podIP"), ports.get(pod)
             if not ip or port is None:
                 continue
-            url = f"http://{ip}:{port}/v2/models/{self.name}/infer"
             try:
-                r = http.post(url, json=probe["request"])
+                right = answers_right(http, f"http://{ip}:{port}", self.name, probe)
             except httpx.HTTPError:
                 continue  # gone between the status read and the request: not a wrong answer
             self.checked.add(pod)
-            if r.status_code == 200 and not outputs_match(r.json().get("outputs") or [], probe):
+            if right is False:
                 self.wrong.add(pod)
+
+
+def answers_right(http: httpx.Client, base: str, model: str, probe: JSON) -> bool | None:
+    """Whether the replica at `base` answers `probe` as the right weights do (None: a non-200
+    answer; httpx.HTTPError: none). A KServe v2 probe's request against its expected outputs;
+    an LLM's completion probe (vLLM) as greedy text through the worker's OpenAI /v1, against
+    the text transformers computed for it (local/llm.py)."""
+    if "request" not in probe:
+        completion = probe["completion"]
+        text = complete(f"{base}/v1", model, completion, timeout=120.0)
+        expected = completion.get("expectedText")
+        if expected is not None:
+            return bool(text == expected)
+        return text.startswith(completion["expectedPrefix"])
+    r = http.post(f"{base}/v2/models/{model}/infer", json=probe["request"])
+    if r.status_code != 200:
+        return None
+    return outputs_match(r.json().get("outputs") or [], probe)
 
 
 def pod_ports(kube: Kube, namespace: str, name: str) -> dict[str, int]:

@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.compile_cache import flip_a_byte
 from tests.support.storage import minio
 from tests.unit.worker.test_compile_cache import HASH, OTHER_HASH, WANTED, fake_cache
 from weightlift.api.worker import (
@@ -28,6 +27,7 @@ from weightlift.api.worker import (
     COMPILE_STORE_SHARED_ENV,
     COMPILE_STORE_URI_ENV,
 )
+from weightlift.bench.chaos_models import flip_a_byte
 from weightlift.local.s3server import MinioServer
 from weightlift.worker.engines.vllm.compile_cache import (
     AOT_DIR,
