@@ -40,7 +40,13 @@ from weightlift.bench.chaos_models import (
     overlapping_offsets,
     truncate,
 )
-from weightlift.bench.chaos_run import Run, ScenarioSkipped, WeightsWatch, worker_processes
+from weightlift.bench.chaos_run import (
+    CONVERGE_TIMEOUT,
+    Run,
+    ScenarioSkipped,
+    WeightsWatch,
+    worker_processes,
+)
 from weightlift.local.kube import KUBE_ERRORS, describe
 from weightlift.local.llm import ensure_vllm_env, vllm_python
 from weightlift.local.models import build_hook_library
@@ -101,6 +107,7 @@ class Scenario:
     verify: Callable[[Run], str] | None = None
     spares: int = 0  # warm spares waiting at the end (spec.warmSpares)
     vllm: bool = False  # deploys vLLM replicas: the stack's workers need the vLLM environment
+    timeout: float = CONVERGE_TIMEOUT  # for convergence, from the fault
 
 
 # Faults mid-rollout strike while a Target holds its pull open (chaos_pull.pulling): a poll of
@@ -255,7 +262,7 @@ SCENARIOS: tuple[Scenario, ...] = (
     # vLLM's compile-cache store: an entry damaged, a store that cannot be written; the
     # replica compiles and is Ready anyway (bench/chaos_store.py). Minutes each: never fast.
     *(
-        Scenario(name, inject, replicas=1, verify=verify, vllm=True)
+        Scenario(name, inject, replicas=1, verify=verify, vllm=True, timeout=store.READY_TIMEOUT)
         for name, inject, verify in store.STORE_SCENARIOS
     ),
     # Two operators with leader election; the active one dies mid-rollout: the takeover time.
@@ -280,11 +287,12 @@ def run_scenario(stack: LocalStack, models: Models, scenario: Scenario, index: i
         scenario.inject(run)
         what = scenario.refuses
         if what is not None:
-            run.wait(f"status naming {what!r}", lambda: run.refused(what))
+            run.wait(f"status naming {what!r}", lambda: run.refused(what), scenario.timeout)
         else:
             run.wait(
                 f"{scenario.replicas} Ready, {scenario.spares} spare(s)",
                 lambda: run.converged(scenario.replicas, scenario.spares),
+                scenario.timeout,
             )
         seconds = round(time.monotonic() - run.fault_at, 1)
         detail = run.status_text() if scenario.refuses else ""

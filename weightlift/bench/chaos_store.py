@@ -42,6 +42,7 @@ from weightlift.local.stack import VLLM_ENV, vllm_engine_args
 from weightlift.operator.settings import COMPILE_STORE_SECRET_ENV
 from weightlift.worker.engines.vllm.compile_cache import (
     CacheManifest,
+    CacheRejected,
     engine_init_seconds,
     read_compiles,
     verify_archive,
@@ -50,6 +51,8 @@ from weightlift.worker.engines.vllm.compile_store import ARCHIVE, MANIFEST
 from weightlift.worker.engines.vllm.engine import WORKDIR_ENV
 
 JSON = dict[str, Any]
+# A compiled vLLM replica's start: about 60-90 s on an idle 2-core box, minutes on a busy one.
+READY_TIMEOUT = 900.0
 # How long after Ready the replica's store write may take (it writes right after Ready).
 STORED_TIMEOUT = 120.0
 # The cluster store of store-s3-credentials-refused: MinIO on loopback, a Secret with the right
@@ -93,6 +96,13 @@ def seeded(run: Run) -> Seed:
         seed = _SEEDS[str(store)] = _seed(run, store, model, probe)
     if run.watch is not None:
         run.watch.probe = seed.probe
+    run.notes["seed"] = seed
+    return seed
+
+
+def _seed_of(run: Run) -> Seed:
+    """The seed the scenario's inject used (for its verify)."""
+    seed: Seed = run.notes["seed"]
     return seed
 
 
@@ -100,12 +110,16 @@ def _seed(run: Run, store: Path, model: Path, probe: JSON) -> Seed:
     _empty(store)
     since = time.time()
     _deploy(run, model, probe)
-    run.wait("the seed replica Ready", lambda: run.converged(1))
+    run.wait("the seed replica Ready", lambda: run.converged(1), timeout=READY_TIMEOUT)
     (row,) = run.replicas()
     cc = str(row.get("compileCache"))
     assert cc.startswith("miss (no compile cache for this build"), f"seed: compileCache {cc!r}"
-    run.wait("the seed replica's store entry", lambda: bool(_entries(store, since)))
-    (entry,) = _entries(store, since)
+    run.wait(
+        "the seed replica's store entry",
+        lambda: bool(store_entries(store, since)),
+        timeout=STORED_TIMEOUT,
+    )
+    (entry,) = store_entries(store, since)
     run.stack.delete_md(run.name)
     run.wait("the seed replica gone", lambda: run.converged(0))
     pristine = run.models.work / "compile-store-pristine"
@@ -137,7 +151,7 @@ def _restore(run: Run, seed: Seed, entry: bool = True) -> Path:
     return store
 
 
-def _entries(store: Path, since: float = 0.0) -> list[str]:
+def store_entries(store: Path, since: float = 0.0) -> list[str]:
     """Whole entries ("<want>/<vllm hash>": archive and manifest) written since `since`."""
     return sorted(
         f"{d.parent.name}/{d.name}"
@@ -238,7 +252,7 @@ def verify_damaged(damage: Damage) -> Callable[[Run], str]:
     good entry in the store again: the damaged one dropped or replaced, nothing else left."""
 
     def verify(run: Run) -> str:
-        seed = seeded(run)
+        seed = _seed_of(run)
         row, worker_log, vllm_log = _replica(run)
         cc = str(row.get("compileCache"))
         missing = [n for n in damage.names if n not in cc]
@@ -246,7 +260,10 @@ def verify_damaged(damage: Damage) -> Callable[[Run], str]:
         init = _compiled(worker_log, vllm_log)
         _answers(run, row, seed)
         _good_entry_again(run, seed)
-        return f"{cc[:60]}...; compiled (init {init}), good entry stored again; text right"
+        return (
+            f"miss naming {damage.names[-1].strip()!r}, compiled (init {init}), a good entry "
+            f"stored again, greedy text right [{cc}]"
+        )
 
     return verify
 
@@ -294,11 +311,18 @@ def _good_entry_again(run: Run, seed: Seed) -> None:
     file by file; no other entry (the damaged one dropped or replaced) and no half write."""
     store = _store(run)
     since = run.notes["struck"]
-    run.wait("a good entry stored again", lambda: _entries(store, since) == [seed.entry])
+    run.wait(
+        "a good entry stored again",
+        lambda: store_entries(store, since) == [seed.entry],
+        timeout=STORED_TIMEOUT,
+    )
     entry = store / seed.entry
     manifest = CacheManifest.from_wire(json.loads((entry / MANIFEST).read_text()))
     with tempfile.TemporaryDirectory(dir=run.models.work) as staging:
-        verify_archive(entry / ARCHIVE, manifest, Path(staging))
+        try:
+            verify_archive(entry / ARCHIVE, manifest, Path(staging))
+        except CacheRejected as exc:
+            raise AssertionError(f"the entry stored again fails the verifier: {exc}") from exc
     left = sorted(str(p.relative_to(store)) for p in store.glob("*/*"))
     assert left == [seed.entry], f"the store holds {left}"
 
@@ -311,7 +335,9 @@ def _line(log: str, needle: str) -> str:
 def _logged(run: Run, row: JSON, needle: str) -> str:
     """Wait for the worker's log line with `needle` (the store write follows Ready)."""
     run.wait(
-        f"{needle!r} in the worker's log", lambda: bool(_line(run.pod_log(row["name"]), needle))
+        f"{needle!r} in the worker's log",
+        lambda: bool(_line(run.pod_log(row["name"]), needle)),
+        timeout=STORED_TIMEOUT,
     )
     return _line(run.pod_log(row["name"]), needle)
 
@@ -392,7 +418,7 @@ def _tree(store: Path) -> dict[str, str]:
 
 
 def verify_read_only(run: Run) -> str:
-    seed = seeded(run)
+    seed = _seed_of(run)
     row, worker_log, vllm_log = _replica(run)
     cc = str(row.get("compileCache"))
     assert cc == "hit (store)", f"compileCache {cc!r}"
@@ -423,7 +449,7 @@ def full(run: Run) -> None:
 
 
 def verify_full(run: Run) -> str:
-    seed = seeded(run)
+    seed = _seed_of(run)
     row, worker_log, vllm_log = _replica(run)
     cc = str(row.get("compileCache"))
     assert cc.startswith("miss (no compile cache for this build in the node store"), cc
@@ -431,7 +457,7 @@ def verify_full(run: Run) -> str:
     line = _logged(run, row, NOT_STORED)
     assert "No space left on device" in line, line
     store = _store(run)
-    assert not _entries(store), f"an entry in the full store: {_entries(store)}"
+    assert not store_entries(store), f"an entry in the full store: {store_entries(store)}"
     half = [str(p) for p in store.glob("*/.tmp-*")]
     assert not half, f"a half-written entry left in the store: {half}"
     assert _tree(store) == run.notes["tree"], "the full store's files changed"
@@ -506,7 +532,7 @@ def _operator_with(run: Run, env: dict[str, str]) -> None:
 
 
 def verify_s3_refused(run: Run) -> str:
-    seed = seeded(run)
+    seed = _seed_of(run)
     row, worker_log, vllm_log = _replica(run)
     cc = str(row.get("compileCache"))
     read = f"the cluster store s3://{BUCKET}/{PREFIX} unreadable: S3 list: "

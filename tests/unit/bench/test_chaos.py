@@ -1,6 +1,8 @@
 """`weightlift bench chaos`'s own logic, without a stack: the other weights the standby
-scenarios swap in must be told apart by the probe alone, and a wait for a source that runs out
-before any Target waited is reported as such (not blamed on the operator)."""
+scenarios swap in must be told apart by the probe alone, a wait for a source that runs out
+before any Target waited is reported as such (not blamed on the operator), and each damage the
+compile-store scenarios do to a store entry is refused by the real store with the reason the
+scenario then expects in the replica's compileCache."""
 
 from __future__ import annotations
 
@@ -11,12 +13,15 @@ import numpy as np
 import pytest
 from safetensors.torch import load_file
 
+from tests.unit.worker.test_compile_store import WANTED, installed_files, packed
+from weightlift.bench import chaos_store
 from weightlift.bench.chaos import SCENARIOS
 from weightlift.bench.chaos_models import Models
 from weightlift.bench.chaos_run import Run, outputs_match
 from weightlift.bench.chaos_standby import SHORT_WAIT_SECONDS, _standby_before_expiry
 from weightlift.local.models import make_demo
 from weightlift.worker.engines.builtin.runtime import Pt2Runtime
+from weightlift.worker.engines.vllm.compile_store import NodeStore
 
 JSON = dict[str, Any]
 
@@ -101,3 +106,36 @@ def test_mid_pull_faults_strike_a_held_pull_and_check_it() -> None:
     for name, verify in mid_pull.items():
         assert by_name[name].verify is verify and by_name[name].replicas >= 2, name
     assert by_name["source-sigkill-while-pulling"].fast
+
+
+def test_store_scenarios_deploy_vllm_never_in_make_test_and_name_their_fault() -> None:
+    """The compile-store scenarios (vLLM only, minutes each) stay out of `make test`'s subset
+    and end with one replica Ready and a check of what they are about."""
+    store = {s.name: s for s in SCENARIOS if s.name.startswith("store-")}
+    assert sorted(store) == sorted(
+        [d.name for d in chaos_store.DAMAGES]
+        + ["store-read-only", "store-full", "store-s3-credentials-refused"]
+    )
+    for s in store.values():
+        assert s.vllm and not s.fast and s.replicas == 1 and s.verify is not None, s.name
+        assert s.timeout >= chaos_store.READY_TIMEOUT, s.name
+    assert not any(s.vllm for s in SCENARIOS if not s.name.startswith("store-"))
+
+
+@pytest.mark.parametrize("damage", chaos_store.DAMAGES, ids=lambda d: d.name)
+def test_each_entry_damage_is_refused_with_the_reason_its_scenario_expects(
+    tmp_path: Path, damage: chaos_store.Damage
+) -> None:
+    """The damage as the scenario does it (to a real entry, in the node store's layout): the
+    store installs nothing and its reason carries every fragment the scenario asserts on; a
+    refused entry is dropped, an unreadable one left for the replica's write to replace."""
+    store = NodeStore(tmp_path / "store", 1 << 20)
+    store.put({0: packed(tmp_path)})
+    (entry,) = chaos_store.store_entries(store.root)
+    damage.apply(store.root, entry)
+    root = tmp_path / "replica"
+    got = store.install([WANTED], root)
+    assert got.vllm_hash is None and not got.files, got
+    assert all(n in got.reason for n in damage.names), (damage.names, got.reason)
+    assert not root.exists() or installed_files(root) == []
+    assert (not any(store.root.glob("*/*"))) == damage.dropped, list(store.root.glob("*/*"))
