@@ -13,7 +13,6 @@ the program a deleted one stored, and a store entry with a flipped byte is refus
 from __future__ import annotations
 
 import os
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -37,7 +36,7 @@ from weightlift.api.model import Role
 from weightlift.api.worker import PEERS_FILE_ENV, PeerCandidate, PeerHandoff, WorkerPlan
 from weightlift.bench.chaos_models import flip_a_byte
 from weightlift.local.llm import vllm_worker_plan
-from weightlift.local.observe import Observer, complete
+from weightlift.local.observe import Observer, complete, pod_vllm_log
 from weightlift.local.stack import LocalStack, model_deployment
 from weightlift.worker.engines.vllm.compile_store import ARCHIVE
 from weightlift.worker.engines.vllm.engine import engine_host
@@ -291,18 +290,6 @@ def test_on_the_cluster_a_vllm_target_loads_its_source_compiled_program(
         for r in obs.summary()["replicas"]
     ]
     assert texts == [probe["completion"]["expectedText"]] * 2
-
-
-def pod_vllm_log(pod: str, since: float) -> str:
-    """A process-node pod's vLLM log: its worker keeps vLLM's files in a new temp folder named
-    after the pod (engine.VllmEngine.for_worker) when WEIGHTLIFT_ENGINE_DIR is not set."""
-    found = [
-        p
-        for p in Path(tempfile.gettempdir()).glob(f"wl-vllm-{pod}-*/vllm.log")
-        if p.stat().st_mtime >= since
-    ]
-    assert found, f"no vLLM log of {pod} under {tempfile.gettempdir()}"
-    return max(found, key=lambda p: p.stat().st_mtime).read_text(errors="replace")
 
 
 # ------------------------------------------------------------------------------ the node store

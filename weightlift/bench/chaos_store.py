@@ -37,6 +37,7 @@ from weightlift.api.worker import COMPILE_STORE_S3_ENDPOINT_ENV, COMPILE_STORE_U
 from weightlift.bench.chaos_models import flip_a_byte
 from weightlift.bench.chaos_run import Run, ScenarioSkipped, answers_right, pod_ports
 from weightlift.local.kube import KUBE_ERRORS, call
+from weightlift.local.observe import pod_vllm_dirs, pod_vllm_log
 from weightlift.local.s3server import MinioServer
 from weightlift.local.stack import VLLM_ENV, vllm_engine_args
 from weightlift.operator.settings import COMPILE_STORE_SECRET_ENV
@@ -48,7 +49,6 @@ from weightlift.worker.engines.vllm.compile_cache import (
     verify_archive,
 )
 from weightlift.worker.engines.vllm.compile_store import ARCHIVE, MANIFEST
-from weightlift.worker.engines.vllm.engine import WORKDIR_ENV
 
 JSON = dict[str, Any]
 # A compiled vLLM replica's start: about 60-90 s on an idle 2-core box, minutes on a busy one.
@@ -120,8 +120,8 @@ def _seed(run: Run, store: Path, model: Path, probe: JSON) -> Seed:
         timeout=STORED_TIMEOUT,
     )
     (entry,) = store_entries(store, since)
-    run.stack.delete_md(run.name)
-    run.wait("the seed replica gone", lambda: run.converged(0))
+    _gone(run)
+    assert run.stack.get_md(run.name) is None, "the seed deployment is still there"
     pristine = run.models.work / "compile-store-pristine"
     shutil.rmtree(pristine, ignore_errors=True)
     shutil.copytree(store, pristine)
@@ -163,26 +163,41 @@ def store_entries(store: Path, since: float = 0.0) -> list[str]:
 
 
 def _deploy(run: Run, model: Path, probe: JSON) -> None:
-    """One compiled vLLM replica; vLLM's files (its log, its cache root) in a fresh directory:
-    no earlier replica's compiled program can be found there."""
-    engine_dir = run.models.work / "engine" / f"{run.name}-{time.time_ns()}"
-    run.notes["engine_dir"] = engine_dir
+    """One compiled vLLM replica. Its worker keeps vLLM's files (its log, its cache root) in a
+    new temp folder of its own (observe.pod_vllm_dirs): no earlier replica's compiled program
+    can be found there."""
     run.deploy(
         model,
         replicas=1,
         probe=probe,
         engine="vLLM",
         engine_args=vllm_engine_args(eager=False),
-        env={**VLLM_ENV, WORKDIR_ENV: str(engine_dir)},
+        env=VLLM_ENV,
         hook_library=None,
     )
 
 
 def _strike(run: Run, seed: Seed) -> None:
-    """The fault is in place: deploy the replica that must meet it."""
+    """The fault is in place: deploy the replica that must meet it (deleted, with its vLLM
+    folders, when the scenario ends: the first of its clean-ups)."""
     run.notes["struck"] = time.time()
     run.fault_at = time.monotonic()
+    run.cleanups.insert(0, lambda: _gone(run))
     _deploy(run, seed.model, seed.probe)
+
+
+def _gone(run: Run) -> None:
+    """Delete the deployment and wait until its pods are gone, then its vLLM folders (the
+    runner still counts what is left: it looks again)."""
+    pods: set[str] = set()
+    with contextlib.suppress(*KUBE_ERRORS):
+        pods = {p["metadata"]["name"] for p in run.stack.pods(run.name)}
+        if run.stack.get_md(run.name) is not None:
+            run.stack.delete_md(run.name)
+    with contextlib.suppress(TimeoutError, *KUBE_ERRORS):
+        run.wait("the deployment gone", lambda: run.converged(0), timeout=120.0)
+        for folder in [d for pod in pods for d in pod_vllm_dirs(pod)]:
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 # ---------------------------------------------------------------------- a damaged entry
@@ -274,8 +289,7 @@ def verify_damaged(damage: Damage) -> Callable[[Run], str]:
 def _replica(run: Run) -> tuple[JSON, str, str]:
     """The Ready replica's row, its worker's log and its vLLM's log."""
     (row,) = [r for r in run.replicas() if r.get("ready")]
-    engine_dir: Path = run.notes["engine_dir"]
-    vllm_log = (engine_dir / row["name"] / "vllm.log").read_text(errors="replace")
+    vllm_log = pod_vllm_log(row["name"], run.notes["struck"])
     return row, run.pod_log(row["name"]), vllm_log
 
 
@@ -519,11 +533,7 @@ def _operator_with(run: Run, env: dict[str, str]) -> None:
     stack.restart_operator()
 
     def restore() -> None:
-        with contextlib.suppress(*KUBE_ERRORS):
-            if stack.get_md(run.name) is not None:
-                stack.delete_md(run.name)
-        with contextlib.suppress(TimeoutError, *KUBE_ERRORS):
-            run.wait("the deployment gone", lambda: run.converged(0), timeout=120.0)
+        _gone(run)
         stack.operator_env.clear()
         stack.operator_env.update(before)
         stack.restart_operator()

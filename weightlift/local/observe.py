@@ -4,9 +4,11 @@ got Ready, the worker's own timeline, and the inference calls the demo and tests
 from __future__ import annotations
 
 import logging
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import httpx
 
@@ -309,6 +311,26 @@ def infer(endpoint: str, model: str, request: JSON, timeout: float = 10.0) -> JS
     r.raise_for_status()
     body: JSON = r.json()
     return body
+
+
+def pod_vllm_dirs(pod: str, since: float = 0.0) -> list[Path]:
+    """A process-node pod's vLLM directories (its log, its cache root), oldest first: its worker
+    keeps vLLM's files in a new temp folder named after the pod (engines/vllm/engine.py,
+    VllmEngine.for_worker) when WEIGHTLIFT_ENGINE_DIR is not set."""
+    found = [
+        p
+        for p in Path(tempfile.gettempdir()).glob(f"wl-vllm-{pod}-*")
+        if p.is_dir() and p.stat().st_mtime >= since
+    ]
+    return sorted(found, key=lambda p: p.stat().st_mtime)
+
+
+def pod_vllm_log(pod: str, since: float) -> str:
+    """The newest vLLM log of `pod` (pod_vllm_dirs) written since `since`."""
+    found = [d / "vllm.log" for d in pod_vllm_dirs(pod)]
+    found = [p for p in found if p.is_file() and p.stat().st_mtime >= since]
+    assert found, f"no vLLM log of {pod} under {tempfile.gettempdir()}"
+    return max(found, key=lambda p: p.stat().st_mtime).read_text(errors="replace")
 
 
 def complete(openai_base: str, model: str, completion: JSON, timeout: float = 60.0) -> str:
