@@ -56,7 +56,7 @@ from weightlift.worker.p2p import faultgate
 GONE_TIMEOUT = 120.0
 # What ends a scenario unconverged (reported, not raised).
 SCENARIO_ERRORS: tuple[type[Exception], ...] = (
-    TimeoutError,
+    OSError,  # TimeoutError among them; a file a scenario could not write
     RuntimeError,
     *KUBE_ERRORS,
     AssertionError,

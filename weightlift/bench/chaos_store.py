@@ -372,9 +372,18 @@ def _mount(run: Run, store: Path, *args: str) -> None:
     run.cleanups.append(lambda: _unmount(store))
 
 
+def mounted(path: Path) -> bool:
+    """A mount point (os.path.ismount misses a bind mount within one filesystem)."""
+    try:
+        lines = Path("/proc/self/mountinfo").read_text().splitlines()
+    except OSError:
+        return os.path.ismount(path)
+    return any(line.split()[4] == str(path) for line in lines if len(line.split()) > 4)
+
+
 def _unmount(store: Path) -> None:
     for lazy in ([], ["-l"], ["-l"]):  # a busy mount point: detached now, gone when unused
-        if not os.path.ismount(store):
+        if not mounted(store):
             return
         subprocess.run(["umount", *lazy, str(store)], capture_output=True, check=False, timeout=30)
 
