@@ -22,6 +22,7 @@ import errno
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -209,7 +210,7 @@ class Damage:
 
     name: str
     apply: Callable[[Path, str], None]  # (the store, "<want>/<vllm hash>")
-    names: tuple[str, ...]  # each in the compileCache reason
+    names: tuple[str, ...]  # each in the compileCache reason (the last the table shows)
     dropped: bool  # refused and removed from the store (else unreadable, replaced by the put)
 
 
@@ -245,7 +246,7 @@ DAMAGES = (
     Damage(
         "store-entry-wrong-key",
         _moved,
-        ("store entry refused: mis-keyed entry ", " in the manifest, "),
+        (" in the manifest, ", "store entry refused: mis-keyed entry"),
         dropped=True,
     ),
     Damage("store-entry-no-archive", _without(ARCHIVE), ("unreadable", ARCHIVE), dropped=False),
@@ -339,6 +340,12 @@ def _good_entry_again(run: Run, seed: Seed) -> None:
             raise AssertionError(f"the entry stored again fails the verifier: {exc}") from exc
     left = sorted(str(p.relative_to(store)) for p in store.glob("*/*"))
     assert left == [seed.entry], f"the store holds {left}"
+
+
+def _why(line: str) -> str:
+    """What a store-write warning says went wrong (an errno's words, S3's code), for the table."""
+    found = re.search(r"\[Errno \d+\] [^:']+|S3 \w+: [^(]*\(HTTP \d+\)", line)
+    return found.group(0).strip() if found else line[-60:]
 
 
 def _line(log: str, needle: str) -> str:
@@ -452,7 +459,7 @@ def verify_read_only(run: Run) -> str:
     assert _write_refused(store) == errno.EROFS, "the store is writable again"
     assert _tree(store) == run.notes["tree"], "the read-only store changed"
     _answers(run, row, seed)
-    return f"hit (store) from a read-only store; the write logged: {line.split(': ', 1)[-1][-60:]}"
+    return f"hit (store) from a read-only store; write refused, logged: {_why(line)}"
 
 
 def full(run: Run) -> None:
@@ -485,7 +492,7 @@ def verify_full(run: Run) -> str:
     assert not half, f"a half-written entry left in the store: {half}"
     assert _tree(store) == run.notes["tree"], "the full store's files changed"
     _answers(run, row, seed)
-    return f"miss, compiled (init {init}); the write logged: {line.split(': ', 1)[-1][-50:]}"
+    return f"miss, compiled (init {init}); write refused, logged: {_why(line)}"
 
 
 # --------------------------------------------------------------- the cluster store refuses
