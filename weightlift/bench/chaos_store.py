@@ -215,7 +215,8 @@ class Damage:
 
 
 def other_hash(vllm_hash: str) -> str:
-    return vllm_hash[:-1] + ("1" if vllm_hash.endswith("0") else "0")
+    """Another hash, differing in its first digit: messages show the first 12."""
+    return ("1" if vllm_hash.startswith("0") else "0") + vllm_hash[1:]
 
 
 def _flip(store: Path, entry: str) -> None:
