@@ -16,12 +16,13 @@ from typing import Any
 import httpx
 
 from weightlift.api.labels import DEPLOYMENT_LABEL
-from weightlift.api.model import GROUP, PLURAL, VERSION
+from weightlift.api.model import GROUP, PLURAL, VERSION, CompletionProbe
 from weightlift.bench.chaos_models import Models
 from weightlift.local.kube import KUBE_ERRORS, Kube, call, get_or_none
 from weightlift.local.observe import complete
 from weightlift.local.processnode import ProcessNode
 from weightlift.local.stack import LocalStack, model_deployment
+from weightlift.operator.probes import check_text
 
 JSON = dict[str, Any]
 
@@ -153,10 +154,7 @@ def answers_right(http: httpx.Client, base: str, model: str, probe: JSON) -> boo
     if "request" not in probe:
         completion = probe["completion"]
         text = complete(f"{base}/v1", model, completion, timeout=120.0)
-        expected = completion.get("expectedText")
-        if expected is not None:
-            return bool(text == expected)
-        return text.startswith(completion["expectedPrefix"])
+        return check_text(text, CompletionProbe.model_validate(completion)) is None
     r = http.post(f"{base}/v2/models/{model}/infer", json=probe["request"])
     if r.status_code != 200:
         return None

@@ -420,23 +420,11 @@ def read_only(run: Run) -> None:
     shutil.copytree(seed.pristine, source)
     store = _store(run)
     _mount(run, store, "--bind", str(source))
-    _mount_ro(run, store)
+    _mount(run, store, "-o", "remount,bind,ro")
     refused = _write_refused(store)
     assert refused == errno.EROFS, f"a write into the store failed with errno {refused}"
     run.notes["tree"] = _tree(store)
     _strike(run, seed)
-
-
-def _mount_ro(run: Run, store: Path) -> None:
-    done = subprocess.run(
-        ["mount", "-o", "remount,bind,ro", str(store)],
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=30,
-    )
-    if done.returncode != 0:
-        raise ScenarioSkipped(f"remount read-only: {done.stderr.strip()}")
 
 
 def _tree(store: Path) -> dict[str, str]:

@@ -329,7 +329,8 @@ def pod_vllm_log(pod: str, since: float) -> str:
     """The newest vLLM log of `pod` (pod_vllm_dirs) written since `since`."""
     found = [d / "vllm.log" for d in pod_vllm_dirs(pod)]
     found = [p for p in found if p.is_file() and p.stat().st_mtime >= since]
-    assert found, f"no vLLM log of {pod} under {tempfile.gettempdir()}"
+    if not found:
+        raise FileNotFoundError(f"no vLLM log of {pod} under {tempfile.gettempdir()}")
     return max(found, key=lambda p: p.stat().st_mtime).read_text(errors="replace")
 
 

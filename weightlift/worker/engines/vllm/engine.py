@@ -267,7 +267,7 @@ class VllmEngine:
                     relay is not None
                     and not relay.done()
                     and len(waiting) == tp
-                    and await self._warm(session, waiting)
+                    and (report.phase == WorkerPhase.STANDBY or await self._warm(session, waiting))
                 ):
                     report.phase = WorkerPhase.STANDBY
                     # Each rank ran its init hooks before it stopped at its weight step: a
