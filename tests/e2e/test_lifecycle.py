@@ -10,10 +10,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tests.support.e2e import READY_TIMEOUT, alive, pids_of, wait_gone
+from tests.support.cluster import wait_for
+from tests.support.e2e import READY_TIMEOUT, alive, fault_gate, pids_of, wait_gone
 from weightlift.local.kube import delete
 from weightlift.local.observe import Observer, infer
 from weightlift.local.stack import LocalStack
+from weightlift.worker.p2p import faultgate
 
 JSON = dict[str, Any]
 Deploy = Callable[..., Observer]
@@ -114,24 +116,22 @@ def test_source_deleted_while_target_pulls(
     source_pids = stack.node.pids()[f"{stack.namespace}/{source}"]
     assert source_pids
 
-    stack.patch_md(
-        "flaky", {"spec": {"replicas": 2, "loading": {"peerToPeer": {"transferTimeoutSeconds": 3}}}}
-    )
-    # Freeze the source as soon as the target pod exists (its worker needs seconds to start, so
-    # it has not pulled yet): its pull meets a dead peer.
-    obs.wait(lambda o: len(o.pods) >= 2, READY_TIMEOUT, "a target pod")
-    target = next(p["metadata"]["name"] for p in obs.pods if p["metadata"]["uid"] != source_uid)
-    for pid in source_pids:
-        os.kill(pid, signal.SIGSTOP)
-    obs.wait(
-        lambda o: any(
-            r["name"] == target
-            and r.get("phase") not in (None, "Pending", "Scheduled", "Starting", "InitHooks")
-            for r in o.replica_statuses()
-        ),
-        READY_TIMEOUT,
-        "the target to start loading",
-    )
+    # The process node's fault gate holds the target's pull once its first READ from the source
+    # landed (worker/p2p/faultgate.py): the freeze lands mid-pull however fast the machine.
+    gate = fault_gate(stack)
+    faultgate.arm(gate, "flaky")
+    try:
+        stack.patch_md(
+            "flaky",
+            {"spec": {"replicas": 2, "loading": {"peerToPeer": {"transferTimeoutSeconds": 3}}}},
+        )
+        held = wait_for(lambda: faultgate.holding(gate, "flaky"), READY_TIMEOUT, "a held pull")
+        assert held.peer == source and held.in_flight, held
+        target = held.pod
+        for pid in source_pids:
+            os.kill(pid, signal.SIGSTOP)
+    finally:
+        faultgate.disarm(gate, "flaky")  # the pull goes on against the frozen source
     delete(stack.kube.core.delete_namespaced_pod, source, stack.namespace, grace_period_seconds=1)
     # The replacement of the deleted pod may reuse its name: tell them apart by uid.
     obs.wait(

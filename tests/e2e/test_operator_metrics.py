@@ -1,7 +1,7 @@
 """The operator's /metrics, scraped for real on the process node: a deployment whose Target
-waits in Standby (its source frozen until then) becomes Ready; the operator recorded one time
-to Ready per replica, one standby wait and one hand-off, and counted its API requests. A
-restarted operator, finding the deployment Ready, records no time to Ready again."""
+waits in Standby (its source held at the fault gate until then) becomes Ready; the operator
+recorded one time to Ready per replica, one standby wait and one hand-off, and counted its API
+requests. A restarted operator, finding the deployment Ready, records no time to Ready again."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.support.e2e import READY_TIMEOUT, frozen_source
+from tests.support.e2e import READY_TIMEOUT, held_source
 from weightlift.local.observe import Observer
 from weightlift.local.stack import LocalStack
 
@@ -51,8 +51,9 @@ def test_operator_metrics_count_each_replica_once(
 ) -> None:
     model_dir, probe = demo_model
     before = scrape(stack)
-    obs = deployments("metrics", model_dir, probe, replicas=2)
-    with frozen_source(stack, obs):
+    with held_source(stack, "metrics") as held:
+        obs = deployments("metrics", model_dir, probe, replicas=2)
+        held.pod()
         obs.wait(
             lambda o: any(r.get("phase") == "Standby" for r in o.replica_statuses()),
             READY_TIMEOUT,

@@ -1,7 +1,8 @@
 """Standby on the process node, for real: a Target starts with its source, prepares (hooks,
 program, pull buffers) and waits in Standby, never Ready, until the operator hands it peers
 through its pod annotation, which the node projects into a file the worker watches. The source
-is frozen (SIGSTOP) until the target is seen in Standby, so the order never depends on timing."""
+waits at the fault gate before its load until the target is seen in Standby (its front door up,
+its probes answered), so the order never depends on timing."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from typing import Any
 import httpx
 from PIL import Image
 
-from tests.support.e2e import READY_TIMEOUT, frozen_source
+from tests.support.e2e import READY_TIMEOUT, held_source
 from weightlift.api.labels import PEERS_ANNOTATION
 from weightlift.api.worker import PeerCandidate, PeerHandoff
 from weightlift.local.demo_plot import plot_demo, timeline_lanes
@@ -49,8 +50,9 @@ def test_a_target_waits_in_standby_then_pulls_from_its_source(
     stack: LocalStack, deployments: Deploy, demo_model: tuple[Path, JSON], tmp_path: Path
 ) -> None:
     model_dir, probe = demo_model
-    obs = deployments("standby", model_dir, probe, replicas=2)
-    with frozen_source(stack, obs) as source:
+    with held_source(stack, "standby") as held:
+        obs = deployments("standby", model_dir, probe, replicas=2)
+        source = held.pod()
         target = _wait_standby(obs, 1)
         assert target["role"] == "Target" and target["hooksRun"] is True
         assert not target["ready"] and not _row(obs, 0).get("ready")
@@ -86,12 +88,13 @@ def test_wait_for_source_expiry_hands_the_target_storage(
     stack: LocalStack, deployments: Deploy, demo_model: tuple[Path, JSON]
 ) -> None:
     model_dir, probe = demo_model
-    obs = deployments("expiry", model_dir, probe, replicas=2, wait_for_source_seconds=3)
-    with frozen_source(stack, obs):
+    with held_source(stack, "expiry") as held:
+        obs = deployments("expiry", model_dir, probe, replicas=2, wait_for_source_seconds=3)
+        held.pod()
         obs.wait(
             lambda o: bool(_row(o, 1).get("ready")),
             READY_TIMEOUT,
-            "the target Ready from storage while its source is frozen",
+            "the target Ready from storage while its source is held",
         )
         target = _row(obs, 1)
         assert target["loadedFrom"] == "storage:hostpath" and target["role"] == "Source"
@@ -111,8 +114,9 @@ def test_a_peer_of_another_identity_is_refused(
     foreign.wait_ready(READY_TIMEOUT)
     foreign_pod = foreign.replica_statuses()[0]["name"]
     address = f"{_pod_ip(foreign, foreign_pod)}:8000"
-    obs = deployments("victim", model_dir, probe, replicas=2)
-    with frozen_source(stack, obs):
+    with held_source(stack, "victim") as held:
+        obs = deployments("victim", model_dir, probe, replicas=2)
+        held.pod()
         target = _wait_standby(obs, 1)
         status_url = f"http://{_pod_ip(obs, target['name'])}:8000/weightlift/v1/status"
         stack.kill_operator()

@@ -2,20 +2,16 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import httpx
-
-from weightlift.local.kube import JSON
-from weightlift.local.observe import Observer
+from tests.support.cluster import wait_for
+from weightlift.local.processnode.node import ProcessNode
 from weightlift.local.stack import LocalStack
+from weightlift.worker.p2p import faultgate
 
 READY_TIMEOUT = 240.0
 
@@ -60,60 +56,40 @@ def pids_of(stack: LocalStack, name: str) -> list[int]:
     ]
 
 
-# The worker's liveness probe (10 s period, 6 failures: pods.py) kills a process stopped for
-# ~70 s, as a kubelet would. On a loaded machine a target's vLLM takes longer than that to
-# reach its weight step; a source frozen `keep_alive` is let run THAW_SECONDS in every
-# FREEZE_SECONDS + THAW_SECONDS: one probe lands and passes, far too little time to load.
-FREEZE_SECONDS, THAW_SECONDS = 35.0, 11.0
+def fault_gate(stack: LocalStack) -> Path:
+    """The process node's fault gate (worker/p2p/faultgate.py): where a test holds its workers
+    at a known step instead of racing them."""
+    node = stack.node
+    assert isinstance(node, ProcessNode), "the fault gate is the process node's only"
+    return node.fault_gate_dir
 
 
-def _signal_all(pids: list[int], sig: signal.Signals) -> None:
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, sig)
+class SourceHold:
+    """A deployment's storage loads held at the fault gate (see `held_source`)."""
 
+    def __init__(self, stack: LocalStack, name: str) -> None:
+        self.gate, self.name = fault_gate(stack), name
 
-def _answers_live(pod: JSON) -> bool:
-    ip = (pod.get("status") or {}).get("podIP")
-    with contextlib.suppress(httpx.HTTPError):
-        return bool(ip) and httpx.get(f"http://{ip}:8000/v2/health/live", timeout=1).is_success
-    return False
+    def pod(self, timeout: float = READY_TIMEOUT) -> str:
+        """The source, once it waits before its load (its front door up: liveness passes)."""
+        step = faultgate.STORAGE_LOAD
+        waiting = wait_for(
+            lambda: faultgate.waiting_at(self.gate, self.name, step),
+            timeout,
+            f"{self.name}'s source held before its load",
+            interval=0.05,
+        )
+        return waiting[0].pod
 
 
 @contextmanager
-def frozen_source(stack: LocalStack, obs: Observer, keep_alive: bool = False) -> Iterator[str]:
-    """Stop replica 0's worker process as soon as it exists (`keep_alive`: once its front door
-    answers liveness, then thawed briefly now and then, see FREEZE_SECONDS); resume it on
-    exit."""
-    key: list[str] = []
-
-    def started(o: Observer) -> bool:
-        for pod in o.pods:
-            if pod["metadata"]["labels"].get("weightlift.dev/replica") == "0":
-                name = f"{stack.namespace}/{pod['metadata']['name']}"
-                if stack.node.pids().get(name) and (not keep_alive or _answers_live(pod)):
-                    key.append(name)
-                    return True
-        return False
-
-    obs.wait(started, READY_TIMEOUT, "the source's worker process", interval=0.05)
-    _signal_all(stack.node.pids()[key[0]], signal.SIGSTOP)
-    done = threading.Event()
-
-    def thaw_now_and_then() -> None:
-        while not done.wait(FREEZE_SECONDS):
-            _signal_all(stack.node.pids().get(key[0], []), signal.SIGCONT)
-            if done.wait(THAW_SECONDS):
-                return
-            _signal_all(stack.node.pids().get(key[0], []), signal.SIGSTOP)
-
-    thawing = threading.Thread(target=thaw_now_and_then, daemon=True)
-    if keep_alive:
-        thawing.start()
+def held_source(stack: LocalStack, name: str) -> Iterator[SourceHold]:
+    """Deploy `name` inside the block: its source waits before its storage load until the block
+    ends (then loads), alive and answering its probes, so what must come first (a target's
+    Standby) comes first on any machine, with no window to catch."""
+    gate = fault_gate(stack)
+    faultgate.hold_at(gate, name, faultgate.STORAGE_LOAD)
     try:
-        yield key[0].split("/")[1]
+        yield SourceHold(stack, name)
     finally:
-        done.set()
-        if keep_alive:
-            thawing.join()
-        _signal_all(stack.node.pids().get(key[0], []), signal.SIGCONT)
+        faultgate.release_at(gate, name, faultgate.STORAGE_LOAD)

@@ -44,6 +44,7 @@ from weightlift.worker.engines import create_engine
 from weightlift.worker.engines.base import BringUp, Engine, in_daemon_thread, write_termination_log
 from weightlift.worker.hooks import HookError
 from weightlift.worker.loaders.strategy import wants_peer_to_peer
+from weightlift.worker.p2p import faultgate
 from weightlift.worker.peer_auth import RedactingFilter
 from weightlift.worker.plan import GroupPlace, group_place, read_plan
 from weightlift.worker.server import WorkerState, build_app
@@ -141,6 +142,10 @@ class Worker:
         path = handoff_path()
         if starts_in_standby(self.plan, path):
             ctx.handoff_file = path
+        elif not wants_peer_to_peer(self.plan):
+            # The local chaos harness may hold a storage load here (faultgate.py; process node
+            # only): its faults then land before any replica can be Ready, not in a window.
+            await faultgate.wait_at(faultgate.STORAGE_LOAD, self.plan.pod_name)
         await self.fetch_model(ctx)
         self._stamp("fetch")
         assert self.engine is not None

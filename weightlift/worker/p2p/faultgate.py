@@ -14,10 +14,18 @@ hold never outlives HOLD_LIMIT_SECONDS. Files in the gate dir:
     claimed.<pod>      the arm, renamed by the target that took it (a rename: one winner)
     held.<pod>         JSON `Held`, written once the target holds; deleting it releases
 A claim whose pull fails before its first READ lands is put back (`arm.<deployment>` again).
+
+The same gate holds a worker at a step of its start (`wait_at`), for faults that must land
+before something happens rather than mid-pull: STORAGE_LOAD holds a pod that loads from storage
+(a Source, or a replica with no peer) after its front door answers (liveness passes, the status
+endpoint says where it is) and before its engine starts, for as long as the harness wants. Files:
+    step.<step>.<deployment>   held by the harness: every pod of it reaching <step> waits
+    at.<step>.<pod>            JSON `AtStep`, written by a pod while it waits there
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import time
@@ -31,6 +39,8 @@ HOLD_LIMIT_SECONDS = 300.0
 # A gated pull moves its bytes in this many READs at least, one in flight at a time.
 GATED_READS = 8
 _POLL = 0.02
+# A pod that will load its weights from storage, before its engine starts (worker/main.py).
+STORAGE_LOAD = "storage-load"
 
 
 @dataclass(frozen=True)
@@ -93,6 +103,49 @@ class Claim:
                 claimed.rename(self.folder / f"arm.{self.deployment}")
 
 
+@dataclass(frozen=True)
+class AtStep:
+    """A pod waiting at a held step."""
+
+    pod: str
+    step: str
+    pid: int
+
+
+async def wait_at(step: str, pod: str) -> bool:
+    """The worker side: wait while the harness holds `step` for this pod's deployment (never
+    longer than HOLD_LIMIT_SECONDS); True if it waited. Async: the front door keeps answering."""
+    folder = gate_dir()
+    if folder is None:
+        return False
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return False
+    prefix = f"step.{step}."
+    held = next(
+        (
+            folder / name
+            for name in names
+            if name.startswith(prefix) and pod.startswith(f"{name.removeprefix(prefix)}-")
+        ),
+        None,
+    )
+    if held is None:
+        return False
+    at = folder / f"at.{step}.{pod}"
+    tmp = folder / f".{at.name}.tmp"
+    tmp.write_text(json.dumps(asdict(AtStep(pod=pod, step=step, pid=os.getpid()))))
+    tmp.rename(at)
+    deadline = time.monotonic() + HOLD_LIMIT_SECONDS
+    try:
+        while held.exists() and time.monotonic() < deadline:
+            await asyncio.sleep(_POLL)
+    finally:
+        at.unlink(missing_ok=True)
+    return True
+
+
 def claim(pod: str) -> Claim | None:
     """Take the gate armed for this pod's deployment (pods are named `<deployment>-...`)."""
     folder = gate_dir()
@@ -124,8 +177,31 @@ def arm(folder: Path, deployment: str) -> None:
 def disarm(folder: Path, deployment: str) -> None:
     """No hold left for `deployment`: the arm, a claim and any held pull released."""
     (folder / f"arm.{deployment}").unlink(missing_ok=True)
+    for step in folder.glob(f"step.*.{deployment}"):
+        step.unlink(missing_ok=True)
     for path in folder.glob(f"*.{deployment}-*"):
         path.unlink(missing_ok=True)
+
+
+def hold_at(folder: Path, deployment: str, step: str) -> None:
+    """Every pod of `deployment` that reaches `step` waits there until `release_at`."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"step.{step}.{deployment}").touch()
+
+
+def release_at(folder: Path, deployment: str, step: str) -> None:
+    (folder / f"step.{step}.{deployment}").unlink(missing_ok=True)
+
+
+def waiting_at(folder: Path, deployment: str, step: str) -> list[AtStep]:
+    """The pods of `deployment` that wait at `step` now."""
+    found = []
+    for path in folder.glob(f"at.{step}.{deployment}-*"):
+        try:
+            found.append(AtStep(**json.loads(path.read_text())))
+        except (OSError, ValueError, TypeError):
+            continue  # released meanwhile
+    return found
 
 
 def holding(folder: Path, deployment: str) -> Held | None:

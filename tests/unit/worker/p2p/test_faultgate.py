@@ -10,6 +10,8 @@ fallback follows).
 
 from __future__ import annotations
 
+import asyncio
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -135,3 +137,58 @@ def test_a_source_killed_while_held_fails_the_pull(
     assert isinstance(out.get("error"), LoadError), out
     assert "peer doomed-0" in str(out["error"])
     assert loader.failures[0].kind in ("dead", "transfer", "stall")
+
+
+# ------------------------------------------------------------------ holds at a step of the start
+
+
+def test_a_step_holds_every_pod_of_its_deployment_until_released(gate: Path) -> None:
+    """A pod reaching a held step waits (async: its front door keeps serving), says so in
+    `at.<step>.<pod>`, and goes on once the harness releases the step; other deployments'
+    pods and other steps pass straight through."""
+    step = faultgate.STORAGE_LOAD
+
+    async def scenario() -> None:
+        assert await faultgate.wait_at(step, "md-abc-0") is False  # nothing held yet
+        faultgate.hold_at(gate, "md", step)
+        assert await faultgate.wait_at(step, "md2-abc-0") is False  # another deployment
+        assert await faultgate.wait_at("other-step", "md-abc-0") is False
+        first = asyncio.ensure_future(faultgate.wait_at(step, "md-abc-0"))
+        second = asyncio.ensure_future(faultgate.wait_at(step, "md-abc-1"))
+        for _ in range(500):
+            if len(faultgate.waiting_at(gate, "md", step)) == 2:
+                break
+            await asyncio.sleep(0.01)
+        waiting = faultgate.waiting_at(gate, "md", step)
+        assert sorted(a.pod for a in waiting) == ["md-abc-0", "md-abc-1"]
+        assert {a.pid for a in waiting} == {os.getpid()}
+        await asyncio.sleep(0.2)  # held: a gate, not a delay
+        assert not first.done() and not second.done()
+        faultgate.release_at(gate, "md", step)
+        assert await asyncio.wait_for(first, 5) is True
+        assert await asyncio.wait_for(second, 5) is True
+        assert faultgate.waiting_at(gate, "md", step) == []
+
+    asyncio.run(scenario())
+    assert not list(gate.iterdir())
+
+
+def test_disarm_lets_a_held_step_go(gate: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    step = faultgate.STORAGE_LOAD
+    faultgate.hold_at(gate, "md", step)
+
+    async def waits() -> bool:
+        return await faultgate.wait_at(step, "md-abc-0")
+
+    async def scenario() -> bool:
+        task = asyncio.ensure_future(waits())
+        while not faultgate.waiting_at(gate, "md", step):
+            await asyncio.sleep(0.01)
+        faultgate.disarm(gate, "md")
+        return await asyncio.wait_for(task, 5)
+
+    assert asyncio.run(scenario()) is True
+    assert not list(gate.iterdir())
+    faultgate.hold_at(gate, "md", step)
+    monkeypatch.delenv(faultgate.PROCESS_NODE_ENV)  # not under the process node: never held
+    assert asyncio.run(waits()) is False
