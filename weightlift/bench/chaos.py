@@ -21,6 +21,7 @@ import json
 import os
 import shutil
 import signal
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -369,6 +370,26 @@ def _passed(r: Result) -> bool:
     return (r.converged or r.skipped) and not r.orphans and not r.wrong_weights
 
 
+def _repeats(results: list[Result]) -> list[str]:
+    """A scenario run more than once: converged k/N, and its seconds' median and spread."""
+    by_name: dict[str, list[Result]] = {}
+    for r in results:
+        by_name.setdefault(r.scenario, []).append(r)
+    lines = []
+    for name, runs in by_name.items():
+        if len(runs) < 2:
+            continue
+        secs = sorted(r.seconds for r in runs if r.converged and r.seconds is not None)
+        spread = (
+            f"; seconds median {statistics.median(secs):.1f} ({secs[0]:.1f}-{secs[-1]:.1f})"
+            if secs
+            else ""
+        )
+        ok = sum(_passed(r) and not r.skipped for r in runs)
+        lines.append(f"{name}: {ok}/{len(runs)} converged clean{spread}")
+    return lines
+
+
 def render(results: list[Result]) -> str:
     head = (
         f"{'scenario':34} {'converged':9} {'seconds':>8} {'orphans':>7} "
@@ -377,6 +398,7 @@ def render(results: list[Result]) -> str:
     lines = [head, "-" * len(head)] + [_row(r) for r in results]
     ok = sum(r.converged for r in results)
     skipped = sum(r.skipped for r in results)
+    lines.extend(_repeats(results))
     lines.append(
         f"{ok}/{len(results)} converged{f' ({skipped} skipped)' if skipped else ''}, "
         f"{sum(r.orphans for r in results)} orphans, "
@@ -396,15 +418,32 @@ def render(results: list[Result]) -> str:
     show_default=True,
 )
 @click.option("--list", "list_only", is_flag=True, help="List the scenarios and exit.")
+@click.option(
+    "--repeat",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Run each picked scenario this many times in a row (a flake shows as k/N).",
+)
 def chaos_command(
-    only: tuple[str, ...], fast: bool, json_out: Path | None, state_dir: Path, list_only: bool
+    only: tuple[str, ...],
+    fast: bool,
+    json_out: Path | None,
+    state_dir: Path,
+    list_only: bool,
+    repeat: int,
 ) -> None:
     """Fault scenarios on the real local stack: converged?, seconds, orphans, wrong weights."""
     if list_only:
         for s in SCENARIOS:
             click.echo(s.name)
         return
-    picked = [s for s in SCENARIOS if (not only or s.name in only) and (not fast or s.fast)]
+    picked = [
+        s
+        for s in SCENARIOS
+        if (not only or s.name in only) and (not fast or s.fast)
+        for _ in range(repeat)
+    ]
     unknown = set(only) - {s.name for s in SCENARIOS}
     if unknown:
         raise click.BadParameter(f"unknown scenarios {sorted(unknown)}", param_hint="--scenario")
