@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 
 from tests.unit.worker.test_compile_store import WANTED, installed_files, packed
 from weightlift.bench import chaos_store
-from weightlift.bench.chaos import SCENARIOS
+from weightlift.bench.chaos import SCENARIOS, Result, render
 from weightlift.bench.chaos_models import Models
 from weightlift.bench.chaos_run import Run, outputs_match
 from weightlift.bench.chaos_standby import SHORT_WAIT_SECONDS, _standby_before_expiry
@@ -139,3 +139,13 @@ def test_each_entry_damage_is_refused_with_the_reason_its_scenario_expects(
     assert all(n in got.reason for n in damage.names), (damage.names, got.reason)
     assert not root.exists() or installed_files(root) == []
     assert (not any(store.root.glob("*/*"))) == damage.dropped, list(store.root.glob("*/*"))
+
+
+def test_a_repeated_scenario_reports_k_of_n_and_the_spread_of_its_seconds() -> None:
+    def result(converged: bool, seconds: float | None, orphans: int = 0) -> Result:
+        return Result("leader-sigkill", converged, seconds, orphans, 0, "takeover")
+
+    runs = [result(True, 20.0), result(True, 24.0), result(False, None), result(True, 22.0, 1)]
+    text = render([*runs, Result("once", True, 5.0, 0, 0, "")])
+    assert "leader-sigkill: 2/4 converged clean; seconds median 22.0 (20.0-24.0)" in text
+    assert "once:" not in text  # one run: no repeat line
