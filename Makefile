@@ -107,7 +107,7 @@ go-scratch-clean:
 test: controlplane lws minio prometheus vllm-env triton-env node go-scratch-clean node-images
 	# integration, vLLM, Triton and real-node tests fail (not skip) when a piece is missing
 	WEIGHTLIFT_REQUIRE_CLUSTER=1 WEIGHTLIFT_REQUIRE_VLLM=1 WEIGHTLIFT_REQUIRE_TRITON=1 \
-	WEIGHTLIFT_REQUIRE_NODE=1 \
+	WEIGHTLIFT_REQUIRE_NODE=1 WEIGHTLIFT_REQUIRE_NIXL=1 \
 	WEIGHTLIFT_TRITON_HOME=$(TRITON_ENV) \
 	WEIGHTLIFT_VLLM_PYTHON=$(VLLM_ENV)/bin/python $(PY) -m pytest -q --durations=25
 
