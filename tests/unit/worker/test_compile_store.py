@@ -8,7 +8,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import pickle
 import shutil
+import subprocess
+import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, replace
@@ -163,18 +167,71 @@ def test_the_store_evicts_least_recently_used_entries_to_its_bound(tmp_path: Pat
     assert tiny.put({0: a}) == 0 and tiny.entries() == []
 
 
-def test_a_store_that_cannot_be_written_raises_os_error_for_the_caller(tmp_path: Path) -> None:
-    root = tmp_path / "read-only"
-    root.mkdir()
-    root.chmod(0o500)
+# Puts the pickled {0: Packed} on stdin into the NodeStore at argv[1]; as root, first drops to
+# uid = gid = argv[2] (no supplementary groups, for good), after its imports: the interpreter
+# and the venv may sit where that user may not read (/root).
+_PUT = """
+import os, pickle, sys
+from pathlib import Path
+from weightlift.worker.engines.vllm.compile_store import NodeStore
+packed = pickle.load(sys.stdin.buffer)
+uid = int(sys.argv[2])
+if uid >= 0:
+    os.setgroups([])
+    os.setgid(uid)
+    os.setuid(uid)
+print(f"uid {os.geteuid()}:", end=" ")
+try:
+    stored = NodeStore(Path(sys.argv[1]), 1 << 20).put(packed)
+except OSError as exc:
+    print(f"{type(exc).__name__}: {exc}")
+    sys.exit(3)
+print(f"stored {stored}")
+"""
+
+
+def _put_elsewhere(root: Path, source: Packed, uid: int) -> tuple[int, str]:
+    """`NodeStore(root).put` in a child process, as `uid` (-1: as we are): exit code, output."""
+    done = subprocess.run(
+        [sys.executable, "-c", _PUT, str(root), str(uid)],
+        input=pickle.dumps({0: source}),
+        capture_output=True,
+        cwd=Path(__file__).resolve().parents[3],
+        timeout=120,
+    )
+    return done.returncode, (done.stdout + done.stderr).decode(errors="replace")
+
+
+def test_a_store_that_cannot_be_written_raises_os_error_for_the_caller() -> None:
+    """A store root its user may not write: the put raises OSError. Root writes anywhere, so as
+    root (`make test` in CI) the put runs in a child process that drops to nobody (65534); that
+    user must be able to put into a store it owns, and be refused by the root-owned one."""
+    uid = 65534 if os.geteuid() == 0 else -1
+    # Not below tmp_path: pytest's base temp is 0700, closed to nobody.
+    base = Path(tempfile.mkdtemp(prefix="wl-store-perms-"))
     try:
-        if os.access(root, os.W_OK):
-            pytest.skip("running as root: permissions are not enforced")
-        with pytest.raises(OSError):
-            NodeStore(root, 1 << 20).put({0: packed(tmp_path)})
+        source = packed(base)
+        for p in [base, *base.rglob("*")]:  # readable by all
+            p.chmod(0o755 if p.is_dir() else 0o644)
+        read_only = base / "read-only"
+        read_only.mkdir()
+        read_only.chmod(0o555)  # ours: no one else may write in it, nor we (unless root)
+        writable = base / "writable"
+        writable.mkdir()
+        if uid >= 0:
+            os.chown(writable, uid, uid)
+        who = f"uid {os.geteuid() if uid < 0 else uid}:"
+        code, out = _put_elsewhere(writable, source, uid)
+        assert code == 0 and out == f"{who} stored {source.archive.stat().st_size}\n", out
+        code, out = _put_elsewhere(read_only, source, uid)
+        refused = f"{who} PermissionError: [Errno 13] Permission denied: '{read_only}/"
+        assert code == 3 and out.startswith(refused), out
+        assert list(read_only.iterdir()) == []
     finally:
-        root.chmod(0o700)
-        shutil.rmtree(root)
+        for p in [base, *base.rglob("*")]:
+            if p.is_dir():
+                p.chmod(0o700)
+        shutil.rmtree(base)
 
 
 def test_a_claim_shared_by_nodes_is_a_cluster_store_read_after_the_nodes(tmp_path: Path) -> None:
