@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from typing import Any
 
 import pytest
@@ -31,9 +32,13 @@ def spec(**changes: dict[str, Any] | int) -> ModelDeploymentSpec:
 def test_identity_is_a_stable_hex_digest() -> None:
     first = model_identity(spec())
     assert first == model_identity(spec())
-    assert len(first) == IDENTITY_LENGTH == 16
-    assert int(first, 16) >= 0
     assert first == model_identity(ModelDeploymentSpec.model_validate(BASE))
+    # 16 lowercase hex digits: a valid label value, as pods and status carry it
+    assert len(first) == IDENTITY_LENGTH == 16
+    assert re.fullmatch(r"[0-9a-f]{16}", first), first
+    # The golden value (sha256 of the pinned material below, its first 16 hex digits).
+    assert first == "7a273c4ee653c758"
+    assert model_identity(spec(model={"uri": "pvc://models/llama-4"})) != first
 
 
 def test_identity_value_is_pinned() -> None:
