@@ -26,7 +26,6 @@ from weightlift.worker.engines.builtin.runtime import (
     CONFIG_FILE,
     PROGRAM_FILE,
     ModelConfig,
-    Pt2Runtime,
     TensorSpec,
 )
 
@@ -181,37 +180,46 @@ def make_demo(
     (out / CONFIG_FILE).write_text(json.dumps(cfg.wire(), indent=2) + "\n")
     if hook:
         build_hook_library(out / "hooks" / "libinit.so")
-    _write_probe(out, d, tp, seed)
+    _write_probe(out, d, tp, layers, seed)
     return DemoModel(out, d, f, layers, tp, total, files)
 
 
-def _write_probe(out: Path, d: int, tp: int, seed: int) -> None:
-    """probe.json: a sample request and the output this model must give (computed through the
-    runtime on the files just written, loaded with safetensors' own load_file)."""
+def reference_output(out: Path, tp: int, num_layers: int, x: torch.Tensor) -> torch.Tensor:
+    """The demo model's output for `x`, written out with plain torch ops on the weights read
+    back from its safetensors files (safetensors' own load_file): for each layer,
+    x = x + sum over ranks r of gelu(x @ up_r.T + b_r) @ down_r.T. Nothing of the runtime the
+    worker serves with (Pt2Runtime: the exported program, binding, the rank sum), so a probe
+    built on it checks that runtime instead of repeating it."""
     from safetensors.torch import load_file
 
     from weightlift.worker.weights.files import rank_files
 
-    rt = Pt2Runtime.open(out)
-    tensors = {}
+    ranks: list[dict[str, torch.Tensor]] = []
     for r in range(tp):
         t: dict[str, torch.Tensor] = {}
         for p in rank_files(out, r, tp):
             t.update(load_file(str(p)))
-        tensors[r] = t  # at the file's offsets: their canonical placement (bind checks it)
-    rt.bind(tensors)
+        ranks.append(t)
+    with torch.no_grad():
+        for i in range(num_layers):
+            acc = torch.zeros_like(x)
+            for w in ranks:
+                up = x @ w[f"layers.{i}.up.weight"].T + w[f"layers.{i}.up.bias"]
+                acc = acc + torch.nn.functional.gelu(up) @ w[f"layers.{i}.down.weight"].T
+            x = x + acc
+    return x
+
+
+def _write_probe(out: Path, d: int, tp: int, num_layers: int, seed: int) -> None:
+    """probe.json: a sample request and the output this model must give, computed by
+    `reference_output` (not by the runtime under test) on exactly the request's inputs."""
     x = torch.randn(2, d, generator=torch.Generator().manual_seed(seed + 1))
-    y = rt.infer({"INPUT0": x.numpy()})["OUTPUT0"]
+    # The request carries rounded inputs: the expectation is computed on exactly those.
+    data = [round(float(v), 6) for v in x.flatten()]
+    y = reference_output(out, tp, num_layers, torch.tensor(data, dtype=torch.float32).view(2, d))
     probe = {
         "request": {
-            "inputs": [
-                {
-                    "name": "INPUT0",
-                    "shape": [2, d],
-                    "datatype": "FP32",
-                    "data": [round(float(v), 6) for v in x.flatten()],
-                }
-            ],
+            "inputs": [{"name": "INPUT0", "shape": [2, d], "datatype": "FP32", "data": data}],
             "outputs": [{"name": "OUTPUT0"}],
         },
         "expectedOutputs": [
@@ -219,10 +227,6 @@ def _write_probe(out: Path, d: int, tp: int, seed: int) -> None:
         ],
         "tolerance": 1e-3,
     }
-    # The request carries rounded inputs: recompute the expectation on exactly those.
-    xr = torch.tensor(probe["request"]["inputs"][0]["data"], dtype=torch.float32).view(2, d)  # type: ignore[index]
-    yr = rt.infer({"INPUT0": xr.numpy()})["OUTPUT0"]
-    probe["expectedOutputs"][0]["data"] = [float(v) for v in yr.flatten()]  # type: ignore[index]
     (out / "probe.json").write_text(json.dumps(probe) + "\n")
 
 
