@@ -16,7 +16,8 @@ from typing import Any
 
 import pytest
 
-from tests.support.e2e import alive, pids_of, wait_gone
+from tests.support.e2e import pids_of, wait_gone
+from tests.support.proctree import ProcessRecorder, wait_none_run
 from tests.support.triton import triton_worker_env
 from tests.support.vllm import vllm_worker_env
 from weightlift.local.lws import LwsController, LwsError, lws_dir
@@ -70,8 +71,26 @@ def hook_log(e2e_dir: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
+def worker_processes() -> Iterator[ProcessRecorder]:
+    """Every worker process of the session's stack and every process below it (vLLM's engine
+    core, tritonserver and its backend stubs, ...), recorded while they ran (the `stack` fixture
+    starts it). Torn down after the stack, which depends on it: then not one of them may run."""
+    recorder = ProcessRecorder()
+    yield recorder
+    recorder.stop()
+    # The node's stop SIGKILLed every worker's process group; a process of another group or
+    # session (or re-parented to init) that outlived it is a leak.
+    left = wait_none_run(recorder.seen(), timeout=30.0)
+    assert not recorder.errors, f"the process recorder failed: {recorder.errors}"
+    assert not left, "worker processes left behind after teardown:\n" + "\n".join(map(str, left))
+
+
+@pytest.fixture(scope="session")
 def stack(
-    e2e_dir: Path, hook_log: Path, tmp_path_factory: pytest.TempPathFactory
+    e2e_dir: Path,
+    hook_log: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+    worker_processes: ProcessRecorder,
 ) -> Iterator[LocalStack]:
     _require_binaries()
     s = LocalStack(
@@ -87,10 +106,13 @@ def stack(
         },
     )
     with s:
-        yield s
-    # After teardown not one worker process may be left.
-    leftovers = [pid for pids in s.node.pids().values() for pid in pids if alive(pid)]
-    assert not leftovers, f"worker processes left behind: {leftovers}"
+        worker_processes.start(s.node.pids)
+        try:
+            yield s
+        finally:
+            worker_processes.record()  # what runs right before the stop
+            worker_processes.stop()
+    # `worker_processes` checks, after this teardown, that none of them is left.
 
 
 @pytest.fixture(scope="session")
@@ -107,30 +129,39 @@ def lws(stack: LocalStack, e2e_dir: Path) -> Iterator[LwsController]:
 
 
 @pytest.fixture
-def deployments(stack: LocalStack) -> Iterator[Callable[..., Observer]]:
+def deployments(
+    stack: LocalStack, worker_processes: ProcessRecorder
+) -> Iterator[Callable[..., Observer]]:
     """`deploy(name, model_dir, probe, **kw)` applies a ModelDeployment and returns an Observer;
-    everything it made is deleted (and waited for) after the test."""
+    everything it made is deleted (and waited for) after the test: its pods, and every worker
+    process of them and every process below one that `worker_processes` saw during the test."""
     made: list[str] = []
-    seen_pids: dict[str, set[int]] = {}
 
     def deploy(name: str, model_dir: Path, probe: JSON | None, **kw: Any) -> Observer:
         manifest = model_deployment(name, model_dir, probe=probe, **kw)
         obs = Observer(stack, name)
         stack.apply(manifest)
         made.append(name)
-        seen_pids[name] = set()
         return obs
 
     yield deploy
+    worker_processes.record()  # what runs right before the deletes
     errors = []
     for name in made:
-        pids = set(pids_of(stack, name)) | seen_pids[name]
+        pids = set(pids_of(stack, name))
         if stack.get_md(name) is not None:
             stack.delete_md(name)
         try:
             wait_gone(stack, name, sorted(pids))
         except AssertionError as exc:
             errors.append(str(exc))
+    for name in made:
+        procs = worker_processes.seen(lambda owner, n=name: owner.split("/")[1].startswith(f"{n}-"))
+        left = wait_none_run(procs, timeout=30.0)
+        if left:
+            errors.append(
+                f"{name}: processes left after its pods are gone: {[str(p) for p in left]}"
+            )
     assert not errors, errors
 
 
