@@ -14,6 +14,7 @@ import sys
 import time
 import urllib.request
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -21,13 +22,17 @@ import pytest
 from kubernetes import client
 
 from tests.support.cluster import CHART_NAMESPACE, RELEASE, ChartRbac, Kubectl, wait_for
+from tests.support.watching import Change, Watched
 from weightlift.api.labels import DEPLOYMENT_LABEL, FIRST_RECONCILE_ANNOTATION
-from weightlift.operator.leader import LEASE_LOST_EXIT
+from weightlift.operator.leader import ACQUIRE_JITTER, LEASE_LOST_EXIT
 
 LEASE = f"{RELEASE}-operator"  # the chart's default lease name
 DURATION, DEADLINE, RETRY = 4.0, 3.0, 0.5
-# Beyond the Lease's own bound: a busy 2-core machine's API answers and process start.
-SLACK = 4.0
+# Beyond what the Lease's settings bound: the few API requests (a candidate's read of the
+# Lease, the write it missed) between two Lease writes, on a busy 2-core machine. Times are
+# the candidates' own stamps on the Lease, not when this test happened to look.
+API_SLACK = 2.0
+FENCE = "test.weightlift.dev/fence"
 
 
 def _free_port() -> int:
@@ -127,7 +132,7 @@ def _delete_lease(api: client.CoordinationV1Api) -> None:
 
 
 def lease(api: client.CoordinationV1Api) -> dict[str, Any]:
-    raw = api.read_namespaced_lease(LEASE, CHART_NAMESPACE, _preload_content=False)
+    raw: Any = api.read_namespaced_lease(LEASE, CHART_NAMESPACE, _preload_content=False)
     doc: dict[str, Any] = json.loads(raw.data)
     return doc
 
@@ -151,7 +156,29 @@ def _model_deployment(name: str, namespace: str) -> dict[str, Any]:
 
 def _pods(core: client.CoreV1Api, namespace: str, name: str) -> dict[str, str]:
     pods = core.list_namespaced_pod(namespace, label_selector=f"{DEPLOYMENT_LABEL}={name}").items
-    return {p.metadata.name: p.metadata.uid for p in pods}
+    return {str(p.metadata.name): str(p.metadata.uid) for p in pods if p.metadata}
+
+
+def _micro(stamp: str) -> float:
+    """A Lease MicroTime in seconds (both candidates stamp with this machine's clock)."""
+    return datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC).timestamp()
+
+
+def _holder(change: Change) -> str:
+    return str(change.spec.get("holderIdentity") or "")
+
+
+def _holders(changes: list[Change]) -> list[str]:
+    """The Lease's holders in the order they wrote it, each run of renewals once."""
+    return [
+        h for i, h in enumerate(map(_holder, changes)) if i == 0 or _holder(changes[i - 1]) != h
+    ]
+
+
+def _lease_changes(leases: client.CoordinationV1Api) -> Watched:
+    return Watched(
+        leases.list_namespaced_lease, CHART_NAMESPACE, field_selector=f"metadata.name={LEASE}"
+    )
 
 
 def test_one_reconciles_the_other_takes_over_when_it_dies(
@@ -161,34 +188,62 @@ def test_one_reconciles_the_other_takes_over_when_it_dies(
     kubectl: Kubectl,
 ) -> None:
     ns = candidates["namespace"]
-    a = candidates["start"]("a")
-    wait_for(lambda: holder(leases) == "a", 60, "a to take the Lease")
-    b = candidates["start"]("b")
-    wait_for(lambda: '"standby": true' in b.health(), 60, "b's standby liveness endpoint")
-    first = lease(leases)["spec"]
-    assert "weightlift_" in b.metrics(), "the standby serves no /metrics"  # scraped as well
-    assert first["leaseTransitions"] == 0 and first["leaseDurationSeconds"] == 4
+    lease_changes = _lease_changes(leases)  # every write of the Lease from its first on
+    pod_changes = Watched(core.list_namespaced_pod, ns, label_selector=f"{DEPLOYMENT_LABEL}=solo")
+    try:
+        a = candidates["start"]("a")
+        wait_for(lambda: holder(leases) == "a", 60, "a to take the Lease")
+        b = candidates["start"]("b")
+        wait_for(lambda: '"standby": true' in b.health(), 60, "b's standby liveness endpoint")
+        first = lease(leases)["spec"]
+        assert "weightlift_" in b.metrics(), "the standby serves no /metrics"  # scraped as well
+        assert first["leaseTransitions"] == 0 and first["leaseDurationSeconds"] == 4
 
-    # Only the leader reconciles: the MD's pods come from a, b never starts kopf.
-    kubectl("apply", "-f", "-", input=json.dumps(_model_deployment("solo", ns)))
-    wait_for(lambda: len(_pods(core, ns, "solo")) == 2, 60, "the leader to create 2 pods")
-    wait_for(lambda: a.health() and "standby" not in a.health(), 30, "kopf's liveness on a")
-    wait_for(lambda: _annotation(leases), 30, "a's first reconcile stamped on the Lease")
-    assert holder(leases) == "a" and "kopf" not in b.log() and "solo" not in b.log(), b.log()
-    pods = _pods(core, ns, "solo")
+        # Only the leader reconciles: the MD's pods come from a, b never starts kopf.
+        kubectl("apply", "-f", "-", input=json.dumps(_model_deployment("solo", ns)))
+        wait_for(lambda: len(_pods(core, ns, "solo")) == 2, 60, "the leader to create 2 pods")
+        wait_for(lambda: a.health() and "standby" not in a.health(), 30, "kopf's liveness on a")
+        wait_for(lambda: _annotation(leases), 30, "a's first reconcile stamped on the Lease")
+        assert holder(leases) == "a" and "kopf" not in b.log() and "solo" not in b.log(), b.log()
+        pods = _pods(core, ns, "solo")
 
-    # a dies without a word: b takes over once the Lease has run out, and nothing else.
-    a.signal(signal.SIGKILL)
-    killed = time.monotonic()
-    wait_for(lambda: holder(leases) == "b", 60, "b to take the Lease")
-    took = time.monotonic() - killed
-    assert took <= DURATION + RETRY * 1.2 + SLACK, f"takeover after {took:.1f}s"
-    spec = lease(leases)["spec"]
-    assert spec["leaseTransitions"] == 1 and spec["acquireTime"] != first["acquireTime"]
-    wait_for(lambda: "first reconcile pass" in b.log(), 60, "b's first reconcile")
-    wait_for(lambda: "weightlift_" in b.metrics(), 60, "the new leader's /metrics")
-    assert _pods(core, ns, "solo") == pods, "a pod was made again after the takeover"
+        # a dies without a word: b takes over once the Lease has run out, and nothing else.
+        a.signal(signal.SIGKILL)
+        a.proc.wait(timeout=30)
+        # b's first pass is stamped on the Lease by its next renewal: all it wrote came before.
+        stamped = lease_changes.wait(
+            lambda c: _holder(c) == "b" and FIRST_RECONCILE_ANNOTATION in c.annotations,
+            60,
+            "b's first reconcile stamped on the Lease",
+        )
+        changes = lease_changes.changes()[: stamped + 1]
+        assert _holders(changes) == ["a", "b"], _holders(changes)  # one hand-over, no release
+        took = next(i for i, c in enumerate(changes) if _holder(c) == "b")
+        renewed, taken = changes[took - 1].spec, changes[took].spec
+        gap = _micro(taken["acquireTime"]) - _micro(renewed["renewTime"])
+        # Never while a may still act (it stops renew_deadline after its last renewal began)...
+        assert gap > DEADLINE, f"b took the Lease {gap:.2f}s after a's last renewal"
+        # ...and once it has run out: b sees the last renewal within a (jittered) retry, takes
+        # the Lease at its first try a leaseDuration later.
+        bound = DURATION + 2 * RETRY * (1 + ACQUIRE_JITTER) + API_SLACK
+        assert gap <= bound, f"b took the Lease {gap:.2f}s after a's last renewal (> {bound}s)"
+        assert taken["leaseTransitions"] == 1 and taken["acquireTime"] != first["acquireTime"]
+        wait_for(lambda: "weightlift_" in b.metrics(), 60, "the new leader's /metrics")
+        # No pod of solo made or deleted since a made its two, up to b's first pass and beyond.
+        fence = _fence(core, pod_changes, ns, next(iter(pods)))
+        made = [c.name for c in pod_changes.changes()[:fence] if c.type in ("ADDED", "DELETED")]
+        assert sorted(made) == sorted(pods), f"pods of solo added or deleted: {made}"
+    finally:
+        lease_changes.stop()
+        pod_changes.stop()
     kubectl("delete", "-n", ns, "md/solo", "--timeout=60s")  # b handles the finalizer
+
+
+def _fence(core: client.CoreV1Api, pods: Watched, namespace: str, pod: str) -> int:
+    """Annotate `pod` and wait for that change: every earlier change of the pods came before."""
+    mark = f"{time.monotonic_ns()}"
+    core.patch_namespaced_pod(pod, namespace, {"metadata": {"annotations": {FENCE: mark}}})
+    return pods.wait(lambda c: c.annotations.get(FENCE) == mark, 30, "the fence annotation")
 
 
 def _annotation(api: client.CoordinationV1Api) -> str:
@@ -200,21 +255,33 @@ def _annotation(api: client.CoordinationV1Api) -> str:
 def test_a_stopped_leader_hands_the_lease_on_at_once(
     candidates: dict[str, Any], leases: client.CoordinationV1Api
 ) -> None:
-    a = candidates["start"]("a")
-    wait_for(lambda: holder(leases) == "a", 60, "a to take the Lease")
-    b = candidates["start"]("b")
-    wait_for(lambda: '"standby": true' in b.health(), 60, "b waiting")
-    # kopf runs (and handles SIGTERM) once a's own liveness endpoint answers.
-    wait_for(lambda: a.health() and "standby" not in a.health(), 60, "kopf's liveness on a")
-    a.signal(signal.SIGTERM)  # a rollout or a drain: kopf stops, then the Lease is released
-    stopped = time.monotonic()
-    assert a.proc.wait(timeout=30) == 0, a.log()
-    wait_for(lambda: holder(leases) == "b", 30, "b to take the released Lease", interval=0.05)
-    took = time.monotonic() - stopped
+    lease_changes = _lease_changes(leases)
+    try:
+        a = candidates["start"]("a")
+        wait_for(lambda: holder(leases) == "a", 60, "a to take the Lease")
+        b = candidates["start"]("b")
+        wait_for(lambda: '"standby": true' in b.health(), 60, "b waiting")
+        # kopf runs (and handles SIGTERM) once a's own liveness endpoint answers.
+        wait_for(lambda: a.health() and "standby" not in a.health(), 60, "kopf's liveness on a")
+        a.signal(signal.SIGTERM)  # a rollout or a drain: kopf stops, then the Lease is released
+        assert a.proc.wait(timeout=30) == 0, a.log()
+        taken = lease_changes.wait(lambda c: _holder(c) == "b", 30, "b to take the Lease")
+        changes = lease_changes.changes()[: taken + 1]
+    finally:
+        lease_changes.stop()
     assert "released Lease" in a.log()
-    # A release needs no expiry: b takes it within its retry period, not the lease duration.
-    assert took < DURATION, f"b took {took:.1f}s"
-    assert lease(leases)["spec"]["leaseTransitions"] == 1
+    assert _holders(changes) == ["a", "", "b"], _holders(changes)  # a released it, b took it
+    renewed = next(c.spec for c in reversed(changes) if _holder(c) == "a")  # a's last renewal
+    released, took = changes[taken - 1].spec, changes[taken].spec
+    # A release needs no expiry: b takes it at its next try (within a jittered retry of the
+    # read that still saw a, and that read's and the release's latency)...
+    after = _micro(took["acquireTime"]) - _micro(released["renewTime"])
+    bound = RETRY * (1 + ACQUIRE_JITTER) + API_SLACK
+    assert after <= bound, f"b took the released Lease {after:.2f}s after (> {bound}s)"
+    # ...before a's last renewal would have run out.
+    since = _micro(took["acquireTime"]) - _micro(renewed["renewTime"])
+    assert since < DURATION, f"b took the Lease {since:.2f}s after a's last renewal"
+    assert took["leaseTransitions"] == 1
 
 
 def test_a_leader_that_cannot_renew_exits(

@@ -11,12 +11,15 @@ import base64
 import hashlib
 import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, cast
 
 import pytest
 from kubernetes import client
 
 from tests.support.cluster import OPERATOR_NAMESPACE, Kubectl, OperatorProcess, wait_for
+from tests.support.watching import Change, Watched, watched
+from weightlift.operator import applygate
 
 NS = OPERATOR_NAMESPACE
 GROUP, VERSION, PLURAL = "weightlift.dev", "v1alpha1", "modeldeployments"
@@ -25,6 +28,7 @@ SPARE_LABEL = "weightlift.dev/spare"
 ROLE_LABEL = "weightlift.dev/role"
 REPLICA_LABEL = "weightlift.dev/replica"
 FINALIZER = "weightlift.dev/finalizer"
+FENCE_ANNOTATION = "test.weightlift.dev/fence"
 
 
 def manifest(name: str, **spec: Any) -> dict[str, Any]:
@@ -273,32 +277,69 @@ def test_deletion_with_finalizer_leaves_no_pods(env: Env) -> None:
     wait_for(lambda: env.pods("doomed", live=False) == [], 60, "no pods left")
 
 
-def test_operator_restart_mid_reconcile_converges(env: Env, operator: OperatorProcess) -> None:
-    env.create("restart", replicas=3, loading={"waitForSourceSeconds": 0})
-    # SIGKILL (no graceful cleanup, like a crashed pod) as soon as the first pod exists,
-    # i.e. while the operator is still creating the others
-    wait_for(lambda: len(env.pods("restart")) >= 1, 60, "first pod of restart", interval=0.02)
-    operator.stop(kill=True)
-    try:
-        assert not operator.alive()
-        env.kubectl("scale", "-n", NS, "md/restart", "--replicas=4")
-        victim = env.pods("restart")[0].metadata.name
-        env.core.delete_namespaced_pod(victim, NS, grace_period_seconds=0)
-        wait_for(
-            lambda: victim not in {p.metadata.name for p in env.pods("restart", live=False)},
-            30,
-            "the deleted pod to go",
+def _fence(env: Env, pods: Watched, pod: str, mark: str) -> int:
+    """A known point in the pod events: annotate `pod`, wait for that change to come back. The
+    events before it are every change made to the deployment's pods before the annotation."""
+    patch = {"metadata": {"annotations": {FENCE_ANNOTATION: mark}}}
+    env.core.patch_namespaced_pod(pod, NS, patch)
+    return pods.wait(lambda c: c.annotations.get(FENCE_ANNOTATION) == mark, 30, f"fence {mark}")
+
+
+def _made(changes: list[Change]) -> list[str]:
+    return [c.name for c in changes if c.type == "ADDED"]
+
+
+def test_operator_restart_mid_reconcile_converges(
+    env: Env, operator: OperatorProcess, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SIGKILLed (no graceful cleanup, like a crashed pod) in the pass that creates the pods,
+    after its first pod and before the others: the gate (operator/applygate.py) holds the pass
+    there. Nothing reconciles while it is down; a new operator, which finds one pod and a spec
+    scaled meanwhile, creates each missing replica once and keeps the one it found."""
+    gate = tmp_path / "gate"
+    operator.stop()  # started again with the gate's env, which only this test sets
+    monkeypatch.setenv(applygate.GATE_DIR_ENV, str(gate))
+    applygate.arm(gate, "restart")
+    with watched(
+        env.core.list_namespaced_pod, NS, label_selector=f"{DEPLOYMENT_LABEL}=restart"
+    ) as pods:
+        try:
+            operator.start()
+            env.create("restart", replicas=3, loading={"waitForSourceSeconds": 0})
+            held = wait_for(lambda: applygate.holding(gate, "restart"), 60, "the held pass")
+            assert operator.proc is not None and held.pid == operator.proc.pid, held
+            operator.stop(kill=True)
+            assert not operator.alive()
+            # Exactly the pass's first pod was made before the kill, the other two were not.
+            assert len(held.created) == 1 and len(held.pending) == 2, held
+            (first,) = held.created
+            killed = _fence(env, pods, first, "killed")
+            assert _made(pods.changes()[:killed]) == [first], pods.changes()[:killed]
+            assert [p.metadata.name for p in env.pods("restart", live=False)] == [first]
+            env.kubectl("scale", "-n", NS, "md/restart", "--replicas=4")
+            # Nobody reconciles meanwhile: not a pod made or deleted while no operator runs.
+            down = _fence(env, pods, first, "down")
+            quiet = [(c.type, c.name) for c in pods.changes()[killed + 1 : down]]
+            assert all(kind == "MODIFIED" for kind, _ in quiet), quiet
+        finally:
+            operator.stop(kill=True)  # the gated one, if a check above failed while it held
+            monkeypatch.delenv(applygate.GATE_DIR_ENV)
+            operator.start()
+        live = env.wait_pods("restart", 4, timeout=90)
+        assert sorted(p.metadata.labels[REPLICA_LABEL] for p in live) == ["0", "1", "2", "3"]
+        st = wait_for(
+            lambda: (s := env.status("restart")).get("replicas") == 4 and s, 60, "status.replicas 4"
         )
-        assert len(env.pods("restart")) <= 2  # nobody reconciles meanwhile
-    finally:
-        operator.start()
-    pods = env.wait_pods("restart", 4, timeout=90)
-    assert sorted(p.metadata.labels[REPLICA_LABEL] for p in pods) == ["0", "1", "2", "3"]
-    assert len({p.metadata.name for p in pods}) == 4
-    st = wait_for(
-        lambda: (s := env.status("restart")).get("replicas") == 4 and s, 60, "status.replicas 4"
-    )
-    assert st["observedGeneration"] == env.md("restart")["metadata"]["generation"]
+        assert st["observedGeneration"] == env.md("restart")["metadata"]["generation"]
+        # The new operator made each missing replica once, and kept (did not replace) the first.
+        done = _fence(env, pods, first, "done")
+        after = pods.changes()[down + 1 : done]
+        made = _made(after)
+        assert sorted(made) == sorted(
+            str(p.metadata.name) for p in live if p.metadata.name != first
+        )
+        assert set(held.pending) < set(made), (held.pending, made)  # what the killed pass owed
+        assert not [c.name for c in pods.changes()[:done] if c.type == "DELETED"]
 
 
 def test_a_source_a_sibling_publishes_feeds_a_new_deployment_at_once(env: Env) -> None:
