@@ -39,6 +39,8 @@ JSON = dict[str, Any]
 # What a takeover may take beyond the Lease's own bound (a loaded 2-core machine: the API
 # server's answers and the new leader's first requests).
 SLACK_SECONDS = 5.0
+# The restarted old leader's retries watched for a take-back after it said it waits.
+TRIES = 3
 
 
 def election(stack: LocalStack) -> LeaderElection:
@@ -230,15 +232,24 @@ def _verify(run: Run, stack: LocalStack, notes: JSON, ledger: PodLedger) -> str:
     log = stack.candidate_log(notes["leader"])
     since = log.stat().st_size if log.exists() else 0  # the log is appended to: this life's
     stack.start_candidate(notes["leader"])
-    # Its own word that it tried and found the Lease held: a take-back, however brief, would
-    # have raised leaseTransitions (never lowered), so no sample can miss one.
+    # Its own word that it tried and found the Lease held; then the survivor's own renewals
+    # (the Lease's renewTime, stamped by the API's clients, not our clock) show that it held on
+    # through TRIES more of the standby's jittered retries. A take-back in that time, however
+    # brief, raised leaseTransitions (never lowered): no sample can miss one.
     yielded = f"standby: Lease held by {survivor}"
     run.wait(f"{notes['leader']} back as a standby", lambda: yielded in _text(log, since))
+    seen = micro((read_lease(stack) or {})["spec"]["renewTime"])
+    span = TRIES * e.retry_period * (1 + ACQUIRE_JITTER)
+    run.wait(
+        f"{survivor} renewing for {span:.1f}s beside the standby",
+        lambda: micro((read_lease(stack) or {})["spec"]["renewTime"]) >= seen + span,
+    )
     spec = (read_lease(stack) or {})["spec"]
     assert spec["holderIdentity"] == survivor, f"the restarted {notes['leader']} took the Lease"
     assert int(spec["leaseTransitions"]) == notes["transitions"] + 1, (
         f"the Lease changed hands again after {notes['leader']} came back: {spec}"
     )
+    assert "holds Lease" not in _text(log, since), f"{notes['leader']} took the Lease back"
     assert run.converged(3), "not converged after the old leader came back"
     return (
         f"takeover {first:.1f}s (Lease taken {acquired:.1f}s after the kill, lease "
