@@ -18,7 +18,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from tests.support.p2p import NIXL_MISSING
+from tests.support.p2p import needs_nixl
 from weightlift.api.model import ModelFormat, ModelSource, Role, RuntimeSpec
 from weightlift.api.worker import PeerCandidate, WorkerPlan
 from weightlift.worker.engines.vllm.engine import engine_host, vllm_command, vllm_environment
@@ -151,7 +151,7 @@ def load_as(
     return load_rank(plan, rank, params, feeder(params, tp, rank, calls)), params, calls
 
 
-@pytest.mark.skipif(NIXL_MISSING is not None, reason=f"NIXL: {NIXL_MISSING}")
+@needs_nixl
 def test_target_rank_pulls_only_its_parameters_then_falls_back(hf_dir: Path) -> None:
     tp, rank = 2, 1
     source, src_params, calls = load_as(hf_dir, "src", None, tp, rank)

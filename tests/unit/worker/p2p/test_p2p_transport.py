@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.p2p import needs_nixl
 from weightlift.worker.p2p import transport
-from weightlift.worker.p2p.nixl_compat import nixl_import_error
 from weightlift.worker.p2p.transport import (
     apply_ucx_defaults,
     rdma_devices,
@@ -100,7 +100,7 @@ del agent
 """
 
 
-@pytest.mark.skipif(nixl_import_error() is not None, reason=f"NIXL: {nixl_import_error()}")
+@needs_nixl
 @pytest.mark.parametrize("user_mode", [None, "reloc"])
 def test_real_agent_made_with_the_defaults(user_mode: str | None) -> None:
     """A fresh process (UCX loads once per process): NIXL's UCX backend comes up with the
