@@ -132,19 +132,49 @@ def _deleted_mid_load(run: Run) -> None:
 
 
 def _scale_flap(run: Run) -> None:
+    """3 -> 0 with a pull held mid-transfer, then 3 again once the operator has acted on the 0
+    (its pods on their way out), not after a guessed pause."""
     with pull.pulling(run, 3):
         run.scale(0)
-        time.sleep(1.5)
+        run.wait("the scale to 0 planned", run.planned)
         run.scale(3)
 
 
 def _revision_twice(run: Run) -> None:
+    """Revision 2's rollout is held mid-way (its source waits at the fault gate before its
+    storage load: nothing of revision 2 can be Ready) when revision 3 lands; then let go."""
     run.deploy(replicas=2)
     run.wait("Ready", lambda: run.converged(2))
-    run.fault_at = time.monotonic()
-    run.patch({"model": {"revision": "2"}})
-    time.sleep(1.0)
-    run.patch({"model": {"revision": "3"}})
+    faultgate.hold_at(run.gate, run.name, faultgate.STORAGE_LOAD)
+    try:
+        run.fault_at = time.monotonic()
+        run.patch({"model": {"revision": "2"}})
+        revision2 = _identity(run)
+        run.wait("revision 2's source held before its load", lambda: bool(_held_of(run, revision2)))
+        run.notes.update(held=_held_of(run, revision2), revision2=revision2)
+        run.patch({"model": {"revision": "3"}})
+        run.wait("revision 3 planned", run.planned)
+    finally:
+        faultgate.release_at(run.gate, run.name, faultgate.STORAGE_LOAD)
+
+
+def _identity(run: Run) -> str:
+    """The model identity the operator plans for now (its status, once it acted on the spec)."""
+    run.wait("the spec planned", run.planned)
+    md = run.stack.get_md(run.name) or {}
+    return str((md.get("status") or {}).get("modelIdentity"))
+
+
+def _held_of(run: Run, identity: str) -> list[str]:
+    """The pods of `identity` waiting at the fault gate before their storage load."""
+    at = faultgate.waiting_at(run.gate, run.name, faultgate.STORAGE_LOAD)
+    return [a.pod for a in at if a.pod.startswith(f"{run.name}-{identity[:6]}-")]
+
+
+def _verify_revision_twice(run: Run) -> str:
+    """Where revision 2's rollout stood when revision 3 struck (this scenario checks no more)."""
+    held = ", ".join(run.notes["held"])
+    return f"revision 3 ({_identity(run)[:6]}) struck while {held} (revision 2) was held"
 
 
 def _hook(source: str, lib: str) -> Callable[[Run], None]:
@@ -176,7 +206,8 @@ def _swapped_program(run: Run) -> None:
 
 SCENARIOS: tuple[Scenario, ...] = (
     # Up to node-lost-and-back (revision-changed-twice aside): faults that strike a Target's pull
-    # held open mid-transfer by the node's fault gate (chaos_pull.py).
+    # held open mid-transfer by the node's fault gate (chaos_pull.py); revision-changed-twice
+    # strikes while the gate holds revision 2's source before its storage load.
     Scenario(
         "operator-sigkill-mid-rollout", _operator_killed, 2, fast=True, verify=pull.verify_held
     ),
@@ -196,7 +227,7 @@ SCENARIOS: tuple[Scenario, ...] = (
     Scenario("apiserver-restart-while-loading", _apiserver_restarted, 3, verify=pull.verify_held),
     Scenario("deleted-mid-load", _deleted_mid_load, 0, fast=True, verify=pull.verify_held),
     Scenario("scale-3-0-3", _scale_flap, replicas=3, verify=pull.verify_held),
-    Scenario("revision-changed-twice", _revision_twice, replicas=2),
+    Scenario("revision-changed-twice", _revision_twice, replicas=2, verify=_verify_revision_twice),
     Scenario("node-lost-and-back", pull.node_lost, replicas=2, verify=pull.verify_node_lost),
     Scenario("hook-segfaults", _hook(SEGFAULT_HOOK, "libsegv.so"), 0, "libsegv.so"),
     Scenario("hook-hangs", _hook(HANGING_HOOK, "libhang.so"), 0, "libhang.so"),
@@ -205,7 +236,7 @@ SCENARIOS: tuple[Scenario, ...] = (
     Scenario("overlapping-offsets", _corrupt(overlapping_offsets), 0, "model.safetensors"),
     Scenario("nan-weights", _corrupt(nan_weights), 0, "non-finite"),
     Scenario("swapped-model-pt2", _swapped_program, 0, "model.pt2"),
-    # Faults while Targets wait in Standby (the source is stalled until one is seen there).
+    # Faults while Targets wait in Standby (the source held at the fault gate before its load).
     Scenario(
         "standby-source-sigkill",
         standby.source_dies,

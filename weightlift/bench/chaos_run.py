@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from kubernetes import watch
 
 from weightlift.api.labels import DEPLOYMENT_LABEL
 from weightlift.api.model import GROUP, PLURAL, VERSION, CompletionProbe
@@ -91,7 +92,8 @@ def outputs_match(outputs: list[JSON], probe: JSON) -> bool:
 class WeightsWatch(threading.Thread):
     """Infers through every replica the status calls Ready; remembers the pods that answered
     with anything but the right weights' output (or that were Ready at all, when `never_ready`,
-    or Ready with a model identity in `banned`: a revision the spec has left). A scenario that
+    or Ready with a model identity in `banned`: a revision the spec has left; those two from
+    every version of the status, watched, not sampled). A scenario that
     changes the model sets `probe` to the new weights' probe; one whose old replicas may keep
     serving through the rollout names their weights' probe in `probes`, by model identity."""
 
@@ -110,6 +112,8 @@ class WeightsWatch(threading.Thread):
         self.join(timeout=30)
 
     def run(self) -> None:
+        rows = threading.Thread(target=self._watch_rows, name=f"{self.name}-rows", daemon=True)
+        rows.start()
         kube = Kube(self.kubeconfig, "chaos-weights-watch")
         try:
             with httpx.Client(timeout=10.0) as http:
@@ -118,6 +122,48 @@ class WeightsWatch(threading.Thread):
                         self._check(kube, http)
         finally:
             kube.close()
+            rows.join(timeout=20)
+
+    def _watch_rows(self) -> None:
+        """What may never be Ready (`never_ready`, `banned`), in every version of the status the
+        API server has, from a list+watch stream: a row Ready between two probes counts too."""
+        kube = Kube(self.kubeconfig, "chaos-ready-watch")
+        custom = kube.custom
+        args = (GROUP, VERSION, self.namespace, PLURAL)
+        where = {"field_selector": f"metadata.name={self.name}"}
+        version = ""
+        try:
+            while not self._halt.is_set():
+                with contextlib.suppress(*KUBE_ERRORS):
+                    if not version:  # first, or after the watch broke (e.g. 410 Gone)
+                        listing = call(custom.list_namespaced_custom_object, *args, **where)
+                        for md in listing["items"]:
+                            self._flag(md)
+                        version = listing["metadata"]["resourceVersion"]
+                    stream = watch.Watch().stream(
+                        custom.list_namespaced_custom_object,
+                        *args,
+                        resource_version=version,
+                        timeout_seconds=2,
+                        _request_timeout=10,
+                        **where,
+                    )
+                    for event in stream:
+                        if event["type"] == "ERROR":
+                            version = ""
+                            break
+                        version = event["object"]["metadata"]["resourceVersion"]
+                        self._flag(event["object"])
+                        if self._halt.is_set():
+                            break
+                self._halt.wait(0.1)
+        finally:
+            kube.close()
+
+    def _flag(self, md: JSON) -> None:
+        for rs in (md.get("status") or {}).get("replicaStatuses") or []:
+            if rs.get("ready") and (self.never_ready or rs.get("modelIdentity") in self.banned):
+                self.wrong.add(str(rs["name"]))
 
     def _check(self, kube: Kube, http: httpx.Client) -> None:
         get = kube.custom.get_namespaced_custom_object
@@ -216,6 +262,13 @@ class Run:
                     return
             time.sleep(0.25)
         raise TimeoutError(f"{self.name}: {what} not within {timeout:.0f}s")
+
+    def planned(self) -> bool:
+        """The operator has acted on the spec as it is now (its status' observedGeneration)."""
+        md = self.stack.get_md(self.name) or {}
+        generation = md.get("metadata", {}).get("generation")
+        observed = (md.get("status") or {}).get("observedGeneration")
+        return generation is not None and observed == generation
 
     def replicas(self) -> list[JSON]:
         md = self.stack.get_md(self.name) or {}

@@ -4,11 +4,12 @@ A spare is a Target pod kept in Standby beyond `replicas`: labelled weightlift.d
 nothing, never Ready, left out of the scale subresource. Each scenario deploys one serving
 replica and one spare, waits until the spare is warm (phase Spare in the status), then strikes:
 the spare's node is lost, the scale subresource races up and down, or the model's revision
-changes. Meanwhile `SpareWatch` follows every pod of the deployment (one list+watch stream: no
-pod is too short-lived to see) and the status (sampled): a spare counted Ready, two live pods
-of one identity on one replica index, an old spare handed peers, the serving replica's Ready
-lost. `verify` checks those and what each scenario is about once it has converged; the runner
-(chaos.py) counts orphans and wrong weights as for every scenario.
+changes. Meanwhile `SpareWatch` follows every pod of the deployment and every version of its
+status (two list+watch streams: no pod is too short-lived and no status too brief to see): a
+spare counted Ready, two live pods of one identity on one replica index, an old spare handed
+peers, the serving replica's Ready lost. `verify` checks those and what each scenario is about
+once it has converged; the runner (chaos.py) counts orphans and wrong weights as for every
+scenario.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from weightlift.api.labels import (
 )
 from weightlift.api.model import GROUP, PLURAL, VERSION
 from weightlift.bench.chaos_run import Run
-from weightlift.local.kube import KUBE_ERRORS, Kube, call, get_or_none
+from weightlift.local.kube import KUBE_ERRORS, Kube, call
 from weightlift.local.processnode import ProcessNode
 
 JSON = dict[str, Any]
@@ -62,6 +63,8 @@ class PodSeen:
 
 @dataclass
 class Sample:
+    """The deployment's status as one version written to the API server says it."""
+
     at: float
     ready: int
     replicas: int
@@ -70,7 +73,8 @@ class Sample:
 
 @dataclass
 class SpareWatch:
-    """The pods of one deployment (by uid, from a list+watch stream) and its status (sampled)."""
+    """The pods of one deployment (by uid) and every version of its status, each from a
+    list+watch stream."""
 
     run: Run
     pods: dict[str, PodSeen] = field(default_factory=dict)
@@ -85,7 +89,7 @@ class SpareWatch:
     _listed: threading.Event = field(default_factory=threading.Event)
 
     def start(self) -> SpareWatch:
-        for target in (self._watch_pods, self._sample_status):
+        for target in (self._watch_pods, self._watch_status):
             t = threading.Thread(target=target, name=f"spare-watch-{self.run.name}", daemon=True)
             t.start()
             self._threads.append(t)
@@ -175,31 +179,69 @@ class SpareWatch:
             if len(names) > 1 and twin not in self.twins:
                 self.twins.append(twin)
 
-    def _sample_status(self) -> None:
+    def _watch_status(self) -> None:
+        """Every version of the deployment the API server writes, from one list+watch stream
+        (a watch resumed where it stopped: no version skipped between two reads)."""
         kube = Kube(self.run.stack.kubeconfig, "chaos-spare-status")
-        get = kube.custom.get_namespaced_custom_object
-        namespace, started = self.run.stack.namespace, time.monotonic()
+        custom, namespace = kube.custom, self.run.stack.namespace
+        where = {"field_selector": f"metadata.name={self.run.name}"}
+        started, version = time.monotonic(), ""
         try:
-            while not self._halt.wait(0.2) and not self._ended(started):
+            while not self._ended(started):
                 with contextlib.suppress(*KUBE_ERRORS):
-                    md = get_or_none(get, GROUP, VERSION, namespace, PLURAL, self.run.name)
-                    status = (md or {}).get("status") or {}
-                    for row in status.get("replicaStatuses") or []:
-                        if row.get("spare") and (row.get("ready") or row.get("phase") == "Ready"):
-                            self.counted_ready.add(str(row.get("name")))
-                        if row.get("ready"):
-                            names = self.ready_rows.setdefault(str(row.get("modelIdentity")), set())
-                            names.add(str(row.get("name")))
-                    self.samples.append(
-                        Sample(
-                            time.monotonic(),
-                            int(status.get("readyReplicas") or 0),
-                            int(status.get("replicas") or 0),
-                            int(status.get("spares") or 0),
+                    if not version:  # first, or after the watch broke (e.g. 410 Gone)
+                        listing = call(
+                            custom.list_namespaced_custom_object,
+                            GROUP,
+                            VERSION,
+                            namespace,
+                            PLURAL,
+                            **where,
                         )
+                        for md in listing["items"]:
+                            self._status(md)
+                        version = listing["metadata"]["resourceVersion"]
+                    stream = watch.Watch().stream(
+                        custom.list_namespaced_custom_object,
+                        GROUP,
+                        VERSION,
+                        namespace,
+                        PLURAL,
+                        resource_version=version,
+                        timeout_seconds=5,
+                        _request_timeout=15,
+                        **where,
                     )
+                    for event in stream:
+                        md = event["object"]
+                        if event["type"] == "ERROR":
+                            version = ""
+                            break
+                        version = md["metadata"]["resourceVersion"]
+                        if event["type"] != "DELETED":
+                            self._status(md)
+                        if self._ended(started):
+                            break
+                time.sleep(0.1)
         finally:
             kube.close()
+
+    def _status(self, md: JSON) -> None:
+        status = md.get("status") or {}
+        for row in status.get("replicaStatuses") or []:
+            if row.get("spare") and (row.get("ready") or row.get("phase") == "Ready"):
+                self.counted_ready.add(str(row.get("name")))
+            if row.get("ready"):
+                names = self.ready_rows.setdefault(str(row.get("modelIdentity")), set())
+                names.add(str(row.get("name")))
+        self.samples.append(
+            Sample(
+                time.monotonic(),
+                int(status.get("readyReplicas") or 0),
+                int(status.get("replicas") or 0),
+                int(status.get("spares") or 0),
+            )
+        )
 
     # -- what the scenarios check
     def check_spares(self) -> None:
@@ -211,8 +253,11 @@ class SpareWatch:
         assert not self.twins, f"two live pods on one replica index: {self.twins[:3]}"
 
     def min_ready_since(self, since: float) -> int:
-        after = [s.ready for s in self.samples if s.at >= since]
-        assert after, "no status sampled since the fault"
+        """The fewest Ready replicas any status said from `since` on (the version current then
+        included: it held until the next one)."""
+        before = [s.ready for s in self.samples if s.at < since][-1:]
+        after = before + [s.ready for s in self.samples if s.at >= since]
+        assert after, "no status seen since the fault"
         return min(after)
 
 

@@ -2,12 +2,15 @@
 
 Every pod of a deployment starts at once; a Target prepares and then waits in Standby until the
 operator hands it peers (the weightlift.dev/peers annotation, projected into a file the worker
-watches) or storage. To see that wait whatever the machine's speed, each scenario stops the
-source's worker (SIGSTOP) the moment its process exists and injects its fault only once a
-Target is seen in Standby in the status: the source dies, the revision changes, the wait for a
-source runs out, the deployment scales down, or someone hands the Target a pod of another model
-identity. `bench/chaos.py` runs them as it runs the others (converged, seconds, orphans, wrong
-weights); `verify` functions check what each scenario is about once it has converged.
+watches) or storage. To see that wait whatever the machine's speed, each scenario holds the
+source at the process node's fault gate from before the deploy (worker/p2p/faultgate.py:
+STORAGE_LOAD): its worker runs, its front door answers and its liveness passes, but it loads
+nothing until released, so no source is Ready and the Targets stay in Standby, a state and not
+a moment to catch. Once the status shows a Target there, the fault strikes: the source dies,
+the revision changes, the wait for a source runs out, the deployment scales down, or someone
+hands the Target a pod of another model identity. `bench/chaos.py` runs them as it runs the
+others (converged, seconds, orphans, wrong weights); `verify` functions check what each
+scenario is about once it has converged.
 """
 
 from __future__ import annotations
@@ -24,40 +27,31 @@ import httpx
 from weightlift.api.labels import PEERS_ANNOTATION, REPLICA_LABEL
 from weightlift.api.worker import PeerCandidate, PeerHandoff
 from weightlift.bench.chaos_run import Run, pod_ports
-from weightlift.local.kube import KUBE_ERRORS, MERGE, call
+from weightlift.local.kube import MERGE, call
+from weightlift.worker.p2p import faultgate
 
 JSON = dict[str, Any]
-FREEZE_TIMEOUT = 240.0
+# A deadline for the source to start and reach the gate (a loaded 2-core machine: seconds).
+HOLD_TIMEOUT = 240.0
 # A wait for a source short enough to run out in the scenario, long enough that a Target on a
 # loaded 2-core machine reaches Standby first (a Target reached it in a few seconds there).
 SHORT_WAIT_SECONDS = 20
 
 
-class FrozenSource:
-    """Replica 0's worker, stopped (SIGSTOP) as soon as its process exists, so that its Targets
-    wait for it; `resume` (or leaving the block) continues it, `kill` is its SIGKILL."""
+class HeldSource:
+    """Replica 0 of the run's deployment, held at the fault gate before its storage load from
+    before the deploy (enter the block, then deploy, then `wait`): its Targets wait for it
+    however fast it would have loaded. `resume` (or leaving the block) lets it load; `kill` is
+    its SIGKILL, and lets go of the gate so that its replacement loads."""
 
     def __init__(self, run: Run) -> None:
         self.run = run
         self.pod, self.uid = "", ""
         self.pids: list[int] = []
 
-    def __enter__(self) -> FrozenSource:
-        deadline = time.monotonic() + FREEZE_TIMEOUT
-        while time.monotonic() < deadline:
-            self.run.stack.check_operator()
-            with contextlib.suppress(httpx.HTTPError, *KUBE_ERRORS):
-                for pod in self.run.stack.pods(self.run.name):
-                    meta = pod["metadata"]
-                    if meta["labels"].get(REPLICA_LABEL) != "0" or meta.get("deletionTimestamp"):
-                        continue
-                    pids = self.run.stack.node.pids().get(f"{meta['namespace']}/{meta['name']}")
-                    if pids:
-                        self.pod, self.uid, self.pids = meta["name"], meta["uid"], list(pids)
-                        self._signal(signal.SIGSTOP)
-                        return self
-            time.sleep(0.05)
-        raise TimeoutError(f"{self.run.name}: no source worker process within {FREEZE_TIMEOUT}s")
+    def __enter__(self) -> HeldSource:
+        faultgate.hold_at(self.run.gate, self.run.name, faultgate.STORAGE_LOAD)
+        return self
 
     def __exit__(
         self,
@@ -67,18 +61,35 @@ class FrozenSource:
     ) -> None:
         self.resume()
 
-    def _signal(self, sig: signal.Signals) -> None:
-        for pid in self.pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, sig)
+    def wait(self) -> HeldSource:
+        """Wait until the source waits at the gate (the deploy is done): its pod, uid, pids."""
+        found: list[faultgate.AtStep] = []
+
+        def held() -> bool:
+            found[:] = faultgate.waiting_at(self.run.gate, self.run.name, faultgate.STORAGE_LOAD)
+            return bool(found)
+
+        self.run.wait("the source held before its storage load (fault gate)", held, HOLD_TIMEOUT)
+        assert len(found) == 1, f"more than one pod held before its storage load: {found}"
+        at = found[0]
+        pod = next(p for p in self.run.stack.pods(self.run.name) if p["metadata"]["name"] == at.pod)
+        meta = pod["metadata"]
+        replica = meta["labels"].get(REPLICA_LABEL)
+        assert replica == "0", f"{at.pod} (replica {replica}) holds, not replica 0"
+        pids = self.run.stack.node.pids().get(f"{meta['namespace']}/{at.pod}") or []
+        assert at.pid in pids, f"{at.pod}: the held worker {at.pid} is none of its pods' {pids}"
+        self.pod, self.uid, self.pids = at.pod, meta["uid"], list(pids)
+        return self
 
     def resume(self) -> None:
-        self._signal(signal.SIGCONT)
-        self.pids = []
+        faultgate.release_at(self.run.gate, self.run.name, faultgate.STORAGE_LOAD)
 
     def kill(self) -> None:
-        self._signal(signal.SIGKILL)
+        for pid in self.pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         self.pids = []
+        self.resume()
 
 
 def standby_rows(run: Run) -> list[JSON]:
@@ -109,10 +120,12 @@ def _events(run: Run, name: str) -> set[str]:
 
 
 def source_dies(run: Run) -> None:
-    """Three replicas; the source is SIGKILLed (frozen, before it ever served) while both
-    Targets wait: the operator replaces it and hands the Targets the new source (or storage)."""
-    run.deploy(replicas=3)
-    with FrozenSource(run) as source:
+    """Three replicas; the source is SIGKILLed (held before its load: it never served) while
+    both Targets wait: the operator replaces it and hands the Targets the new source (or
+    storage)."""
+    with HeldSource(run) as source:
+        run.deploy(replicas=3)
+        source.wait()
         wait_standby(run, 2)
         run.notes["dead"] = (source.pod, source.uid)
         run.fault_at = time.monotonic()
@@ -132,11 +145,13 @@ def verify_source_dies(run: Run) -> str:
 
 def revision_changes(run: Run) -> None:
     """Two replicas of revision 1; while the Target waits, the spec moves to revision 2 (other
-    files, other weights, same shapes) and the stalled source resumes at once. No replica may be
-    Ready with revision 1's weights from then on: the watcher counts any Ready row of the old
-    identity, and probes the others with revision 2's expected output."""
-    run.deploy(replicas=2)
-    with FrozenSource(run):
+    files, other weights, same shapes) and the held source is let go once the operator has
+    planned it. No replica may be Ready with revision 1's weights from then on: the watcher
+    counts any Ready row of the old identity, and probes the others with revision 2's expected
+    output."""
+    with HeldSource(run) as source:
+        run.deploy(replicas=2)
+        source.wait()
         rows = wait_standby(run, 1)
         old = rows[0]["modelIdentity"]
         alt, probe = run.models.alt()
@@ -146,6 +161,10 @@ def revision_changes(run: Run) -> None:
         run.notes["old"] = old
         run.fault_at = time.monotonic()
         run.deploy(alt, replicas=2, revision="2", probe=probe)
+        # Let go once the operator has planned revision 2 (the held source is then an old
+        # replica that was never Ready), not in a race with that plan.
+        run.wait("revision 2 planned", run.planned)
+        source.resume()
 
 
 def verify_revision_changes(run: Run) -> str:
@@ -159,19 +178,22 @@ def verify_revision_changes(run: Run) -> str:
 
 
 def wait_expires(run: Run) -> None:
-    """Two replicas, a short `waitForSourceSeconds`, the source stalled throughout: the Target
+    """Two replicas, a short `waitForSourceSeconds`, the source held throughout: the Target
     waits in Standby, the wait runs out, and the operator hands it storage (and the Source
-    role); it is Ready from storage while the source still sleeps."""
-    run.deploy(replicas=2, wait_for_source_seconds=SHORT_WAIT_SECONDS)
-    with FrozenSource(run):
+    role); it is Ready from storage while the source still waits at the gate."""
+    with HeldSource(run) as source:
+        run.deploy(replicas=2, wait_for_source_seconds=SHORT_WAIT_SECONDS)
+        source.wait()
         run.wait("a target in Standby", lambda: _standby_before_expiry(run))
         target = standby_rows(run)[0]["name"]
         run.notes["target"] = target
         run.fault_at = time.monotonic()
         run.wait(
-            f"{target} Ready from storage while its source is stalled",
+            f"{target} Ready from storage while its source is held",
             lambda: bool(run.row(target).get("ready")),
         )
+        held = faultgate.waiting_at(run.gate, run.name, faultgate.STORAGE_LOAD)
+        assert [a.pod for a in held] == [source.pod], f"the source let go before the end: {held}"
 
 
 def _standby_before_expiry(run: Run) -> bool:
@@ -201,25 +223,29 @@ def verify_wait_expires(run: Run) -> str:
 
 
 def scale_down_in_standby(run: Run) -> None:
-    """Three replicas, both Targets waiting, the source stalled: scaled to 2, the operator
+    """Three replicas, both Targets waiting, the source held: scaled to 2, the operator
     removes a waiting Target, never the (not yet Ready) source; the other Target then pulls."""
-    run.deploy(replicas=3)
-    with FrozenSource(run) as source:
+    with HeldSource(run) as source:
+        run.deploy(replicas=3)
+        source.wait()
         wait_standby(run, 2)
         run.notes["source"] = source.pod
         run.fault_at = time.monotonic()
         run.scale(2)
         run.wait("one pod removed", lambda: len(_live_pods(run)) == 2)
         kept = _live_pods(run)
-        assert source.pod in kept, f"scale-down removed the source {source.pod}, kept {kept}"
+        assert kept.get(source.pod) == source.uid, (
+            f"scale-down removed the source {source.pod} ({source.uid}), kept {kept}"
+        )
 
 
-def _live_pods(run: Run) -> list[str]:
-    return [
-        p["metadata"]["name"]
+def _live_pods(run: Run) -> dict[str, str]:
+    """name -> uid of the deployment's pods, terminating ones left out."""
+    return {
+        p["metadata"]["name"]: p["metadata"]["uid"]
         for p in run.stack.pods(run.name)
         if not p["metadata"].get("deletionTimestamp")
-    ]
+    }
 
 
 def verify_scale_down(run: Run) -> str:
@@ -244,8 +270,9 @@ def foreign_peer(run: Run) -> None:
     run.deploy(alt, replicas=1, name=foreign, revision="2", probe=probe)
     run.wait(f"{foreign} Ready", lambda: _phase(run, foreign) == "Ready")
     peer = _endpoint(run, foreign)
-    run.deploy(replicas=2)
-    with FrozenSource(run):
+    with HeldSource(run) as source:
+        run.deploy(replicas=2)
+        source.wait()
         target = wait_standby(run, 1)[0]
         mine = _endpoint(run, run.name, target["name"])
         run.notes.update(target=target["name"], foreign=peer.pod)
