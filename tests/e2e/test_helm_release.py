@@ -14,7 +14,6 @@ from __future__ import annotations
 import base64
 import json
 import shutil
-import threading
 import time
 from collections.abc import Callable, Iterator
 from functools import partial
@@ -29,7 +28,9 @@ from kubernetes.client.exceptions import ApiException
 
 from tests.e2e.conftest import _require_binaries
 from tests.support.e2e import READY_TIMEOUT
+from tests.support.opmetrics import wait_passes
 from weightlift.api.model import GROUP, PLURAL, VERSION
+from weightlift.local.history import History
 from weightlift.local.kube import call, get_or_none
 from weightlift.local.observe import Observer
 from weightlift.local.podidentity import SERVICE_ACCOUNT_DIR
@@ -182,29 +183,25 @@ def test_upgrade_rolls_the_operator_and_the_deployment_stays_ready(
         "logLevel": "debug",
         "modelPathPrefixes": [str(root / "models"), str(other)],
     }
-    phases: list[str] = []
-    done = threading.Event()
-
-    def sample() -> None:
-        while not done.is_set():
-            md = stack.get_md(NAME) or {}
-            phases.append(str((md.get("status") or {}).get("phase")))
-            time.sleep(0.2)
-
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
-    try:
+    # Every version of the deployment from before the upgrade on: a phase other than Ready at
+    # any moment is one of them (phase is written at once), not only one a poll lands on.
+    with History.deployment(stack.kubeconfig, stack.namespace, NAME) as history:
         new_pod = stack.release.upgrade(values)
         ready_observer(stack, 2)
-    finally:
-        done.set()
-        sampler.join()
+        # Until when: the new leader's own pass counter proves it reconciled the deployment (the
+        # only one here) 3 times, each writing at once a phase it planned (statuswrites.py);
+        # then every version up to the one a GET answers after that.
+        wait_passes(stack, 3, "the upgraded operator's passes")
+        md = stack.get_md(NAME)
+        assert md is not None
+        versions = history.through(md, tick=stack.check_operator)
     assert new_pod["metadata"]["name"] != before_pod["metadata"]["name"]
     _, pid = operator_process(stack)
     argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
     assert "--log-level=debug" in argv
     assert f"--model-path-prefix={other}" in argv
-    assert phases and set(phases) == {"Ready"}, f"phases seen during the upgrade: {set(phases)}"
+    phases = [(v.rv, v.status.get("phase")) for v in versions]
+    assert {phase for _, phase in phases} == {"Ready"}, f"(rv, phase) during the upgrade: {phases}"
     assert worker_uids(stack) == before_workers, "the upgrade must not touch worker pods"
     # The admission policy follows the new prefixes too.
     probe = {

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from tests.support.cluster import wait_for
 from tests.support.e2e import READY_TIMEOUT, alive, fault_gate, pids_of, wait_gone
+from weightlift.local.history import History, Version
 from weightlift.local.kube import delete
 from weightlift.local.observe import Observer, infer
 from weightlift.local.stack import LocalStack
@@ -153,30 +153,61 @@ def test_source_deleted_while_target_pulls(
 
 
 def test_wrong_probe_expectation_stays_not_ready(
-    deployments: Deploy, demo_model: tuple[Path, JSON]
+    stack: LocalStack, deployments: Deploy, demo_model: tuple[Path, JSON]
 ) -> None:
     model_dir, probe = demo_model
     wrong = {**probe, "expectedOutputs": [dict(probe["expectedOutputs"][0])]}
     wrong["expectedOutputs"][0]["data"] = [v + 1.0 for v in probe["expectedOutputs"][0]["data"]]
-    obs = deployments("wrongprobe", model_dir, wrong, replicas=1)
-
-    def probed_and_failed(o: Observer) -> bool:
-        rows = o.replica_statuses()
-        return bool(rows) and (rows[0].get("probe") or {}).get("consecutiveFailures", 0) >= 3
-
-    obs.wait(probed_and_failed, READY_TIMEOUT, "the inference probe to fail 3 times")
-    time.sleep(4)  # a few more probe periods: it must stay not Ready
-    obs.poll()
-    row = obs.replica_statuses()[0]
+    # Every version of the deployment, from before its apply: a replica marked Ready at any
+    # moment is one of them, however briefly it lasted (readyReplicas is written at once).
+    with History.deployment(stack.kubeconfig, stack.namespace, "wrongprobe") as history:
+        deployments("wrongprobe", model_dir, wrong, replicas=1)
+        failed = history.wait(
+            lambda v: _probe_failures(v) >= 3,
+            READY_TIMEOUT,
+            "the inference probe to fail 3 times",
+            tick=stack.check_operator,
+        )
+        # "It stays not Ready" for as long as the status proves: 3 more failed probes counted,
+        # each one more chance to mark it Ready (not a sleep that may pass without a probe).
+        later = history.wait(
+            lambda v: _probe_failures(v) >= _probe_failures(failed) + 3,
+            READY_TIMEOUT,
+            "3 more failed probes",
+            tick=stack.check_operator,
+        )
+        versions = history.upto(later)
+    for v in versions:
+        status, rows = v.status, _rows(v)
+        conditions: list[JSON] = status.get("conditions") or []
+        ready = next((c for c in conditions if c.get("type") == "Ready"), {})
+        assert (
+            int(status.get("readyReplicas") or 0) == 0
+            and not any(r.get("ready") for r in rows)
+            and status.get("phase") != "Ready"
+            and ready.get("status") != "True"
+            and not status.get("sources")  # a replica that fails probes must not be a source
+        ), f"version {v.rv} ({v.type}) marks the failing replica Ready: {status}"
+    row = later.status["replicaStatuses"][0]
     assert row["ready"] is False
     assert row["probe"]["passed"] is False
     assert "differs from expected" in row["probe"]["message"]
     assert row.get("hooksRun") is True and row["bytesLoaded"] == row["bytesTotal"] > 0
-    assert obs.phase() != "Ready"
-    assert int(obs.status().get("readyReplicas", 0)) == 0
-    ready = obs.condition("Ready")
-    assert ready is not None and ready["status"] == "False" and ready["reason"]
-    assert not obs.status().get("sources"), "a replica that fails probes must not be a source"
+    ready = next(c for c in later.status["conditions"] if c["type"] == "Ready")
+    assert ready["status"] == "False" and ready["reason"]
+    # Events are records too: the operator never announced the phase Ready.
+    reasons = [e["reason"] for e in stack.events("wrongprobe")]
+    assert "PhaseReady" not in reasons, reasons
+
+
+def _rows(version: Version) -> list[JSON]:
+    rows: list[JSON] = version.status.get("replicaStatuses") or []
+    return rows
+
+
+def _probe_failures(version: Version) -> int:
+    rows = _rows(version)
+    return int(((rows[0].get("probe") or {}) if rows else {}).get("consecutiveFailures") or 0)
 
 
 def test_missing_init_symbol_fails_naming_library_and_symbol(
@@ -204,12 +235,7 @@ def test_new_revision_rolls_over_without_dropping_to_zero_ready(
     old_identity = obs.status()["modelIdentity"]
     old_pods = {r["name"] for r in obs.replica_statuses()}
 
-    stack.patch_md("roll", {"spec": {"model": {"revision": "2"}}})
-    min_ready = 10**6
-
     def rolled(o: Observer) -> bool:
-        nonlocal min_ready
-        min_ready = min(min_ready, int(o.status().get("readyReplicas", 0)))
         rows = o.replica_statuses()
         return (
             o.status().get("modelIdentity") not in (None, old_identity)
@@ -219,8 +245,21 @@ def test_new_revision_rolls_over_without_dropping_to_zero_ready(
             and not any(p["metadata"]["name"] in old_pods for p in o.pods)
         )
 
-    obs.wait(rolled, READY_TIMEOUT * 2, "rollover to revision 2", interval=0.1)
-    assert min_ready >= 1, f"readyReplicas dropped to {min_ready} during the rollover"
+    # Every version of the deployment from before the patch until the rolled one: a dip of
+    # readyReplicas is one of them, however briefly it lasted (it is written at once).
+    with History.deployment(stack.kubeconfig, stack.namespace, "roll") as history:
+        stack.patch_md("roll", {"spec": {"model": {"revision": "2"}}})
+        obs.wait(rolled, READY_TIMEOUT * 2, "rollover to revision 2")
+        assert obs.md is not None
+        versions = history.through(obs.md, tick=stack.check_operator)
+    identities = [v.status.get("modelIdentity") for v in versions]
+    assert identities[0] == old_identity and identities[-1] != old_identity, identities
+    dips = [
+        (v.rv, v.status.get("readyReplicas"), [r.get("ready") for r in _rows(v)])
+        for v in versions
+        if int(v.status.get("readyReplicas") or 0) < 1 or not any(r.get("ready") for r in _rows(v))
+    ]
+    assert not dips, f"no replica Ready during the rollover (rv, readyReplicas, rows): {dips}"
     for r in obs.replica_statuses():
         outputs = infer(_endpoint(obs, r["name"]), "roll", probe["request"])["outputs"]
         _assert_expected(outputs, probe)

@@ -5,45 +5,17 @@ requests. A restarted operator, finding the deployment Ready, records no time to
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import httpx
-from prometheus_client.parser import text_string_to_metric_families
-
 from tests.support.e2e import READY_TIMEOUT, held_source
+from tests.support.opmetrics import passes, scrape, total, wait_passes
 from weightlift.local.observe import Observer
 from weightlift.local.stack import LocalStack
 
 JSON = dict[str, Any]
 Deploy = Callable[..., Observer]
-Samples = list[tuple[str, dict[str, str], float]]
-
-
-def scrape(stack: LocalStack, timeout: float = 30.0) -> Samples:
-    """Every sample of the operator's /metrics (retried while the operator starts)."""
-    url = stack.operator_metrics_url()
-    assert url is not None
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            text = httpx.get(url, timeout=5).raise_for_status().text
-            break
-        except httpx.HTTPError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.5)
-    return [
-        (s.name, dict(s.labels), s.value)
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    ]
-
-
-def total(samples: Samples, name: str, **labels: str) -> float:
-    return sum(v for n, lab, v in samples if n == name and labels.items() <= lab.items())
 
 
 def test_operator_metrics_count_each_replica_once(
@@ -60,8 +32,11 @@ def test_operator_metrics_count_each_replica_once(
             "the Target in Standby",
         )
     obs.wait_ready(READY_TIMEOUT)
-    time.sleep(2.0)  # more passes: none may record a replica again
-    after = scrape(stack)
+    # None of the passes after Ready may record a replica again: the counters, read once the
+    # operator counts 3 more successful passes than when the deployment was Ready, hold
+    # everything those passes recorded.
+    after = wait_passes(stack, passes(scrape(stack)) + 3, "3 passes after Ready")
+    assert total(after, "weightlift_deployments") == 1, "the passes counted are not all ours"
 
     def delta(name: str, **labels: str) -> float:
         return total(after, name, **labels) - total(before, name, **labels)
@@ -91,16 +66,11 @@ def test_operator_metrics_count_each_replica_once(
     # A restarted operator finds the deployment Ready: it counts the replicas, not their Ready.
     stack.restart_operator()
 
-    def recounted() -> bool:
-        samples = scrape(stack)
-        return total(samples, "weightlift_replicas", phase="Ready") >= 2
-
-    deadline = time.monotonic() + 60
-    while not recounted():
-        assert time.monotonic() < deadline, "the restarted operator never counted the replicas"
-        time.sleep(0.5)
-    restarted = scrape(stack)
-    assert total(restarted, ready) == 0
+    # Its counters start at 0 with the process: read after its 3rd successful pass, they hold
+    # whatever its first 3 passes recorded (not only its first).
+    restarted = wait_passes(stack, 3, "the restarted operator's passes")
+    assert total(restarted, "weightlift_replicas", phase="Ready") >= 2
+    assert total(restarted, ready) == 0, [s for s in restarted if s[0] == ready]
     assert total(restarted, "weightlift_reconcile_total", result="success") >= 1
     obs.poll()
     assert obs.phase() == "Ready"
