@@ -25,7 +25,13 @@ JSON = dict[str, Any]
 DASHBOARD = CHART / "dashboards" / "weightlift-operator.json"
 # Grafana's $__rate_interval: max($__interval + scrape interval, 4 x scrape interval).
 RATE_INTERVAL = "4s"
-SCRAPE_WAIT = 20.0  # seconds for a value to reach Prometheus (scrapes every 1 s; a loaded box)
+# Seconds for a value to reach Prometheus: it scrapes every 1 s, but on a loaded 2-core machine
+# discovery, a scrape (each with a 1 s timeout) and the TSDB's append can each fall behind by
+# many seconds. A bound on a wait for something that comes, never a speed check: generous.
+SCRAPE_WAIT = 120.0
+# Scrapes of each target after Ready before the dashboard's range ends: two rate() windows
+# (RATE_INTERVAL) of the 1 s scrape interval, counted in Prometheus' own `up` series.
+SCRAPES_AFTER_READY = 8
 
 
 @dataclass(frozen=True)
@@ -143,6 +149,34 @@ def check_loaded_bytes(stack: LocalStack, prom: LocalPrometheus, deployed: Deplo
     assert totals == dict.fromkeys(pods, float(size))
 
 
+def scraped_since(prom: LocalPrometheus, deployed: Deployed, job_regex: str, ready: float) -> float:
+    """Until Prometheus has recorded SCRAPES_AFTER_READY successful scrapes since `ready` (wall
+    clock, after the deployment was Ready) of the operator pod that leads, whose series every
+    panel reads, in its own `up` series: rate() windows after Ready have samples however slowly
+    the scrapes came. Returns the moment that was seen (the dashboard range's end)."""
+    stack = deployed.obs.stack
+    assert stack.release is not None
+    leader = stack.release.operator_pod()
+    assert leader is not None
+    want = {leader["metadata"]["name"]}
+    deadline = time.monotonic() + SCRAPE_WAIT
+    while True:
+        now = time.time()
+        # The window (now - seconds, now] starts after `ready`: only scrapes after it count.
+        seconds = int(now - ready)
+        query = f'sum_over_time(up{{job=~"{job_regex}"}}[{seconds}s])'
+        got = values(prom.query(query, at=now)) if seconds >= 1 else {}
+        short = {pod: got.get(pod, 0.0) for pod in want if got.get(pod, 0.0) < SCRAPES_AFTER_READY}
+        if not short:
+            return now
+        if time.monotonic() > deadline:
+            raise AssertionError(
+                f"fewer than {SCRAPES_AFTER_READY} successful scrapes in the {seconds} s after "
+                f"Ready (pod: scrapes): {short}\n{prom.log_tail(10)}"
+            )
+        time.sleep(0.5)
+
+
 def check_dashboard(prom: LocalPrometheus, deployed: Deployed) -> None:
     dashboard = json.loads(DASHBOARD.read_text())
     # Template variables as Grafana resolves them: $job from its own query (label_values),
@@ -151,13 +185,13 @@ def check_dashboard(prom: LocalPrometheus, deployed: Deployed) -> None:
     match = re.fullmatch(r"label_values\((\w+), *(\w+)\)", variables["job"]["definition"])
     assert match, variables["job"]
     jobs = eventually(prom, "the $job variable", lambda: prom.label_values(match[2], match[1]))
-    time.sleep(2 * 4)  # a few more scrapes: rate() windows of RATE_INTERVAL after Ready
-    end = time.time()
+    job_regex = "(" + "|".join(grafana_regex_escape(j) for j in jobs) + ")"
+    end = scraped_since(prom, deployed, job_regex, time.time())
     span = math.ceil(end - deployed.applied_at)
     subst = {
         "$__rate_interval": RATE_INTERVAL,
         "$__range": f"{span}s",
-        "$job": "(" + "|".join(grafana_regex_escape(j) for j in jobs) + ")",
+        "$job": job_regex,
     }
     exprs = [
         (panel["title"], target["expr"])
