@@ -5,6 +5,12 @@
 // socket in the kubelet's device-plugins dir, Register with kubelet.sock, and register again
 // whenever the kubelet restarts (it removes every plugin socket when it does).
 //
+// With -fault-gate-dir it also hands every container it allocates devices to the local stack's
+// test gate (weightlift/worker/p2p/faultgate.py): that host dir mounted read-write at gateMount,
+// named by WEIGHTLIFT_FAULT_GATE_DIR, with WEIGHTLIFT_LOCAL_NODE saying the gate is honoured here.
+// This is how real device plugins hand containers their driver files and env; the operator's pods
+// cannot set these names themselves (spec.template.env refuses WEIGHTLIFT_*).
+//
 // Built by hack/build-node.sh inside the k8s.io/kubernetes wrapper module (same grpc, same API).
 package main
 
@@ -26,9 +32,13 @@ import (
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 )
 
+// gateMount is where a container sees the -fault-gate-dir host dir.
+const gateMount = "/run/weightlift/faultgate"
+
 type plugin struct {
 	pluginapi.UnimplementedDevicePluginServer
 	devices []*pluginapi.Device
+	gateDir string // host dir mounted at gateMount in each allocated container; "" for none
 }
 
 func (p *plugin) GetDevicePluginOptions(context.Context, *pluginapi.Empty) (*pluginapi.DevicePluginOptions, error) {
@@ -49,16 +59,37 @@ func (p *plugin) GetPreferredAllocation(context.Context, *pluginapi.PreferredAll
 }
 
 // Allocate answers as NVIDIA's plugin does with its envvar strategy: the container learns its
-// devices from NVIDIA_VISIBLE_DEVICES (no device nodes: there are none).
+// devices from NVIDIA_VISIBLE_DEVICES (no device nodes: there are none). With a gate dir, the
+// container also gets it mounted and named (see the package comment).
 func (p *plugin) Allocate(_ context.Context, req *pluginapi.AllocateRequest) (*pluginapi.AllocateResponse, error) {
 	out := &pluginapi.AllocateResponse{}
 	for _, c := range req.ContainerRequests {
 		ids := strings.Join(c.DevicesIds, ",")
-		out.ContainerResponses = append(out.ContainerResponses, &pluginapi.ContainerAllocateResponse{
+		resp := &pluginapi.ContainerAllocateResponse{
 			Envs: map[string]string{"NVIDIA_VISIBLE_DEVICES": ids, "WEIGHTLIFT_FAKE_GPUS": ids},
-		})
+		}
+		if p.gateDir != "" {
+			resp.Envs["WEIGHTLIFT_FAULT_GATE_DIR"] = gateMount
+			resp.Envs["WEIGHTLIFT_LOCAL_NODE"] = "kubelet"
+			resp.Mounts = []*pluginapi.Mount{{ContainerPath: gateMount, HostPath: p.gateDir}}
+		}
+		out.ContainerResponses = append(out.ContainerResponses, resp)
 	}
 	return out, nil
+}
+
+// openGate makes dir for every container to write: the workers run as uid 1000 (the tests'
+// harness as root), and a worker claims a hold by renaming the harness's file, which a sticky
+// dir (0o1777) would refuse; hence 0o777, set after the umask.
+func openGate(dir string) (string, error) {
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return "", err
+	}
+	if err := os.MkdirAll(abs, 0o777); err != nil {
+		return "", err
+	}
+	return abs, os.Chmod(abs, 0o777)
 }
 
 func (p *plugin) PreStartContainer(context.Context, *pluginapi.PreStartContainerRequest) (*pluginapi.PreStartContainerResponse, error) {
@@ -104,9 +135,18 @@ func main() {
 	dir := flag.String("dir", pluginapi.DevicePluginPath, "the kubelet's device-plugins dir")
 	resource := flag.String("resource", "nvidia.com/gpu", "extended resource name")
 	count := flag.Int("count", 8, "devices to advertise")
+	gateDir := flag.String("fault-gate-dir", "", "host dir mounted read-write at "+gateMount+
+		" in each allocated container, named by WEIGHTLIFT_FAULT_GATE_DIR (the local stack's test gate); empty: none")
 	flag.Parse()
 
 	p := &plugin{}
+	if *gateDir != "" {
+		abs, err := openGate(*gateDir)
+		if err != nil {
+			log.Fatalf("fault gate dir %s: %v", *gateDir, err)
+		}
+		p.gateDir = abs
+	}
 	for i := 0; i < *count; i++ {
 		p.devices = append(p.devices, &pluginapi.Device{ID: fmt.Sprintf("fake-gpu-%d", i), Health: pluginapi.Healthy})
 	}

@@ -1,12 +1,14 @@
 """The real node by itself (local/kubeletnode/): the pinned kubelet registers a Ready node that
 advertises GPUs through our device plugin, runs a pod in a sandbox with its own namespaces and
-cgroup on the CNI bridge, reachable from the host; and its tear-down leaves nothing behind, so a
-second node on the same machine starts clean. Needs root and `make node`."""
+cgroup on the CNI bridge, reachable from the host, its device plugin handing the container the
+node's fault gate; and its tear-down leaves nothing behind, so a second node on the same machine
+starts clean. Needs root and `make node`."""
 
 from __future__ import annotations
 
 import os
 import socket
+import stat
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +18,7 @@ import pytest
 from weightlift.local.kube import JSON, call
 from weightlift.local.kubeletnode import KubeletNode, missing
 from weightlift.local.stack import LocalStack
+from weightlift.worker.p2p import faultgate
 
 NS = "default"
 
@@ -145,3 +148,31 @@ def test_downward_api_file_follows_an_annotation_patch(kstack: LocalStack) -> No
     print(f"annotation patch -> downwardAPI file on the real kubelet: {latencies} s")
     assert latencies[len(latencies) // 2] < 5.0, latencies
     call(kstack.kube.core.delete_namespaced_pod, "hand", NS, grace_period_seconds=0)
+
+
+def test_the_device_plugin_hands_containers_the_fault_gate(kstack: LocalStack) -> None:
+    """As a real device plugin hands over driver files and env, ours gives each container it
+    allocates GPUs to the node's fault gate (worker/p2p/faultgate.py): named in its env with the
+    marker the worker's gate honours, mounted read-write, writable by the workers' uid 1000."""
+    call(kstack.kube.core.create_namespaced_pod, NS, _pause_pod(kstack, "gate"))
+    _wait_running(kstack, "gate")
+    node = _node(kstack)
+    (pid,) = node.pids()[f"{NS}/gate"]
+    env = dict(
+        item.split("=", 1)
+        for item in Path(f"/proc/{pid}/environ").read_text().split("\0")
+        if "=" in item
+    )
+    assert env.get(faultgate.LOCAL_NODE_ENV), env
+    inside = env[faultgate.GATE_DIR_ENV]
+    assert stat.S_IMODE(node.fault_gate_dir.stat().st_mode) == 0o777
+    (node.fault_gate_dir / "seen").write_text("from the host")
+    assert (Path(f"/proc/{pid}/root") / inside.lstrip("/") / "seen").read_text() == "from the host"
+    # mountinfo: id parent major:minor root mount-point options ...
+    mounts = {
+        f[4]: f[5].split(",")
+        for f in (ln.split() for ln in Path(f"/proc/{pid}/mountinfo").read_text().splitlines())
+    }
+    assert "rw" in mounts[inside], mounts
+    (node.fault_gate_dir / "seen").unlink()
+    call(kstack.kube.core.delete_namespaced_pod, "gate", NS, grace_period_seconds=0)

@@ -33,3 +33,8 @@ class NodeKind(Protocol):
 
     def pod_logs(self, namespace: str, pod: str) -> list[Path]:
         """The log files of a pod's containers on this node (newest run last)."""
+
+    @property
+    def fault_gate_dir(self) -> Path:
+        """Where tests and the chaos harness hold this node's workers at a known step
+        (worker/p2p/faultgate.py): every worker pod sees it, and only on a local node."""

@@ -143,7 +143,7 @@ class Worker:
         if starts_in_standby(self.plan, path):
             ctx.handoff_file = path
         elif not wants_peer_to_peer(self.plan):
-            # The local chaos harness may hold a storage load here (faultgate.py; process node
+            # The local stack's harness may hold a storage load here (faultgate.py; local nodes
             # only): its faults then land before any replica can be Ready, not in a window.
             await faultgate.wait_at(faultgate.STORAGE_LOAD, self.plan.pod_name)
         await self.fetch_model(ctx)

@@ -21,6 +21,10 @@ from weightlift.local.kubeletnode.paths import CNI_BIN_DIR
 MIRRORED = ("ghcr.io",)
 REGISTRY_PORT = 5000
 DEVICE_PLUGINS = Path("/var/lib/kubelet/device-plugins")
+# The kubelet's periodic pod sync (KubeletConfiguration syncFrequency; its default is 1 minute).
+# A pod update (the standby hand-off's annotation) is synced at once; failing that, this resync
+# (its pod workers jitter it up to 1.5x) re-projects the pod's downwardAPI files.
+SYNC_FREQUENCY_SECONDS = 10
 
 
 @dataclass(frozen=True)
@@ -261,7 +265,7 @@ def kubelet_config(layout: Layout, net: NodeNetwork, ca: Path, cgroup_root: str)
         "maxPods": 110,
         # Reacts to a pod update at once (the downwardAPI hand-off); the default is 1 minute
         # only for the periodic resync.
-        "syncFrequency": "10s",
+        "syncFrequency": f"{SYNC_FREQUENCY_SECONDS}s",
         "fileCheckFrequency": "20s",
         "nodeStatusReportFrequency": "10s",
         "shutdownGracePeriod": "0s",

@@ -120,6 +120,8 @@ class KubeletNode:
                 f"--dir={lay.device_plugins}",
                 f"--count={self.gpus}",
                 f"--resource={GPU_RESOURCE}",
+                # Mounted and named in each container given GPUs: the faultgate's dir.
+                f"--fault-gate-dir={self.fault_gate_dir}",
             ],
         )
         self._wait(
@@ -312,6 +314,13 @@ class KubeletNode:
     def pause_image(self) -> str:
         """The sandbox image, as pods may name it too (it is in the node's registry)."""
         return config.pause_ref(self.net)
+
+    @property
+    def fault_gate_dir(self) -> Path:
+        """Where tests hold this node's workers at a step (worker/p2p/faultgate.py): the device
+        plugin makes it writable to the pods' uid and mounts it into every container it gives
+        GPUs to, with the env that has the worker honour it."""
+        return self.state_dir / "faultgate"
 
     def pid(self, component: str) -> int:
         """The pid of one of the node's processes (containerd, kubelet, kube-proxy, ...)."""

@@ -8,8 +8,8 @@ pre-allocated local buffers and verifies every checksum before the weights are s
 Modules: `nixl_compat` (import of the NIXL wheel), `manifest` (the wire format and checksums),
 `expected` (what a rank needs, from the safetensors headers), `source` (SourcePublisher),
 `target` (pulling one rank from one peer), `rendezvous` (which candidate first),
-`transport` (UCX transport warnings and defaults), `faultgate` (a hold the local chaos harness
-puts on one pull, honoured only under the process node). The safetensors format and the load
+`transport` (UCX transport warnings and defaults), `faultgate` (a hold the local stack's harness
+puts on one pull or start, honoured only on a local node). The safetensors format and the load
 vocabulary come from the floor below (`worker/weights/`); strategies (`worker/loaders/`) sit
 above.
 """

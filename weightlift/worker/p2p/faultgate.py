@@ -7,9 +7,12 @@ and after the first one has landed (others still to go, its peer session open, n
 flight) writes `held.<pod>` and waits. The harness reads that file (which peer, how far),
 injects its fault and deletes the file; the pull goes on against whatever is left of its peer.
 
-Honoured only under the local process node: it sets both WEIGHTLIFT_FAULT_GATE_DIR and
-WEIGHTLIFT_PROCESS_NODE (local/processnode/runner.py); the operator's pods carry neither, and a
-hold never outlives HOLD_LIMIT_SECONDS. Files in the gate dir:
+Honoured only on a local node: WEIGHTLIFT_FAULT_GATE_DIR with WEIGHTLIFT_PROCESS_NODE (the process
+node's runner, local/processnode/runner.py) or WEIGHTLIFT_LOCAL_NODE (the real node's fake GPU
+device plugin, hack/deviceplugin/main.go, which mounts the dir into each container it allocates
+GPUs to, as a real device plugin injects env and mounts). The operator's pods carry none of them
+(spec.template.env refuses WEIGHTLIFT_*), and a hold never outlives HOLD_LIMIT_SECONDS. Files in
+the gate dir:
     arm.<deployment>   armed by the harness: one hold for that deployment's next pull
     claimed.<pod>      the arm, renamed by the target that took it (a rename: one winner)
     held.<pod>         JSON `Held`, written once the target holds; deleting it releases
@@ -34,6 +37,8 @@ from pathlib import Path
 
 GATE_DIR_ENV = "WEIGHTLIFT_FAULT_GATE_DIR"
 PROCESS_NODE_ENV = "WEIGHTLIFT_PROCESS_NODE"
+# Set with the gate dir by the real node's device plugin (hack/deviceplugin/main.go).
+LOCAL_NODE_ENV = "WEIGHTLIFT_LOCAL_NODE"
 # A held pull gives up waiting after this long (a harness that died never wedges a worker).
 HOLD_LIMIT_SECONDS = 300.0
 # A gated pull moves its bytes in this many READs at least, one in flight at a time.
@@ -64,9 +69,9 @@ class Held:
 
 
 def gate_dir() -> Path | None:
-    """The gate dir, under the process node only."""
+    """The gate dir, on a local node only (process or real: see the module docstring)."""
     where = os.environ.get(GATE_DIR_ENV)
-    if not where or not os.environ.get(PROCESS_NODE_ENV):
+    if not where or not (os.environ.get(PROCESS_NODE_ENV) or os.environ.get(LOCAL_NODE_ENV)):
         return None
     return Path(where)
 

@@ -1,7 +1,8 @@
 """The fault gate (worker/p2p/faultgate.py): the chaos harness holds one real pull open
 mid-transfer, strikes, and releases it.
 
-Covers: the gate is ignored outside the process node; an arm is taken by one pod of its own
+Covers: the gate is ignored off a local node and honoured on either kind, whose env no spec
+can set; an arm is taken by one pod of its own
 deployment only; a pull that ends before it held puts the arm back; a held pull over real NIXL
 stops after its first READ with the rest to go, and then either finishes bit-equal once released
 or, with its source SIGKILLed while held, fails naming that source (the worker's storage
@@ -24,6 +25,8 @@ from safetensors.torch import load_file
 from tests.support.p2p import needs_nixl, source_process
 from weightlift.api.model import Role
 from weightlift.local.sharded import make_plan
+from weightlift.operator.planning import SpecError
+from weightlift.operator.reconcile import parse_spec
 from weightlift.worker.loaders.p2p import PeerToPeerLoader
 from weightlift.worker.p2p import faultgate
 from weightlift.worker.p2p.target import PullOptions
@@ -46,6 +49,32 @@ def test_ignored_outside_the_process_node(gate: Path, monkeypatch: pytest.Monkey
     monkeypatch.delenv(faultgate.PROCESS_NODE_ENV)
     assert faultgate.claim("md-abc-1") is None
     assert (gate / "arm.md").exists()
+
+
+def test_honoured_on_the_real_node(gate: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The real node's device plugin sets WEIGHTLIFT_LOCAL_NODE, not the process node's env."""
+    monkeypatch.delenv(faultgate.PROCESS_NODE_ENV)
+    monkeypatch.setenv(faultgate.LOCAL_NODE_ENV, "kubelet")
+    assert faultgate.gate_dir() == gate
+    faultgate.hold_at(gate, "md", faultgate.STORAGE_LOAD)
+    faultgate.release_at(gate, "md", faultgate.STORAGE_LOAD)
+    assert asyncio.run(faultgate.wait_at(faultgate.STORAGE_LOAD, "md-abc-1")) is False
+    faultgate.hold_at(gate, "md", faultgate.STORAGE_LOAD)
+    threading.Timer(0.3, faultgate.release_at, (gate, "md", faultgate.STORAGE_LOAD)).start()
+    assert asyncio.run(faultgate.wait_at(faultgate.STORAGE_LOAD, "md-abc-1")) is True
+    monkeypatch.delenv(faultgate.LOCAL_NODE_ENV)
+    assert faultgate.gate_dir() is None
+
+
+@pytest.mark.parametrize(
+    "name", [faultgate.GATE_DIR_ENV, faultgate.PROCESS_NODE_ENV, faultgate.LOCAL_NODE_ENV]
+)
+def test_a_deployment_cannot_open_the_gate_itself(name: str) -> None:
+    """The operator's pods get the gate's env from a local node only: a spec naming it is
+    refused as the operator reads it (the CRD's CEL rule refuses it at admission too)."""
+    raw = {"model": {"uri": "pvc://models/tiny"}, "template": {"env": [{"name": name}]}}
+    got = parse_spec(raw)
+    assert isinstance(got, SpecError) and "reserved for the worker" in got.message, got
 
 
 def test_one_pod_of_the_armed_deployment_claims_it(gate: Path) -> None:
