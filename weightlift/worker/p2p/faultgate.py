@@ -117,16 +117,24 @@ class AtStep:
     pid: int
 
 
+def _listing() -> tuple[Path, list[str]] | None:
+    """The gate dir and what is in it now; None where no gate is honoured or it is unreadable."""
+    folder = gate_dir()
+    if folder is None:
+        return None
+    try:
+        return folder, os.listdir(folder)
+    except OSError:
+        return None
+
+
 async def wait_at(step: str, pod: str) -> bool:
     """The worker side: wait while the harness holds `step` for this pod's deployment (never
     longer than HOLD_LIMIT_SECONDS); True if it waited. Async: the front door keeps answering."""
-    folder = gate_dir()
-    if folder is None:
+    listed = _listing()
+    if listed is None:
         return False
-    try:
-        names = os.listdir(folder)
-    except OSError:
-        return False
+    folder, names = listed
     prefix = f"step.{step}."
     held = next(
         (
@@ -153,13 +161,10 @@ async def wait_at(step: str, pod: str) -> bool:
 
 def claim(pod: str) -> Claim | None:
     """Take the gate armed for this pod's deployment (pods are named `<deployment>-...`)."""
-    folder = gate_dir()
-    if folder is None:
+    listed = _listing()
+    if listed is None:
         return None
-    try:
-        names = os.listdir(folder)
-    except OSError:
-        return None
+    folder, names = listed
     for name in names:
         deployment = name.removeprefix("arm.")
         if name.startswith("arm.") and pod.startswith(f"{deployment}-"):
