@@ -11,7 +11,7 @@ from typing import Any
 
 import httpx
 import pytest
-from kubernetes import client
+from kubernetes import client, watch
 
 from tests.support.e2e import alive
 from weightlift.local.kube import call, delete, get_or_none
@@ -26,7 +26,9 @@ SERVER = (
     "class H(http.server.BaseHTTPRequestHandler):\n"
     "    def do_GET(self):\n"
     "        body = (os.environ['POD_NAME'] + ' ' + os.environ['MY_IP']).encode()\n"
-    "        self.send_response(200 if os.path.exists(os.environ['READY_FILE']) else 503)\n"
+    "        ready = os.path.exists(os.environ['READY_FILE'])\n"
+    "        print('answered', 200 if ready else 503, flush=True)\n"
+    "        self.send_response(200 if ready else 503)\n"
     "        self.end_headers(); self.wfile.write(body)\n"
     "http.server.HTTPServer((os.environ['POD_IP'], 8080), H).serve_forever()\n"
 )
@@ -68,6 +70,47 @@ def _wait(stack: LocalStack, name: str, pred: Callable[[JSON], bool], timeout: f
             return pod
         time.sleep(0.2)
     raise AssertionError(f"pod {name} never matched; last: {(pod or {}).get('status')}")
+
+
+def _log(stack: LocalStack, name: str) -> str:
+    logs = (stack.state_dir / "node" / "pods").glob(f"{stack.namespace}_{name}_*/main.log")
+    return "".join(p.read_text(errors="replace") for p in logs)
+
+
+def _wait_log(
+    stack: LocalStack, name: str, pred: Callable[[str], bool], timeout: float = 60
+) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        text = _log(stack, name)
+        if pred(text):
+            return text
+        time.sleep(0.2)
+    raise AssertionError(f"pod {name}'s log never matched; last: {_log(stack, name)[-500:]!r}")
+
+
+def _versions(stack: LocalStack, name: str, since: str) -> list[JSON]:
+    """The pod as it is now and every version of it written after resourceVersion `since`,
+    from a watch (none written in between is skipped)."""
+    now = call(stack.kube.core.read_namespaced_pod, name, stack.namespace)
+    found: list[JSON] = []
+    if now["metadata"]["resourceVersion"] != since:
+        plain = client.ApiClient()  # the watch's model objects back to wire JSON
+        stream = watch.Watch().stream(
+            stack.kube.core.list_namespaced_pod,
+            stack.namespace,
+            field_selector=f"metadata.name={name}",
+            resource_version=since,
+            timeout_seconds=30,
+        )
+        for event in stream:
+            assert event["type"] != "ERROR", f"the watch of {name} since {since} broke: {event}"
+            found.append(plain.sanitize_for_serialization(event["object"]))
+            if found[-1]["metadata"]["resourceVersion"] == now["metadata"]["resourceVersion"]:
+                break
+        else:
+            raise AssertionError(f"{name}: the watch since {since} never reached {now}")
+    return [*found, now]
 
 
 def _ready(pod: JSON) -> bool:
@@ -126,9 +169,14 @@ def test_pod_runs_as_process_with_own_ip_env_probe_and_graceful_delete(
     ips = [p["status"]["podIP"] for p in running]
     assert len(set(ips)) == 2 and all(ip.startswith("127.0.") for ip in ips)
     assert all(p["spec"]["nodeName"] == stack.node_name for p in running)
-    # Running but not Ready: the readiness probe gets 503 until the file exists.
-    time.sleep(2.5)
-    assert not _ready(_wait(stack, names[0], lambda p: True))
+    # Running but not Ready: the readiness probe gets 503 until the file exists. The probes
+    # refused are the events (each server logs its answers); every version of the pod the API
+    # server had meanwhile (a watch from Running on) says not Ready.
+    for name in names:
+        _wait_log(stack, name, lambda text: text.count("answered 503") >= 2)
+    for name, pod in zip(names, running, strict=True):
+        versions = _versions(stack, name, pod["metadata"]["resourceVersion"])
+        assert not any(_ready(v) for v in versions), f"{name} Ready before its file existed"
     ready_file.write_text("ok")
     for name, ip in zip(names, ips, strict=True):
         pod = _wait(stack, name, _ready)

@@ -6,11 +6,14 @@ place, and the scale subresource counts and selects serving pods only."""
 from __future__ import annotations
 
 import contextlib
+import threading
+import time
 from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
 import httpx
+from kubernetes import client, watch
 
 from tests.support.cluster import Kubectl
 from tests.support.e2e import READY_TIMEOUT
@@ -29,6 +32,54 @@ from weightlift.local.stack import LocalStack
 
 JSON = dict[str, Any]
 Deploy = Callable[..., Observer]
+
+
+class PodVersions(threading.Thread):
+    """Every version of one pod (its metadata) from a watch begun where the pod is now, until
+    the API server says it is deleted."""
+
+    def __init__(self, stack: LocalStack, name: str) -> None:
+        super().__init__(name=f"pod-versions-{name}", daemon=True)
+        self.stack, self.pod = stack, name
+        pod = call(stack.kube.core.read_namespaced_pod, name, stack.namespace)
+        self.versions: list[JSON] = [pod["metadata"]]
+        self.version = pod["metadata"]["resourceVersion"]
+        self.deleted = threading.Event()
+        self.halt = threading.Event()
+        self.broken: JSON | None = None  # the watch's ERROR (e.g. 410 Gone: versions missed)
+        self.start()
+
+    def run(self) -> None:
+        plain = client.ApiClient()  # the watch's model objects back to wire JSON
+        while not self.halt.is_set() and not self.deleted.is_set() and self.broken is None:
+            stream = watch.Watch().stream(
+                self.stack.kube.core.list_namespaced_pod,
+                self.stack.namespace,
+                field_selector=f"metadata.name={self.pod}",
+                resource_version=self.version,
+                timeout_seconds=5,
+            )
+            for event in stream:
+                if event["type"] == "ERROR":
+                    self.broken = dict(event)
+                    break
+                meta = plain.sanitize_for_serialization(event["object"])["metadata"]
+                self.versions.append(meta)
+                self.version = meta["resourceVersion"]
+                if event["type"] == "DELETED":
+                    self.deleted.set()
+                    break
+
+    def until_deleted(self, timeout: float) -> list[JSON]:
+        """Its versions, once the last has been seen (AssertionError if not within timeout)."""
+        deadline = time.monotonic() + timeout
+        while not self.deleted.wait(0.2) and self.broken is None and time.monotonic() < deadline:
+            pass
+        gone = self.deleted.is_set()
+        self.halt.set()
+        assert self.broken is None, f"the watch of {self.pod} broke: {self.broken}"
+        assert gone, f"{self.pod} not deleted within {timeout:.0f}s ({len(self.versions)} seen)"
+        return list(self.versions)
 
 
 def _spares(obs: Observer) -> list[JSON]:
@@ -163,6 +214,9 @@ def test_a_revision_change_replaces_the_waiting_spares(
     obs.wait_ready(READY_TIMEOUT)
     old = _warm_spare(obs)
     old_identity = old["modelIdentity"]
+    # Every version of the old spare's pod from here to its deletion, from a watch (a hand-off
+    # and the deletion may come between two reads).
+    versions = PodVersions(stack, old["name"])
     stack.patch_md("respin", {"spec": {"model": {"revision": "2"}}})
 
     def rolled(o: Observer) -> bool:
@@ -170,17 +224,15 @@ def test_a_revision_change_replaces_the_waiting_spares(
         identities = {p["metadata"]["labels"][IDENTITY_LABEL] for p in o.pods}
         return identity != old_identity and o.phase() == "Ready" and identities == {identity}
 
-    handed: list[str] = []
-
-    def old_spare_untouched(o: Observer) -> None:
-        for pod in o.pods:
-            if pod["metadata"]["name"] == old["name"]:
-                annotation = pod["metadata"].get("annotations", {}).get(PEERS_ANNOTATION)
-                if annotation or SPARE_LABEL not in pod["metadata"]["labels"]:
-                    handed.append(str(annotation))
-
-    obs.wait(rolled, READY_TIMEOUT, "only pods of the new identity", tick=old_spare_untouched)
-    assert handed == [], "an old spare was handed something"
+    obs.wait(rolled, READY_TIMEOUT, "only pods of the new identity")
+    seen = versions.until_deleted(READY_TIMEOUT)
+    handed = [
+        str(meta.get("annotations", {}).get(PEERS_ANNOTATION))
+        for meta in seen
+        if meta.get("annotations", {}).get(PEERS_ANNOTATION)
+        or SPARE_LABEL not in meta.get("labels", {})
+    ]
+    assert handed == [], f"an old spare was handed something: {handed}"
     fresh = _warm_spare(obs, other_than={old["name"]})
     assert fresh["modelIdentity"] != old_identity
     assert old["name"] not in {p["metadata"]["name"] for p in obs.pods}

@@ -92,22 +92,28 @@ class Pod:
 
 
 def _start(
-    demo: DemoModel, tmp: Path, name: str, ip: str, index: int, role: str, **env: str
+    demo: DemoModel,
+    tmp: Path,
+    name: str,
+    ip: str,
+    index: int,
+    role: str,
+    plan_extra: dict[str, Any] | None = None,
+    **env: str,
 ) -> Pod:
     folder = tmp / name
     folder.mkdir()
     handoff = folder / "peers"
     write_atomic(handoff, {"peers.json": ""})  # as the kubelet projects an empty annotation
     port = free_port(ip)
-    plan = make_plan(
-        demo.out,
-        tp=2,
-        podName=name,
-        role=role,
-        podsPerReplica=2,
-        initHooks={"library": "hooks/libinit.so"},
-        runtime={"port": port},
-    )
+    fields: dict[str, Any] = {
+        "podName": name,
+        "role": role,
+        "podsPerReplica": 2,
+        "initHooks": {"library": "hooks/libinit.so"},
+        "runtime": {"port": port},
+    }
+    plan = make_plan(demo.out, tp=2, **{**fields, **(plan_extra or {})})
     (folder / "plan.json").write_text(plan.model_dump_json(by_alias=True, exclude_none=True))
     environ = {
         **os.environ,
@@ -310,12 +316,27 @@ def test_a_permanent_failure_keeps_reporting_instead_of_exiting(
     """restartPolicy Always: a group pod that can never run says why and stays up."""
     bad = {GROUP_SIZE_ENV: "3", "WEIGHTLIFT_FAIL_LINGER_SECONDS": "1"}
     pod = _start(demo, tmp_path, "bad-0", SUBNET.format(9, 1), 0, "Source", **bad)
+    started = [pod]
     try:
         st = pod.wait_phase({"Failed"}, timeout=60)
         assert st["permanentFailure"], st
         assert f"{GROUP_SIZE_ENV}=3" in st["message"] and "podsPerReplica is 2" in st["message"]
-        time.sleep(3)  # beyond WEIGHTLIFT_FAIL_LINGER_SECONDS
+        # The moment it would have exited, as an event: a pod of no group, started only now,
+        # that fails (its hook library is missing) and exits once the same linger has run out.
+        control = _start(
+            demo,
+            tmp_path,
+            "alone-0",
+            SUBNET.format(9, 2),
+            0,
+            "Source",
+            plan_extra={"podsPerReplica": 1, "initHooks": {"library": "hooks/missing.so"}},
+            **bad,
+        )
+        started.append(control)
+        assert control.proc.wait(60) == 1, f"the control did not fail and exit: {control.log()}"
+        assert "missing.so" in (control.folder / "termination-log").read_text()
         assert pod.proc.poll() is None, "a permanent failure in a group must not exit"
         assert pod.status()["phase"] == "Failed"
     finally:
-        _stop([pod])
+        _stop(started)
