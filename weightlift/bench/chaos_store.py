@@ -498,7 +498,7 @@ def s3_refused(run: Run) -> None:
     s3 = MinioServer(data, log_file=run.models.work / "minio.log")
     s3.start()
     run.cleanups.insert(0, s3.stop)  # the last to go
-    s3.client().create_bucket(Bucket=BUCKET)
+    s3.make_bucket(BUCKET)
     run.notes["s3"] = s3
     stack = run.stack
     _delete_secret(run)  # an earlier run's

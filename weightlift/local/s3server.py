@@ -140,12 +140,31 @@ class MinioServer:
             config=Config(s3={"addressing_style": "path"}),
         )
 
+    def make_bucket(self, bucket: str, timeout: float = 30.0) -> None:
+        """Create `bucket`, or find it there. MinIO answers health/ready before it takes writes
+        (503 while its object layer initializes): those are retried until `timeout`; any other
+        error is raised, never swallowed (a later put would only say NoSuchBucket)."""
+        from botocore.exceptions import ClientError
+
+        s3 = self.client()
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                s3.create_bucket(Bucket=bucket)
+                return
+            except ClientError as exc:
+                code = exc.response.get("Error", {}).get("Code", "")
+                status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0))
+                if code in ("BucketAlreadyOwnedByYou", "BucketAlreadyExists"):
+                    return
+                if status < 500 or time.monotonic() > deadline:
+                    raise
+            time.sleep(0.2)
+
     def upload_dir(self, directory: Path, bucket: str, prefix: str) -> list[str]:
         """Create `bucket` (if needed) and put every file of `directory` under `prefix/`."""
+        self.make_bucket(bucket)
         s3 = self.client()
-        existing = {b["Name"] for b in s3.list_buckets().get("Buckets", [])}
-        if bucket not in existing:
-            s3.create_bucket(Bucket=bucket)
         keys = []
         for path in sorted(p for p in directory.rglob("*") if p.is_file()):
             key = f"{prefix.strip('/')}/{path.relative_to(directory).as_posix()}".lstrip("/")

@@ -5,7 +5,6 @@ evicting the least recently used entries. Real files and tar archives, vLLM's ow
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import pickle
@@ -261,8 +260,7 @@ def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MinioServer]:
 
 
 def s3_at(server: MinioServer, bucket: str, max_bytes: int, secret: str = "") -> CompileStore:
-    with contextlib.suppress(Exception):
-        server.client().create_bucket(Bucket=bucket)
+    server.make_bucket(bucket)
     env = {
         COMPILE_STORE_URI_ENV: f"s3://{bucket}/wl/cc",
         COMPILE_STORE_MAX_BYTES_ENV: str(max_bytes),
