@@ -17,7 +17,9 @@ from typing import Any
 
 import httpx
 import pytest
+from kubernetes import watch
 
+from weightlift.api.model import GROUP, PLURAL, VERSION
 from weightlift.local.lws import LwsController
 from weightlift.local.observe import Observer, infer
 from weightlift.local.stack import LocalStack, make_demo_model
@@ -53,6 +55,37 @@ def _until(what: str, fn: Callable[[], Any], timeout: float, stack: LocalStack) 
         time.sleep(0.5)
     raise AssertionError(
         f"{what} not within {timeout:.0f}s; last: {last!r}\n{stack.operator_log_tail()}"
+    )
+
+
+def _status_event(
+    what: str, since: str, fn: Callable[[JSON], bool], timeout: float, stack: LocalStack
+) -> JSON:
+    """The first version of the ModelDeployment written after resourceVersion `since` for
+    which `fn` holds, from a watch: no version written in between is skipped."""
+    deadline = time.monotonic() + timeout
+    version, seen = since, 0
+    while time.monotonic() < deadline:
+        stack.check_operator()
+        stream = watch.Watch().stream(
+            stack.kube.custom.list_namespaced_custom_object,
+            GROUP,
+            VERSION,
+            stack.namespace,
+            PLURAL,
+            field_selector=f"metadata.name={NAME}",
+            resource_version=version,
+            timeout_seconds=max(1, min(10, int(deadline - time.monotonic()))),
+        )
+        for event in stream:
+            md = event["object"]
+            assert event["type"] != "ERROR", f"the watch since {since} broke: {md}"
+            version, seen = md["metadata"]["resourceVersion"], seen + 1
+            if fn(md):
+                return dict(md)
+    raise AssertionError(
+        f"{what}: not in any of the {seen} versions written within {timeout:.0f}s\n"
+        f"{stack.operator_log_tail()}"
     )
 
 
@@ -139,14 +172,18 @@ def test_two_groups_of_two_pods_load_rank_matched_and_compute_across_their_pods(
         for p in stack.pods(NAME)
         if p["metadata"]["name"].startswith(target["name"])
     }
+    since = (stack.get_md(NAME) or {})["metadata"]["resourceVersion"]
     for pid in pids:
         os.kill(pid, signal.SIGKILL)
 
-    def target_not_ready() -> bool:
-        group = _groups(obs).get(target["name"])
+    def target_not_ready(md: JSON) -> bool:
+        rows = {r["name"]: r for r in (md.get("status") or {}).get("replicaStatuses") or []}
+        group = rows.get(target["name"])
         return group is None or not group["ready"]
 
-    _until("the target group's probe to fail", target_not_ready, 90, stack)
+    # Every status the operator writes after the kill, from a watch (the group may be replaced
+    # and Ready again between two reads): one of them says the target group is not Ready.
+    _status_event("the target group's probe to fail", since, target_not_ready, 90, stack)
     groups = _until("both groups Ready again", lambda: _ready(obs), READY_TIMEOUT, stack)
     new_uids = {
         p["metadata"]["uid"]

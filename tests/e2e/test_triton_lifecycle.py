@@ -7,7 +7,6 @@ die mid-pull, then a worker killed alone."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import time
@@ -20,7 +19,8 @@ import numpy as np
 import pytest
 import tritonclient.http as triton_http
 
-from tests.support.e2e import alive, pids_of, wait_gone
+from tests.support.cluster import wait_for
+from tests.support.e2e import alive, fault_gate, pids_of, wait_gone
 from tests.support.triton import require_triton_home
 from tests.support.vllm import (
     ENGINE_ARGS,
@@ -32,6 +32,7 @@ from tests.support.vllm import (
 )
 from weightlift.local.observe import Observer
 from weightlift.local.stack import LocalStack, add_hook_library, model_deployment
+from weightlift.worker.p2p import faultgate
 
 JSON = dict[str, Any]
 NAME = "triton"
@@ -148,30 +149,31 @@ def _worker_status(obs: Observer, pod: str) -> JSON:
 def test_sources_killed_mid_pull_leave_the_target_to_storage(
     pair: Observer, stack: LocalStack, llm: tuple[Path, JSON, Path]
 ) -> None:
-    """A third replica starts as a Target; both Ready replicas freeze (SIGSTOP) as soon as its
-    pod exists and die (SIGKILL) once its Triton stub has run the init hook and begun the weight
-    load (the pull meets frozen peers): it falls back to storage and answers correctly, and
-    nothing of the killed pods (worker, tritonserver, stub) is left."""
+    """A third replica starts as a Target; the process node's fault gate holds its pull once
+    the first READ from a source has landed (worker/p2p/faultgate.py: the same pull code runs in
+    its Triton stub's vLLM rank, after the init hook), and both Ready replicas die (SIGKILL)
+    while it holds: let go, the pull meets dead peers, the target falls back to storage and
+    answers correctly, and nothing of the killed pods (worker, tritonserver, stub) is left."""
     _, probe, _ = llm
-    before = {p["metadata"]["uid"] for p in pair.pods}
+    before = {p["metadata"]["name"] for p in pair.pods}
     groups = pids_of(stack, NAME)  # each pod's worker leads its process group
     assert len(groups) == 2, groups
-    stack.patch_md(
-        NAME, {"spec": {"replicas": 3, "loading": {"peerToPeer": {"transferTimeoutSeconds": 20}}}}
-    )
-    pair.wait(lambda o: len(o.pods) >= 3, READY_TIMEOUT, "a third pod")
-    new = next(p["metadata"]["name"] for p in pair.pods if p["metadata"]["uid"] not in before)
     members = [p for p in _procs() if _pgid(p) in set(groups)]
-    for pid in groups:
-        os.killpg(pid, signal.SIGSTOP)
-    pair.wait(
-        lambda o: "hooks" in _worker_status(o, new).get("timeline", {}),
-        READY_TIMEOUT,
-        "the new target's Triton model to reach its weight load",
-    )
-    for pid in groups:
-        with contextlib.suppress(ProcessLookupError):  # a liveness probe may have been first
+    gate = fault_gate(stack)
+    faultgate.arm(gate, NAME)
+    try:
+        stack.patch_md(
+            NAME,
+            {"spec": {"replicas": 3, "loading": {"peerToPeer": {"transferTimeoutSeconds": 20}}}},
+        )
+        held = wait_for(lambda: faultgate.holding(gate, NAME), 2 * READY_TIMEOUT, "a held pull")
+        assert held is not None and held.in_flight, held
+        assert held.peer in before and held.pod not in before, (held, before)
+        new = held.pod
+        for pid in groups:
             os.killpg(pid, signal.SIGKILL)
+    finally:
+        faultgate.disarm(gate, NAME)  # the pull goes on against dead peers
     pair.wait(
         lambda o: any(r["name"] == new and r.get("ready") for r in o.replica_statuses()),
         2 * READY_TIMEOUT,
