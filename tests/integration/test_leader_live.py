@@ -221,6 +221,7 @@ def test_one_reconciles_the_other_takes_over_when_it_dies(
         took = next(i for i, c in enumerate(changes) if _holder(c) == "b")
         renewed, taken = changes[took - 1].spec, changes[took].spec
         gap = _micro(taken["acquireTime"]) - _micro(renewed["renewTime"])
+        print(f"b took the Lease {gap:.2f}s after a's last renewal")
         # Never while a may still act (it stops renew_deadline after its last renewal began)...
         assert gap > DEADLINE, f"b took the Lease {gap:.2f}s after a's last renewal"
         # ...and once it has run out: b sees the last renewal within a (jittered) retry, takes
@@ -231,8 +232,8 @@ def test_one_reconciles_the_other_takes_over_when_it_dies(
         wait_for(lambda: "weightlift_" in b.metrics(), 60, "the new leader's /metrics")
         # No pod of solo made or deleted since a made its two, up to b's first pass and beyond.
         fence = _fence(core, pod_changes, ns, next(iter(pods)))
-        made = [c.name for c in pod_changes.changes()[:fence] if c.type in ("ADDED", "DELETED")]
-        assert sorted(made) == sorted(pods), f"pods of solo added or deleted: {made}"
+        churn = [(c.type, c.name) for c in pod_changes.changes()[:fence] if c.type != "MODIFIED"]
+        assert sorted(churn) == sorted(("ADDED", name) for name in pods), churn
     finally:
         lease_changes.stop()
         pod_changes.stop()
@@ -273,14 +274,15 @@ def test_a_stopped_leader_hands_the_lease_on_at_once(
     assert _holders(changes) == ["a", "", "b"], _holders(changes)  # a released it, b took it
     renewed = next(c.spec for c in reversed(changes) if _holder(c) == "a")  # a's last renewal
     released, took = changes[taken - 1].spec, changes[taken].spec
-    # A release needs no expiry: b takes it at its next try (within a jittered retry of the
-    # read that still saw a, and that read's and the release's latency)...
-    after = _micro(took["acquireTime"]) - _micro(released["renewTime"])
-    bound = RETRY * (1 + ACQUIRE_JITTER) + API_SLACK
-    assert after <= bound, f"b took the released Lease {after:.2f}s after (> {bound}s)"
-    # ...before a's last renewal would have run out.
+    # A release needs no expiry: b takes it before a's last renewal would have run out...
     since = _micro(took["acquireTime"]) - _micro(renewed["renewTime"])
     assert since < DURATION, f"b took the Lease {since:.2f}s after a's last renewal"
+    # ...at its next try: within a jittered retry of the read that still saw a, plus that
+    # read's and the release's latency.
+    after = _micro(took["acquireTime"]) - _micro(released["renewTime"])
+    print(f"b took the Lease {after:.2f}s after its release, {since:.2f}s after a's last renewal")
+    bound = RETRY * (1 + ACQUIRE_JITTER) + API_SLACK
+    assert after <= bound, f"b took the released Lease {after:.2f}s after (> {bound}s)"
     assert took["leaseTransitions"] == 1
 
 
