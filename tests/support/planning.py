@@ -8,6 +8,8 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import pytest
+
 from weightlift.api.model import (
     ModelDeploymentSpec,
     ModelDeploymentStatus,
@@ -17,6 +19,7 @@ from weightlift.api.model import (
     SourceEndpoint,
 )
 from weightlift.api.worker import PeerCandidate, PeerHandoff, WorkerPhase, WorkerReport
+from weightlift.operator import kube
 from weightlift.operator.identity import model_identity
 from weightlift.operator.planning import Observed, ObservedPod, Plan, plan, pod_name
 
@@ -342,3 +345,31 @@ def no_sources(identity: str) -> list[Any]:
     """`sources_of` for a reconcile pass that sees no published sources in the index."""
     del identity
     return []
+
+
+class RecordedApi:
+    """The API writes a reconcile pass makes (kube.* patched out), recorded in order."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.patches: list[tuple[str, dict[str, Any]]] = []
+        self.created: list[dict[str, Any]] = []
+        monkeypatch.setattr(kube, "patch_pod_metadata", self._patch)
+        monkeypatch.setattr(kube, "create_pod", self._create)
+        monkeypatch.setattr(kube, "create_configmap", lambda *a: None)
+        monkeypatch.setattr(kube, "ensure_owned_secret", lambda *a: None)
+        monkeypatch.setattr(kube, "patch_status", lambda *a: None)
+        monkeypatch.setattr(kube, "list_deployments", lambda *a: [])
+        monkeypatch.setattr(kube, "max_node_gpus", lambda *a: 8)
+        monkeypatch.setattr(kube, "post_event", lambda *a: None)
+
+    def _patch(self, core: Any, namespace: str, name: str, metadata: dict[str, Any]) -> None:
+        self.patches.append((name, metadata))
+
+    def _create(self, core: Any, namespace: str, manifest: dict[str, Any]) -> bool:
+        self.created.append(manifest)
+        return True
+
+    @property
+    def names(self) -> list[str]:
+        """The created pods' names, in order."""
+        return [m["metadata"]["name"] for m in self.created]

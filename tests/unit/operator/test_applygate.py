@@ -15,7 +15,8 @@ from typing import Any, cast
 
 import pytest
 
-from weightlift.operator import applygate, kube, reconcile
+from tests.support.planning import RecordedApi
+from weightlift.operator import applygate, reconcile
 from weightlift.operator.state import OperatorState
 
 UID = "3c1f7c3e-0000-4000-8000-0000000000bb"
@@ -28,24 +29,6 @@ def gate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv(applygate.GATE_DIR_ENV, str(folder))
     monkeypatch.delenv(applygate.IN_POD_ENV, raising=False)
     return folder
-
-
-class _Api:
-    """The pods a pass creates, recorded in order."""
-
-    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.created: list[str] = []
-        monkeypatch.setattr(kube, "create_pod", self._create)
-        monkeypatch.setattr(kube, "create_configmap", lambda *a: None)
-        monkeypatch.setattr(kube, "ensure_owned_secret", lambda *a: None)
-        monkeypatch.setattr(kube, "patch_status", lambda *a: None)
-        monkeypatch.setattr(kube, "list_deployments", lambda *a: [])
-        monkeypatch.setattr(kube, "max_node_gpus", lambda *a: 8)
-        monkeypatch.setattr(kube, "post_event", lambda *a: None)
-
-    def _create(self, core: Any, namespace: str, manifest: dict[str, Any]) -> bool:
-        self.created.append(manifest["metadata"]["name"])
-        return True
 
 
 def _pass(replicas: int) -> Any:
@@ -78,30 +61,30 @@ def test_an_arm_is_taken_once_by_its_own_deployment(gate: Path) -> None:
 async def test_a_held_pass_has_made_its_first_pod_only_until_released(
     gate: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    api = _Api(monkeypatch)
+    api = RecordedApi(monkeypatch)
     applygate.arm(gate, "md")
     task = asyncio.ensure_future(_pass(3))
     while (held := applygate.holding(gate, "md")) is None:
         assert not task.done(), "the pass ended without holding"
         await asyncio.sleep(0.01)
     assert held.pid == os.getpid()
-    assert held.created == api.created and len(api.created) == 1
+    assert held.created == api.names and len(api.names) == 1
     assert len(held.pending) == 2 and not set(held.pending) & set(held.created)
     await asyncio.sleep(0.2)  # held: nothing more is created, the event loop still runs
-    assert api.created == held.created and not task.done()
+    assert api.names == held.created and not task.done()
     applygate.release(gate, "md")
     await asyncio.wait_for(task, 10)
-    assert sorted(api.created) == sorted(held.created + held.pending)
+    assert sorted(api.names) == sorted(held.created + held.pending)
     assert list(gate.iterdir()) == []
 
 
 async def test_unarmed_the_pass_creates_everything_at_once(
     gate: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    api = _Api(monkeypatch)
+    api = RecordedApi(monkeypatch)
     gate.mkdir()
     await asyncio.wait_for(_pass(3), 10)
-    assert len(api.created) == 3
+    assert len(api.names) == 3
     assert list(gate.iterdir()) == []
 
 

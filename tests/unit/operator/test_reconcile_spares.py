@@ -11,7 +11,7 @@ from typing import Any, cast
 
 import pytest
 
-from tests.support.planning import no_sources
+from tests.support.planning import RecordedApi, no_sources
 from weightlift.api.labels import (
     IDENTITY_LABEL,
     PEERS_ANNOTATION,
@@ -22,7 +22,7 @@ from weightlift.api.labels import (
 )
 from weightlift.api.times import parse_rfc3339
 from weightlift.api.worker import ASSIGNMENT_ENV, Assignment, PeerHandoff
-from weightlift.operator import kube, reconcile
+from weightlift.operator import reconcile
 from weightlift.operator.identity import model_identity
 from weightlift.operator.planning import Plan, pod_name
 from weightlift.operator.state import OperatorState
@@ -59,29 +59,6 @@ def _spare_pod(replica: int, spare: bool = True) -> dict[str, Any]:
     }
 
 
-class _Api:
-    """The API writes a pass makes, recorded."""
-
-    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.patches: list[tuple[str, dict[str, Any]]] = []
-        self.created: list[dict[str, Any]] = []
-        monkeypatch.setattr(kube, "patch_pod_metadata", self._patch)
-        monkeypatch.setattr(kube, "create_pod", self._create)
-        monkeypatch.setattr(kube, "create_configmap", lambda *a: None)
-        monkeypatch.setattr(kube, "ensure_owned_secret", lambda *a: None)
-        monkeypatch.setattr(kube, "patch_status", lambda *a: None)
-        monkeypatch.setattr(kube, "list_deployments", lambda *a: [])
-        monkeypatch.setattr(kube, "max_node_gpus", lambda *a: 8)
-        monkeypatch.setattr(kube, "post_event", lambda *a: None)
-
-    def _patch(self, core: Any, namespace: str, name: str, metadata: dict[str, Any]) -> None:
-        self.patches.append((name, metadata))
-
-    def _create(self, core: Any, namespace: str, manifest: dict[str, Any]) -> bool:
-        self.created.append(manifest)
-        return True
-
-
 def test_the_pod_index_keeps_the_spare_label() -> None:
     slim = reconcile.pod_essentials(_spare_pod(1))
     assert slim["metadata"]["labels"][SPARE_LABEL] == "true"
@@ -90,7 +67,7 @@ def test_the_pod_index_keeps_the_spare_label() -> None:
 async def test_a_woken_spare_loses_its_label_in_the_patch_that_hands_it_storage(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    api = _Api(monkeypatch)
+    api = RecordedApi(monkeypatch)
     result = Plan(
         unspare={"p-1"},
         handoff={"p-1": PeerHandoff(storage=True)},
@@ -109,7 +86,7 @@ async def test_a_woken_spare_loses_its_label_in_the_patch_that_hands_it_storage(
 async def test_scale_up_from_zero_wakes_the_spare_once_then_restores_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    api = _Api(monkeypatch)
+    api = RecordedApi(monkeypatch)
     state = _state()
     spare = _spare_pod(0)
     await reconcile.reconcile(state, _body(1), [spare], no_sources, LOG)
@@ -159,7 +136,7 @@ async def test_a_hand_off_the_index_does_not_show_yet_is_sent_once(
     """kopf's index trails our patches: a pass planning against it hands the pod peers again.
     That patch is not sent twice; storage instead of peers is, and once the index shows the
     last patch, a new one is sent."""
-    api = _Api(monkeypatch)
+    api = RecordedApi(monkeypatch)
     state = _state()
     peers = PeerHandoff.parse('{"peers":[{"pod":"p-0","address":"127.0.0.1:1"}]}')
     assert peers is not None
