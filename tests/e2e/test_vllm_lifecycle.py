@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.support.e2e import alive, held_source, pids_of
+from tests.support.e2e import alive, fault_gate, held_source, pids_of
 from tests.support.vllm import (
     ENGINE_ARGS,
     ENGINE_ENV,
@@ -25,6 +25,7 @@ from tests.support.vllm import (
 )
 from weightlift.local.observe import Observer, complete
 from weightlift.local.stack import LocalStack, add_hook_library
+from weightlift.worker.p2p import faultgate
 
 JSON = dict[str, Any]
 Deploy = Callable[..., Observer]
@@ -129,10 +130,11 @@ def _worker_status(obs: Observer, pod: str) -> JSON:
 def test_vllm_source_dies_while_target_pulls_target_falls_back_to_storage(
     stack: LocalStack, deployments: Deploy, llm: tuple[Path, JSON], hook_log: Path
 ) -> None:
-    """The source freezes (SIGSTOP) as soon as the target pod exists and is killed once the
-    target's vLLM has run its init hook and begun its weight load (the pull meets the frozen
-    peer): the target falls back to storage and answers correctly. Also: the init hook runs in
-    each replica's vLLM rank before its weights, and the status says where the seconds went."""
+    """The source is killed while the target's vLLM pulls from it: the fault gate holds the
+    pull once its first READ landed (worker/p2p/faultgate.py, in the vLLM rank), the source
+    dies, the pull goes on against nothing and the target falls back to storage and answers
+    correctly. Also: the init hook runs in each replica's vLLM rank before its weights, and the
+    status says where the seconds went."""
     model, probe = llm
     add_hook_library(model)
     obs = _deploy(deployments, "vllmkill", llm, replicas=1, hook_library="hooks/libinit.so")
@@ -140,29 +142,30 @@ def test_vllm_source_dies_while_target_pulls_target_falls_back_to_storage(
     source = obs.replica_statuses()[0]
     assert source["loadedFrom"] == "storage:hostpath" and source["hooksRun"], source
     assert source["loadSeconds"] is not None and source["gbps"] is not None, source
-    source_uid = obs.pods[0]["metadata"]["uid"]
     source_pids = pids_of(stack, "vllmkill")
     assert source_pids
-    stack.patch_md(
-        "vllmkill",
-        {"spec": {"replicas": 2, "loading": {"peerToPeer": {"transferTimeoutSeconds": 20}}}},
-    )
-    obs.wait(lambda o: len(o.pods) >= 2, READY_TIMEOUT, "a target pod")
-    target_name = next(
-        p["metadata"]["name"] for p in obs.pods if p["metadata"]["uid"] != source_uid
-    )
-    for pid in source_pids:  # the worker and vLLM (same process group)
-        os.killpg(pid, signal.SIGSTOP)
-    # The rank reports "hooks" right before it asks its peer for the manifest.
-    obs.wait(
-        lambda o: "hooks" in _worker_status(o, target_name).get("timeline", {}),
-        READY_TIMEOUT,
-        "the target's vLLM to reach its weight load",
-    )
-    for pid in source_pids:
-        # Frozen for minutes on a busy box, the pod's liveness probe may have killed it first.
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pid, signal.SIGKILL)
+    gate = fault_gate(stack)
+    faultgate.arm(gate, "vllmkill")
+    try:
+        stack.patch_md(
+            "vllmkill",
+            {"spec": {"replicas": 2, "loading": {"peerToPeer": {"transferTimeoutSeconds": 20}}}},
+        )
+        # The observer polls meanwhile: its created and scheduled marks (the summary's
+        # timeline below) are taken as the target pod appears, not once the hold is over.
+        obs.wait(
+            lambda o: faultgate.holding(gate, "vllmkill") is not None,
+            2 * READY_TIMEOUT,
+            "the target's pull held after its first READ",
+        )
+        held = faultgate.holding(gate, "vllmkill")
+        assert held is not None and held.peer == source["name"] and held.in_flight, held
+        target_name = held.pod
+        for pid in source_pids:  # the worker and vLLM (same process group)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+    finally:
+        faultgate.disarm(gate, "vllmkill")  # the pull goes on against a dead peer
     obs.wait(
         lambda o: any(r["name"] == target_name and r.get("ready") for r in o.replica_statuses()),
         2 * READY_TIMEOUT,
