@@ -22,8 +22,9 @@ import pytest
 from kubernetes import client
 
 from tests.support.cluster import CHART_NAMESPACE, RELEASE, ChartRbac, Kubectl, wait_for
-from tests.support.watching import Change, Watched
 from weightlift.api.labels import DEPLOYMENT_LABEL, FIRST_RECONCILE_ANNOTATION
+from weightlift.local.cluster import ClusterInfo
+from weightlift.local.history import History, Version
 from weightlift.operator.leader import ACQUIRE_JITTER, LEASE_LOST_EXIT
 
 LEASE = f"{RELEASE}-operator"  # the chart's default lease name
@@ -164,20 +165,25 @@ def _micro(stamp: str) -> float:
     return datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC).timestamp()
 
 
-def _holder(change: Change) -> str:
+def _holder(change: Version) -> str:
     return str(change.spec.get("holderIdentity") or "")
 
 
-def _holders(changes: list[Change]) -> list[str]:
+def _holders(changes: list[Version]) -> list[str]:
     """The Lease's holders in the order they wrote it, each run of renewals once."""
     return [
         h for i, h in enumerate(map(_holder, changes)) if i == 0 or _holder(changes[i - 1]) != h
     ]
 
 
-def _lease_changes(leases: client.CoordinationV1Api) -> Watched:
-    return Watched(
-        leases.list_namespaced_lease, CHART_NAMESPACE, field_selector=f"metadata.name={LEASE}"
+def _lease_changes(kubeconfig: Path) -> History:
+    """Every write of the Lease from now on (each test starts with none: `leases`)."""
+    return History(
+        kubeconfig,
+        lambda kube: client.CoordinationV1Api(kube.api).list_namespaced_lease,
+        CHART_NAMESPACE,
+        field_selector=f"metadata.name={LEASE}",
+        what="the Lease",
     )
 
 
@@ -186,10 +192,11 @@ def test_one_reconciles_the_other_takes_over_when_it_dies(
     leases: client.CoordinationV1Api,
     core: client.CoreV1Api,
     kubectl: Kubectl,
+    cluster: ClusterInfo,
 ) -> None:
     ns = candidates["namespace"]
-    lease_changes = _lease_changes(leases)  # every write of the Lease from its first on
-    pod_changes = Watched(core.list_namespaced_pod, ns, label_selector=f"{DEPLOYMENT_LABEL}=solo")
+    lease_changes = _lease_changes(cluster.kubeconfig)  # every write of the Lease from its first on
+    pod_changes = History.pods(cluster.kubeconfig, ns, "solo")
     try:
         a = candidates["start"]("a")
         wait_for(lambda: holder(leases) == "a", 60, "a to take the Lease")
@@ -216,7 +223,7 @@ def test_one_reconciles_the_other_takes_over_when_it_dies(
             60,
             "b's first reconcile stamped on the Lease",
         )
-        changes = lease_changes.changes()[: stamped + 1]
+        changes = lease_changes.upto(stamped)
         assert _holders(changes) == ["a", "b"], _holders(changes)  # one hand-over, no release
         took = next(i for i, c in enumerate(changes) if _holder(c) == "b")
         renewed, taken = changes[took - 1].spec, changes[took].spec
@@ -232,15 +239,15 @@ def test_one_reconciles_the_other_takes_over_when_it_dies(
         wait_for(lambda: "weightlift_" in b.metrics(), 60, "the new leader's /metrics")
         # No pod of solo made or deleted since a made its two, up to b's first pass and beyond.
         fence = _fence(core, pod_changes, ns, next(iter(pods)))
-        churn = [(c.type, c.name) for c in pod_changes.changes()[:fence] if c.type != "MODIFIED"]
+        churn = [(c.type, c.name) for c in pod_changes.upto(fence) if c.type != "MODIFIED"]
         assert sorted(churn) == sorted(("ADDED", name) for name in pods), churn
     finally:
-        lease_changes.stop()
-        pod_changes.stop()
+        lease_changes.close()
+        pod_changes.close()
     kubectl("delete", "-n", ns, "md/solo", "--timeout=60s")  # b handles the finalizer
 
 
-def _fence(core: client.CoreV1Api, pods: Watched, namespace: str, pod: str) -> int:
+def _fence(core: client.CoreV1Api, pods: History, namespace: str, pod: str) -> Version:
     """Annotate `pod` and wait for that change: every earlier change of the pods came before."""
     mark = f"{time.monotonic_ns()}"
     core.patch_namespaced_pod(pod, namespace, {"metadata": {"annotations": {FENCE: mark}}})
@@ -254,9 +261,9 @@ def _annotation(api: client.CoordinationV1Api) -> str:
 
 
 def test_a_stopped_leader_hands_the_lease_on_at_once(
-    candidates: dict[str, Any], leases: client.CoordinationV1Api
+    candidates: dict[str, Any], leases: client.CoordinationV1Api, cluster: ClusterInfo
 ) -> None:
-    lease_changes = _lease_changes(leases)
+    lease_changes = _lease_changes(cluster.kubeconfig)
     try:
         a = candidates["start"]("a")
         wait_for(lambda: holder(leases) == "a", 60, "a to take the Lease")
@@ -267,13 +274,13 @@ def test_a_stopped_leader_hands_the_lease_on_at_once(
         a.signal(signal.SIGTERM)  # a rollout or a drain: kopf stops, then the Lease is released
         assert a.proc.wait(timeout=30) == 0, a.log()
         taken = lease_changes.wait(lambda c: _holder(c) == "b", 30, "b to take the Lease")
-        changes = lease_changes.changes()[: taken + 1]
+        changes = lease_changes.upto(taken)
     finally:
-        lease_changes.stop()
+        lease_changes.close()
     assert "released Lease" in a.log()
     assert _holders(changes) == ["a", "", "b"], _holders(changes)  # a released it, b took it
     renewed = next(c.spec for c in reversed(changes) if _holder(c) == "a")  # a's last renewal
-    released, took = changes[taken - 1].spec, changes[taken].spec
+    released, took = changes[-2].spec, changes[-1].spec
     # A release needs no expiry: b takes it before a's last renewal would have run out...
     since = _micro(took["acquireTime"]) - _micro(renewed["renewTime"])
     assert since < DURATION, f"b took the Lease {since:.2f}s after a's last renewal"

@@ -18,7 +18,7 @@ import pytest
 from kubernetes import client
 
 from tests.support.cluster import OPERATOR_NAMESPACE, Kubectl, OperatorProcess, wait_for
-from tests.support.watching import Change, Watched, watched
+from weightlift.local.history import History, Version
 from weightlift.operator import applygate
 
 NS = OPERATOR_NAMESPACE
@@ -277,7 +277,7 @@ def test_deletion_with_finalizer_leaves_no_pods(env: Env) -> None:
     wait_for(lambda: env.pods("doomed", live=False) == [], 60, "no pods left")
 
 
-def _fence(env: Env, pods: Watched, pod: str, mark: str) -> int:
+def _fence(env: Env, pods: History, pod: str, mark: str) -> Version:
     """A known point in the pod events: annotate `pod`, wait for that change to come back. The
     events before it are every change made to the deployment's pods before the annotation."""
     patch = {"metadata": {"annotations": {FENCE_ANNOTATION: mark}}}
@@ -285,7 +285,7 @@ def _fence(env: Env, pods: Watched, pod: str, mark: str) -> int:
     return pods.wait(lambda c: c.annotations.get(FENCE_ANNOTATION) == mark, 30, f"fence {mark}")
 
 
-def _made(changes: list[Change]) -> list[str]:
+def _made(changes: list[Version]) -> list[str]:
     return [c.name for c in changes if c.type == "ADDED"]
 
 
@@ -300,9 +300,7 @@ def test_operator_restart_mid_reconcile_converges(
     operator.stop()  # started again with the gate's env, which only this test sets
     monkeypatch.setenv(applygate.GATE_DIR_ENV, str(gate))
     applygate.arm(gate, "restart")
-    with watched(
-        env.core.list_namespaced_pod, NS, label_selector=f"{DEPLOYMENT_LABEL}=restart"
-    ) as pods:
+    with History.pods(env.kubectl.kubeconfig, NS, "restart") as pods:
         try:
             operator.start()
             env.create("restart", replicas=3, loading={"waitForSourceSeconds": 0})
@@ -313,12 +311,12 @@ def test_operator_restart_mid_reconcile_converges(
             assert len(held.created) == 1 and len(held.pending) == 2, held
             (first,) = held.created
             killed = _fence(env, pods, first, "killed")
-            before = pods.changes()[:killed]
+            before = pods.upto(killed)[:-1]
             assert _made(before) == [first], [(c.type, c.name) for c in before]
             env.kubectl("scale", "-n", NS, "md/restart", "--replicas=4")
             # Nobody reconciles meanwhile: not a pod made or deleted while no operator runs.
             down = _fence(env, pods, first, "down")
-            quiet = [(c.type, c.name) for c in pods.changes()[killed + 1 : down]]
+            quiet = [(c.type, c.name) for c in pods.between(killed, down)]
             assert all(kind == "MODIFIED" for kind, _ in quiet), quiet
         finally:
             operator.stop(kill=True)  # the gated one, if a check above failed while it held
@@ -333,7 +331,7 @@ def test_operator_restart_mid_reconcile_converges(
         # The new operator made each missing replica once and kept (did not replace) the first:
         # no pod deleted, none added twice, from the deployment's creation on.
         done = _fence(env, pods, first, "done")
-        churn = sorted((c.type, c.name) for c in pods.changes()[:done] if c.type != "MODIFIED")
+        churn = sorted((c.type, c.name) for c in pods.upto(done) if c.type != "MODIFIED")
         assert churn == sorted(("ADDED", str(p.metadata.name)) for p in live), churn
 
 

@@ -14,6 +14,9 @@ version of `obj` that a GET answered (its resourceVersion), and returns every ve
 so everything the API server recorded before that GET is in it. `wait(predicate)` waits for the
 first version a predicate accepts (e.g. three more failed probes counted in the status).
 
+A fence makes a known point of a moment of the caller's: a write of its own (an annotation) whose
+version it waits for; every version before the fence's was recorded before that write.
+
 The chaos bench's PodLedger (bench/chaos_failover.py) and HandoffWatch (handoffwatch.py) keep
 their own list+watch loops: they note facts about pods, not versions.
 """
@@ -61,6 +64,19 @@ class Version:
     @property
     def uid(self) -> str:
         return str(self.obj["metadata"]["uid"])
+
+    @property
+    def name(self) -> str:
+        return str(self.obj["metadata"]["name"])
+
+    @property
+    def annotations(self) -> dict[str, str]:
+        return dict(self.obj["metadata"].get("annotations") or {})
+
+    @property
+    def spec(self) -> JSON:
+        spec: JSON = self.obj.get("spec") or {}
+        return spec
 
     @property
     def rv(self) -> str:
@@ -243,6 +259,10 @@ class History:
         with self._changed:
             index = next(i for i, v in enumerate(self._versions) if v is version)
             return self._versions[: index + 1]
+
+    def between(self, first: Version, last: Version) -> list[Version]:
+        """The versions after `first` and before `last` (both held, `first` the earlier)."""
+        return self.upto(last)[len(self.upto(first)) : -1]
 
     def through(
         self, obj: JSON, timeout: float = 60.0, tick: Callable[[], None] | None = None
