@@ -21,7 +21,6 @@ from weightlift.api.model import GROUP, PLURAL, VERSION, CompletionProbe
 from weightlift.bench.chaos_models import Models
 from weightlift.local.kube import KUBE_ERRORS, Kube, call, get_or_none
 from weightlift.local.observe import complete
-from weightlift.local.processnode import ProcessNode
 from weightlift.local.stack import LocalStack, model_deployment
 from weightlift.operator.probes import check_text
 
@@ -294,10 +293,9 @@ class Run:
 
     @property
     def gate(self) -> Path:
-        """The process node's fault gate: holds on its workers' pulls (worker/p2p/faultgate.py)."""
-        node = self.stack.node
-        assert isinstance(node, ProcessNode), "the fault gate is the process node's only"
-        return node.fault_gate_dir
+        """The node's fault gate, either kind: holds on its workers' pulls and steps
+        (worker/p2p/faultgate.py)."""
+        return self.stack.node.fault_gate_dir
 
     def worker_pids(self) -> set[int]:
         """The processes of this deployment's pods on the node now."""
