@@ -1,15 +1,17 @@
 """The worker's front door (aiohttp): KServe v2 / Triton HTTP, Prometheus, weightlift status.
 
-Routes: GET /v2, /v2/health/live, /v2/health/ready, /v2/models/{m}[/versions/{v}],
-/v2/models/{m}[/versions/{v}]/ready, POST /v2/models/{m}[/versions/{v}]/infer and /generate
-(Triton's generate extension), any method on /v1/{tail} (the OpenAI API), GET /metrics,
-GET /weightlift/v1/status (the WorkerReport JSON), and any method on /weightlift/v1/p2p/{tail},
-forwarded to the P2P source publisher's `handle(request)` once one is installed with
-`set_p2p_handler(app, publisher)` (503 "not a source yet" before). The model routes belong to
-the engine in `state.engine` (worker/engines: builtin answers infer, vLLM generate and /v1,
-Triton infer and generate; an engine's `metrics_text()`, if it has one, follows /metrics);
-infer and generate answer only once the replica is Ready. The handlers live in the WorkerState
-(mutable) rather than as app keys: aiohttp deprecates changing a started app.
+Routes: GET /v2 (and /v2/, as the Open Inference Protocol spec writes it), /v2/health/live,
+/v2/health/ready, /v2/models/{m}[/versions/{v}], /v2/models/{m}[/versions/{v}]/ready,
+POST /v2/models/{m}[/versions/{v}]/infer and /generate (Triton's generate extension), any method
+on /v1/{tail} (the OpenAI API), GET /metrics, GET /weightlift/v1/status (the WorkerReport JSON),
+and any method on /weightlift/v1/p2p/{tail}, forwarded to the P2P source publisher's
+`handle(request)` once one is installed with `set_p2p_handler(app, publisher)` (503 "not a source
+yet" before). The model routes belong to the engine in `state.engine` (worker/engines: builtin
+answers infer, vLLM generate and /v1, Triton infer and generate; an engine's `metrics_text()`, if
+it has one, follows /metrics); infer and generate answer only once the replica is Ready. A method
+a route does not declare gets the router's 405 with an Allow header (no catch-all covers /v2), an
+unknown path a 404. The handlers live in the WorkerState (mutable) rather than as app keys:
+aiohttp deprecates changing a started app.
 
 Every request body is bounded per route (`body_limit`): more is refused with a 413 naming the
 limit. The P2P routes answer only requests bearing the model identity's peer token
@@ -284,7 +286,9 @@ def build_app(state: WorkerState) -> web.Application:
     app[STATE_KEY] = state
     door = FrontDoor(state)
     r = app.router
-    r.add_get("/v2", door.server_meta)
+    # The OIP REST spec writes server metadata as `/v2/`; KServe and Triton clients call `/v2`.
+    for root in ("/v2", "/v2/"):
+        r.add_get(root, door.server_meta)
     r.add_get("/v2/health/live", door.live)
     r.add_get("/v2/health/ready", door.ready)
     for base in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
