@@ -11,7 +11,11 @@ import pytest
 from tests.integration.test_crd_live import dry_run, md
 from tests.support.cluster import Kubectl
 from weightlift.api import limits
-from weightlift.api.model import PARALLELISM_MESSAGE
+from weightlift.api.model import (
+    COMPLETION_PROTOCOL_MESSAGE,
+    PARALLELISM_MESSAGE,
+    PROBE_NEEDS_COMPLETION_MESSAGE,
+)
 
 
 def _deep(depth: int) -> Any:
@@ -27,6 +31,19 @@ def _infer(data: list[Any]) -> dict[str, Any]:
 
 def _template(**fields: Any) -> dict[str, Any]:
     return {"template": fields}
+
+
+_COMPLETION: dict[str, Any] = {"prompt": "hello", "maxTokens": 4, "expectedPrefix": " world"}
+
+
+def _external(probe: dict[str, Any] | None = None, **runtime: Any) -> dict[str, Any]:
+    """An External runtime (runtime.protocol, its paths and port) and, if given, a probe."""
+    spec: dict[str, Any] = {
+        "runtime": {"type": "External", "command": ["vllm", "serve"], **runtime}
+    }
+    if probe is not None:
+        spec["probe"] = probe
+    return spec
 
 
 MANY = 10_000
@@ -190,6 +207,25 @@ HOSTILE: list[tuple[str, dict[str, Any], str]] = [
         {"warmSpares": 1, "runtime": {"type": "External", "command": ["tritonserver"]}},
         "spec.warmSpares",
     ),
+    # an External runtime's protocol, its health paths and port (issue 46)
+    ("protocol-unknown", _external(protocol="gRPC"), "spec.runtime.protocol"),
+    ("readiness-path-relative", _external(readinessPath="health"), "spec.runtime.readinessPath"),
+    ("liveness-path-space", _external(livenessPath="/a b"), "spec.runtime.livenessPath"),
+    ("liveness-path-empty", _external(livenessPath=""), "spec.runtime.livenessPath"),
+    ("external-port-low", _external(port=80), "spec.runtime.port"),
+    ("protocol-on-builtin", {"runtime": {"protocol": "Triton"}}, "spec.runtime.protocol"),
+    ("path-on-builtin", {"runtime": {"livenessPath": "/live"}}, "spec.runtime.livenessPath"),
+    ("openai-without-completion", _external(protocol="OpenAI"), "spec.probe.completion"),
+    (
+        "openai-with-generate",
+        _external({"completion": {**_COMPLETION, "protocol": "TritonGenerate"}}, protocol="OpenAI"),
+        "spec.probe.completion.protocol",
+    ),
+    (
+        "triton-with-openai",
+        _external({"completion": {**_COMPLETION, "protocol": "OpenAI"}}, protocol="Triton"),
+        "spec.probe.completion.protocol",
+    ),
 ]
 
 
@@ -210,6 +246,27 @@ def test_uneven_ranks_refused_with_the_cel_message(
     code, out = dry_run(kubectl, namespace, md("uneven", **spec))
     assert code != 0, "the API server admitted 6 ranks over 4 pods"
     assert f"spec.parallelism.podsPerReplica: Invalid value: {PARALLELISM_MESSAGE}" in out, out
+
+
+@pytest.mark.parametrize(
+    ("spec", "field", "message"),
+    [
+        (_external(protocol="OpenAI"), "spec.probe.completion", PROBE_NEEDS_COMPLETION_MESSAGE),
+        (
+            _external({"completion": {**_COMPLETION, "protocol": "OpenAI"}}, protocol="Triton"),
+            "spec.probe.completion.protocol",
+            COMPLETION_PROTOCOL_MESSAGE,
+        ),
+    ],
+    ids=["openai-needs-completion", "triton-answers-generate"],
+)
+def test_protocol_probe_rules_refused_with_the_cel_message(
+    crd: str, kubectl: Kubectl, namespace: str, spec: dict[str, Any], field: str, message: str
+) -> None:
+    """The CEL rules drawn from PROTOCOL_ENDPOINTS refuse at the field, with pydantic's words."""
+    code, out = dry_run(kubectl, namespace, md("protocol", **spec))
+    assert code != 0, "the API server admitted a probe the runtime's server cannot answer"
+    assert f"{field}: Invalid value: {message}" in out, out
 
 
 def test_single_pod_defaults_applied_at_admission(
@@ -246,6 +303,19 @@ ADMITTED: list[tuple[str, dict[str, Any]]] = [
     ),
     ("env-plain", _template(env=[{"name": "HF_HOME", "value": "/tmp/hf"}])),
     ("warm-spares", {"warmSpares": 2, "loading": {"strategy": "PeerToPeer"}}),
+    # stored as written: no protocol defaulted into the runtime or the completion probe
+    (
+        "external-openai",
+        _external(
+            {"completion": _COMPLETION},
+            protocol="OpenAI",
+            port=9000,
+            readinessPath="/health?ready=1",
+            livenessPath="/health",
+        ),
+    ),
+    ("external-triton", _external({"completion": _COMPLETION}, protocol="Triton")),
+    ("external-unnamed", _external({"completion": {**_COMPLETION, "protocol": "TritonGenerate"}})),
     ("two-pods-per-replica", {"parallelism": {"tensor": 2, "podsPerReplica": 2}}),
     ("tp-pp-over-pods", {"parallelism": {"tensor": 4, "pipeline": 2, "podsPerReplica": 4}}),
     ("image-digest", _template(image="registry.example.com:5000/team/worker@sha256:" + "a" * 64)),

@@ -16,9 +16,12 @@ import yaml
 from weightlift.api import limits
 from weightlift.api.labels import MAX_NAME_LENGTH, SELECTABLE_FIELDS
 from weightlift.api.model import (
+    COMPLETION_PROTOCOL_MESSAGE,
     GROUP,
     KIND,
     PLURAL,
+    PROBE_NEEDS_COMPLETION_MESSAGE,
+    PROTOCOL_ENDPOINTS,
     SHORT_NAMES,
     SINGULAR,
     VERSION,
@@ -70,6 +73,36 @@ _SPEC_VALIDATIONS = [
         "|| self.loading.strategy in ['Auto', 'PeerToPeer']))",
         "message": WARM_SPARES_MESSAGE,
         "fieldPath": ".warmSpares",
+    },
+]
+
+
+def _cel_list(values: Any) -> str:
+    return "[" + ", ".join(f"'{v}'" for v in values) + "]"
+
+
+# An External runtime's protocol bounds the probe (PROTOCOL_ENDPOINTS, as pydantic checks it):
+# a server with no KServe v2 /infer needs a completion probe, of a protocol it answers.
+_NO_INFER = _cel_list(p for p, e in PROTOCOL_ENDPOINTS.items() if not e.infer)
+_COMPLETIONS = (
+    "{"
+    + ", ".join(f"'{p}': {_cel_list(e.completions)}" for p, e in PROTOCOL_ENDPOINTS.items())
+    + "}"
+)
+_PROBE_VALIDATIONS = [
+    {
+        "rule": "!has(self.runtime) || !has(self.runtime.protocol) "
+        f"|| !(self.runtime.protocol in {_NO_INFER}) "
+        "|| (has(self.probe) && has(self.probe.completion))",
+        "message": PROBE_NEEDS_COMPLETION_MESSAGE,
+        "fieldPath": ".probe.completion",
+    },
+    {
+        "rule": "!has(self.runtime) || !has(self.runtime.protocol) || !has(self.probe) "
+        "|| !has(self.probe.completion) || !has(self.probe.completion.protocol) "
+        f"|| self.probe.completion.protocol in {_COMPLETIONS}[self.runtime.protocol]",
+        "message": COMPLETION_PROTOCOL_MESSAGE,
+        "fieldPath": ".probe.completion.protocol",
     },
 ]
 
@@ -216,7 +249,7 @@ def _mark(schema: dict[str, Any], checked: bool) -> dict[str, Any]:
 def build_crd() -> dict[str, Any]:
     spec_schema = openapi_schema(ModelDeploymentSpec)
     spec_schema["description"] = "Desired state: which model, how many replicas, how to load."
-    spec_schema["x-kubernetes-validations"] = _SPEC_VALIDATIONS
+    spec_schema["x-kubernetes-validations"] = [*_SPEC_VALIDATIONS, *_PROBE_VALIDATIONS]
     status_schema = openapi_schema(ModelDeploymentStatus)
     status_schema["description"] = "Observed state, written by the operator."
     # The status is written only by the operator; keep unknown fields so an older CRD never

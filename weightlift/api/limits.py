@@ -34,6 +34,9 @@ ENV_NAME_MAX = 128
 RESERVED_ENV_PREFIXES = ("WEIGHTLIFT_", "LD_")
 # No NUL: execve cannot pass it, and a C string would silently end there.
 NO_NUL = r"^[^\x00]*$"
+# An HTTP probe path (the kubelet's httpGet): absolute, printable ASCII, no spaces.
+HTTP_PATH = r"^/[!-~]*$"
+HTTP_PATH_MAX = 256
 
 # Bounds: the largest admissible spec stays below 1 MiB (a worker plan fits one ConfigMap;
 # tests/unit/api/test_crd.py measures it) and CEL rules stay within their cost budget.

@@ -7,6 +7,8 @@ has one. Names are camelCase on the wire (aliases) and snake_case in Python.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
@@ -70,6 +72,9 @@ Quantity = Annotated[
     str, StringConstraints(pattern=limits.QUANTITY, max_length=limits.QUANTITY_MAX)
 ]
 Arg = Annotated[str, StringConstraints(pattern=limits.NO_NUL, max_length=limits.ARG_MAX_LENGTH)]
+HttpPath = Annotated[
+    str, StringConstraints(pattern=limits.HTTP_PATH, max_length=limits.HTTP_PATH_MAX)
+]
 
 # A '..' path segment: refused in model URIs and init library paths, so that a path admitted
 # below a directory stays below it (the operator's planning.validate checks the same).
@@ -105,6 +110,47 @@ class Engine(StrEnum):
 class CompletionProtocol(StrEnum):
     OPENAI = "OpenAI"
     TRITON_GENERATE = "TritonGenerate"
+
+
+class ServingProtocol(StrEnum):
+    """The HTTP API an External runtime's server speaks (runtime.protocol)."""
+
+    KSERVE_V2 = "KServeV2"
+    TRITON = "Triton"
+    OPENAI = "OpenAI"
+
+
+@dataclass(frozen=True)
+class ProtocolEndpoints:
+    """What a server of one protocol answers: the kubelet's health paths (GET), the completion
+    probes the operator may send it (the first is the default) and whether it answers KServe v2
+    /v2/models/{m}/infer."""
+
+    readiness_path: str
+    liveness_path: str
+    completions: tuple[CompletionProtocol, ...]
+    infer: bool
+
+
+# The one table the pod's health probes, the operator's inference probe and admission read.
+PROTOCOL_ENDPOINTS: dict[ServingProtocol, ProtocolEndpoints] = {
+    # KServe v2 (the Open Inference Protocol), and the worker's own front door: either completion
+    # probe, OpenAI by default, as before runtimes named a protocol.
+    ServingProtocol.KSERVE_V2: ProtocolEndpoints(
+        "/v2/health/ready",
+        "/v2/health/live",
+        (CompletionProtocol.OPENAI, CompletionProtocol.TRITON_GENERATE),
+        infer=True,
+    ),
+    # tritonserver: KServe v2 with its generate extension; it serves no /v1.
+    ServingProtocol.TRITON: ProtocolEndpoints(
+        "/v2/health/ready", "/v2/health/live", (CompletionProtocol.TRITON_GENERATE,), infer=True
+    ),
+    # vLLM's OpenAI server (`vllm serve`): GET /health answers 200 while its engine lives; no /v2.
+    ServingProtocol.OPENAI: ProtocolEndpoints(
+        "/health", "/health", (CompletionProtocol.OPENAI,), infer=False
+    ),
+}
 
 
 class Role(StrEnum):
@@ -469,16 +515,65 @@ class InitHooks(ApiModel):
     )
 
 
+# Fields only an External runtime's own server gives meaning to: the worker's paths are fixed.
+EXTERNAL_ONLY_FIELDS = ("protocol", "readiness_path", "liveness_path")
+
+
+def external_only_message(field: str) -> str:
+    return (
+        f"spec.runtime.{to_camel(field)} applies to runtime.type External (the Builtin worker "
+        "serves /v2/health/ready and /v2/health/live)"
+    )
+
+
 class RuntimeSpec(ApiModel):
+    model_config = _rules(
+        *(
+            _cel(
+                f"(has(self.type) && self.type == 'External') || !has(self.{to_camel(name)})",
+                external_only_message(name),
+                f".{to_camel(name)}",
+            )
+            for name in EXTERNAL_ONLY_FIELDS
+        )
+    )
+
     type: RuntimeType = Field(
         RuntimeType.BUILTIN,
-        description="Builtin: the worker serves model.pt2 over KServe v2. External: run command.",
+        description="Builtin: the worker serves model.pt2 over KServe v2. External: the "
+        "container runs command, a server that speaks runtime.protocol on port.",
     )
-    port: int = Field(8000, ge=1024, le=65535, description="HTTP port of the KServe v2 endpoint.")
+    port: int = Field(
+        8000,
+        ge=1024,
+        le=65535,
+        description="HTTP port of the pod's server: the worker's, or an External runtime's own "
+        "(vllm serve and tritonserver default to 8000 too). The kubelet's health probes and the "
+        "operator's inference probe use it.",
+    )
     command: list[Arg] = Field(
         default_factory=list,
         max_length=limits.COMMAND_ITEMS,
         description="External runtime command (e.g. tritonserver ...); required for External.",
+    )
+    protocol: ServingProtocol | None = Field(
+        None,
+        description="type External: the HTTP API its server speaks, which picks the kubelet's "
+        "health paths and the operator's inference probe. KServeV2 (when unset): "
+        "/v2/health/ready and /v2/health/live; probed with KServe v2 /v2/models/{model}/infer, "
+        "or probe.completion. Triton (tritonserver): the same paths; a probe.completion uses "
+        "Triton's generate extension (/v2/models/{model}/generate). OpenAI (vllm serve): GET "
+        "/health for both; needs probe.completion, sent to /v1/completions.",
+    )
+    readiness_path: HttpPath | None = Field(
+        None,
+        description="type External: path of the kubelet's readiness probe (HTTP GET on port), "
+        "instead of the protocol's (/v2/health/ready; OpenAI: /health).",
+    )
+    liveness_path: HttpPath | None = Field(
+        None,
+        description="type External: path of the kubelet's liveness probe (HTTP GET on port), "
+        "instead of the protocol's (/v2/health/live; OpenAI: /health).",
     )
     engine: Engine = Field(
         Engine.BUILTIN,
@@ -518,6 +613,10 @@ class RuntimeSpec(ApiModel):
     def _external_needs_command(self) -> RuntimeSpec:
         if self.type == RuntimeType.EXTERNAL and not self.command:
             raise ValueError("runtime.command is required when runtime.type is External")
+        for name in EXTERNAL_ONLY_FIELDS:
+            # Mirrors the CEL rules above, for objects that never passed admission.
+            if self.type != RuntimeType.EXTERNAL and getattr(self, name) is not None:
+                raise ValueError(external_only_message(name))
         if self.type == RuntimeType.EXTERNAL and self.engine != Engine.BUILTIN:
             raise ValueError("runtime.engine applies to runtime.type Builtin, not External")
         if self.engine != Engine.BUILTIN and self.engine_port == self.port:
@@ -534,6 +633,24 @@ class RuntimeSpec(ApiModel):
                 "with runtime.engine Triton"
             )
         return self
+
+    @property
+    def endpoints(self) -> ProtocolEndpoints:
+        """What the pod's server answers: an External runtime's protocol's (KServeV2 unset);
+        the worker's front door speaks KServe v2."""
+        protocol = ServingProtocol.KSERVE_V2
+        if self.type == RuntimeType.EXTERNAL and self.protocol is not None:
+            protocol = ServingProtocol(self.protocol)
+        return PROTOCOL_ENDPOINTS[protocol]
+
+    @property
+    def health_paths(self) -> tuple[str, str]:
+        """The kubelet's (readiness, liveness) paths: the spec's, else the protocol's."""
+        endpoints = self.endpoints
+        return (
+            self.readiness_path or endpoints.readiness_path,
+            self.liveness_path or endpoints.liveness_path,
+        )
 
 
 def pulls_from_peers(loading: LoadingSpec, runtime: RuntimeSpec) -> bool:
@@ -631,10 +748,12 @@ KSERVE_REQUEST_SCHEMA: dict[str, Any] = {
 
 
 class CompletionProbe(ApiModel):
-    protocol: CompletionProtocol = Field(
-        CompletionProtocol.OPENAI,
+    # No default of its own: unset, the runtime's protocol picks it (inference_call).
+    protocol: CompletionProtocol | None = Field(
+        None,
         description="OpenAI: POST /v1/completions (vLLM, SGLang). TritonGenerate: POST "
-        "/v2/models/{model}/generate (text_input -> text_output).",
+        "/v2/models/{model}/generate (text_input -> text_output). Unset: TritonGenerate with "
+        "runtime.protocol Triton, else OpenAI.",
     )
     prompt: str = Field(min_length=1, max_length=8192, description="Prompt text.")
     max_tokens: int = Field(16, ge=1, le=4096, description="Tokens to generate (greedy).")
@@ -693,6 +812,35 @@ class InferenceProbe(ApiModel):
                 f"spec.probe.request: {size} bytes of JSON; at most {limits.REQUEST_MAX_BYTES}"
             )
         return request
+
+
+def inference_call(runtime: RuntimeSpec, probe: InferenceProbe | None) -> CompletionProtocol | None:
+    """What the operator's inference probe sends: a completion over the returned protocol (the
+    probe's own, else the runtime protocol's default), or None: a KServe v2 /infer request.
+    The one place this is decided; admission keeps it to what the runtime answers."""
+    if probe is None or probe.completion is None:
+        return None
+    if probe.completion.protocol is not None:
+        return CompletionProtocol(probe.completion.protocol)
+    return runtime.endpoints.completions[0]
+
+
+def _protocol_names(protocols: Iterable[StrEnum]) -> str:
+    return " or ".join(str(p) for p in protocols)
+
+
+# An External runtime's protocol and the probe: admission (CEL in crd.py, pydantic below) keeps
+# the operator's probe to what the server answers, as PROTOCOL_ENDPOINTS says.
+PROBE_NEEDS_COMPLETION_MESSAGE = (
+    "spec.probe.completion is required with spec.runtime.protocol "
+    + _protocol_names(p for p, e in PROTOCOL_ENDPOINTS.items() if not e.infer)
+    + ": the server answers no KServe v2 /infer, so the operator probes it with a completion"
+)
+COMPLETION_PROTOCOL_MESSAGE = (
+    "spec.probe.completion.protocol must be one spec.runtime.protocol's server answers ("
+    + "; ".join(f"{p}: {_protocol_names(e.completions)}" for p, e in PROTOCOL_ENDPOINTS.items())
+    + ")"
+)
 
 
 class Rollout(ApiModel):
@@ -762,6 +910,17 @@ class ModelDeploymentSpec(ApiModel):
             )
         if self.warm_spares and not pulls_from_peers(self.loading, self.runtime):
             raise ValueError(WARM_SPARES_MESSAGE)
+        return self
+
+    @model_validator(mode="after")
+    def _probe_fits_protocol(self) -> ModelDeploymentSpec:
+        # Mirrors the CRD's CEL rules, for objects that never passed the API server's admission.
+        endpoints = self.runtime.endpoints
+        call = inference_call(self.runtime, self.probe)
+        if call is None and not endpoints.infer:
+            raise ValueError(PROBE_NEEDS_COMPLETION_MESSAGE)
+        if call is not None and call not in endpoints.completions:
+            raise ValueError(COMPLETION_PROTOCOL_MESSAGE)
         return self
 
 

@@ -317,9 +317,11 @@ def render_pod(
         *operator_settings_env(settings, spec),
     ]
     # An External runtime (tritonserver, vLLM) is the container's own command: it loads its
-    # weights itself and serves KServe v2 on runtime.port, where the operator probes it.
+    # weights itself and serves its protocol on runtime.port, where the kubelet checks the health
+    # paths that protocol answers (or the spec's) and the operator probes it.
     external = spec.runtime.type == RuntimeType.EXTERNAL
     http_get = {"port": "http", "scheme": "HTTP"}
+    ready_path, live_path = spec.runtime.health_paths
     container: dict[str, Any] = {
         "name": "worker",
         "image": template.image,
@@ -329,13 +331,13 @@ def render_pod(
         "ports": container_ports(spec),
         "resources": {"limits": limits, "requests": requests},
         "readinessProbe": {
-            "httpGet": {**http_get, "path": "/v2/health/ready"},
+            "httpGet": {**http_get, "path": ready_path},
             # The kubelet's shortest period: a replica's Ready is on the path to its targets'.
             "periodSeconds": 1,
             "failureThreshold": 2,
         },
         "livenessProbe": {
-            "httpGet": {**http_get, "path": "/v2/health/live"},
+            "httpGet": {**http_get, "path": live_path},
             "initialDelaySeconds": 10,
             "periodSeconds": 10,
             "failureThreshold": 6,

@@ -18,6 +18,8 @@ from weightlift.api.model import (
     CompletionProtocol,
     InferenceProbe,
     ProbeResult,
+    RuntimeSpec,
+    inference_call,
 )
 from weightlift.api.times import now_rfc3339
 from weightlift.api.worker import WorkerReport
@@ -183,10 +185,16 @@ def check_text(text: str, probe: CompletionProbe) -> str | None:
 
 
 async def generate_text(
-    client: WorkerClient, address: str, model: str, probe: CompletionProbe, timeout: float
+    client: WorkerClient,
+    address: str,
+    model: str,
+    probe: CompletionProbe,
+    protocol: CompletionProtocol,
+    timeout: float,
 ) -> str:
-    """The greedy completion of `probe.prompt`; raises ValueError on an unexpected answer."""
-    if probe.protocol == CompletionProtocol.TRITON_GENERATE:
+    """The greedy completion of `probe.prompt` over `protocol`; raises ValueError on an
+    unexpected answer."""
+    if protocol == CompletionProtocol.TRITON_GENERATE:
         body: dict[str, Any] = {
             "text_input": probe.prompt,
             "parameters": {"max_tokens": probe.max_tokens, "temperature": 0},
@@ -206,7 +214,7 @@ async def generate_text(
     doc = response.json()
     text = (
         doc.get("text_output")
-        if probe.protocol == CompletionProtocol.TRITON_GENERATE
+        if protocol == CompletionProtocol.TRITON_GENERATE
         else doc["choices"][0].get("text")
     )
     if not isinstance(text, str):
@@ -228,15 +236,19 @@ async def probe_inference(
     model: str,
     probe: InferenceProbe | None,
     previous: ProbeResult | None,
+    runtime: RuntimeSpec | None = None,
 ) -> ProbeResult:
-    """POST a real inference request and judge the answer; failures count toward the threshold."""
+    """POST a real inference request and judge the answer; failures count toward the threshold.
+    `runtime`: the spec's (None: the Builtin worker's), whose protocol picks the request with
+    the probe (`inference_call`)."""
     timeout = probe.timeout_seconds if probe else 5.0
     threshold = probe.failure_threshold if probe else 3
+    call = inference_call(runtime or RuntimeSpec(), probe)
     started = time.perf_counter()
     problem: str | None
     try:
-        if probe is not None and probe.completion is not None:
-            text = await generate_text(client, address, model, probe.completion, timeout)
+        if probe is not None and probe.completion is not None and call is not None:
+            text = await generate_text(client, address, model, probe.completion, call, timeout)
             problem = check_text(text, probe.completion)
         else:
             problem = await _probe_infer(client, address, model, probe, timeout)

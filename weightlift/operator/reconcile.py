@@ -245,7 +245,7 @@ async def _probe(
     if last is not None and not _probe_due(state, uid, spec):
         return last[1]
     result = await probe_inference(
-        state.http, address, model, spec.probe, last[1] if last else None
+        state.http, address, model, spec.probe, last[1] if last else None, spec.runtime
     )
     record.probe = (time.monotonic(), result)
     state.metrics.probed(engine_of(spec), result.passed)
