@@ -15,7 +15,8 @@ What it scrapes is what the chart and the operator ship, nothing the stack adds:
   labelled as the Prometheus Operator labels a ServiceMonitor's (job = the Service's name,
   namespace, pod, container, service, endpoint): the dashboard reads the same series;
 - the workers: every worker pod (`app.kubernetes.io/name: weightlift-worker`) on its container
-  port `http`, where the worker serves /metrics.
+  port `http`, where the worker serves /metrics, labelled as the chart's PodMonitor labels
+  them (`deployment`, `replica`).
 On the process node a pod's IP is a 127.0.x.y address of the host's loopback, so the
 discovered targets are reached as they are. An operator run as a local process (`install
 process`) is no pod: it is scraped at its loopback port, under a static job.
@@ -38,7 +39,7 @@ import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from weightlift.api.labels import DEPLOYMENT_LABEL, WORKER_LABELS
+from weightlift.api.labels import DEPLOYMENT_LABEL, REPLICA_LABEL, WORKER_LABELS
 from weightlift.local import prometheus_pod
 from weightlift.local.cluster import cached_binary
 from weightlift.local.kube import JSON, KUBE_ERRORS, Kube, call
@@ -77,6 +78,15 @@ def _meta(label: str) -> str:
     """A Kubernetes label's service-discovery meta label (`.`, `/`, `-` become `_`)."""
     clean = "".join(c if c.isalnum() else "_" for c in label)
     return f"__meta_kubernetes_pod_label_{clean}"
+
+
+# As the chart's PodMonitor labels worker targets: the pod's ModelDeployment and replica index,
+# the labels the worker puts on its engine's series too, whose scraped copies go.
+WORKER_TARGET_LABELS = [
+    {"source_labels": [_meta(DEPLOYMENT_LABEL)], "target_label": "deployment"},
+    {"source_labels": [_meta(REPLICA_LABEL)], "target_label": "replica"},
+]
+WORKER_EXPORTED_DROP = {"action": "labeldrop", "regex": "exported_(deployment|replica)"}
 
 
 def _sd(role: str, namespaces: list[str], server: str | None, auth: JSON) -> list[JSON]:
@@ -180,8 +190,9 @@ def scrape_config(
                     "regex": "Succeeded|Failed",
                 },
                 *_target_labels("__meta_kubernetes_pod_"),
-                {"source_labels": [_meta(DEPLOYMENT_LABEL)], "target_label": "deployment"},
+                *WORKER_TARGET_LABELS,
             ],
+            "metric_relabel_configs": [WORKER_EXPORTED_DROP],
         }
     )
     return {

@@ -8,7 +8,8 @@ and any method on /weightlift/v1/p2p/{tail}, forwarded to the P2P source publish
 `handle(request)` once one is installed with `set_p2p_handler(app, publisher)` (503 "not a source
 yet" before). The model routes belong to the engine in `state.engine` (worker/engines: builtin
 answers infer, vLLM generate and /v1, Triton infer and generate; an engine's `metrics_text()`, if
-it has one, follows /metrics); infer and generate answer only once the replica is Ready. A method
+it has one, follows /metrics: vLLM's `vllm:*` or Triton's `nv_*`, labelled with the replica, see
+engines/exposition.py); infer and generate answer only once the replica is Ready. A method
 a route does not declare gets the router's 405 with an Allow header (no catch-all covers /v2), an
 unknown path a 404. The handlers live in the WorkerState (mutable) rather than as app keys:
 aiohttp deprecates changing a started app.
@@ -245,7 +246,7 @@ class FrontDoor:
         m.ready.set(1 if self.state.ready else 0)
         body = generate_latest(m.registry)
         engine_metrics = getattr(self.state.engine, "metrics_text", None)
-        if engine_metrics is not None:  # an engine's own families (Triton's nv_*) follow ours
+        if engine_metrics is not None:  # the engine's own families (vllm:*, nv_*) follow ours
             body += (await engine_metrics()).encode()
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 

@@ -142,6 +142,23 @@ def test_the_worker_job_keeps_worker_pods_on_their_http_port() -> None:
     assert dropped and re.fullmatch(dropped[0]["regex"], "Succeeded")
 
 
+def test_the_worker_job_labels_targets_and_series_as_the_charts_pod_monitor(helm: Path) -> None:
+    """The same selection, target labels and metric relabelling as the PodMonitor the chart
+    ships (`metrics.podMonitor`), written as prometheus.yml spells them."""
+    (monitor,) = by_kind(template(helm, "--set", "metrics.podMonitor.enabled=true"), "PodMonitor")
+    (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+    job = _job(_config(), WORKER_JOB)
+    pod_meta = _labels("__meta_kubernetes_pod_label_", monitor["spec"]["selector"]["matchLabels"])
+    assert _kept(job, {**pod_meta, "__meta_kubernetes_pod_container_port_name": endpoint["port"]})
+    relabeled = {
+        r["target_label"]: r["source_labels"]
+        for r in job["relabel_configs"]
+        if r.get("target_label") in ("deployment", "replica")
+    }
+    assert relabeled == {r["targetLabel"]: r["sourceLabels"] for r in endpoint["relabelings"]}
+    assert job["metric_relabel_configs"] == endpoint["metricRelabelings"]
+
+
 def test_a_process_operator_is_a_static_target() -> None:
     config = scrape_config(
         server="https://127.0.0.1:6443",

@@ -1,6 +1,7 @@
 """The chart's metrics parts, rendered by the real helm binary: the operator's metrics port and
-Service, the optional ServiceMonitor and Grafana dashboard, and the NetworkPolicy's
-metricsFrom. The dashboard's queries name only families the operator really exports."""
+Service, the optional ServiceMonitor, the workers' optional PodMonitor and the Grafana
+dashboard, and the NetworkPolicy's metricsFrom. The dashboard's queries name only families the
+operator and vLLM 0.32 really export."""
 
 from __future__ import annotations
 
@@ -12,10 +13,15 @@ from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
+from prometheus_client.parser import text_string_to_metric_families
 
+from tests.support.vllm_metrics import exposition
 from tests.unit.operator.test_chart import CHART, by_kind, helm, template
+from tests.unit.operator.test_pods import container, make_spec, render
+from weightlift.api.labels import DEPLOYMENT_LABEL, REPLICA_LABEL
 from weightlift.operator.metrics import Metrics
 from weightlift.operator.settings import METRICS_HOST_ENV, METRICS_PORT_ENV
+from weightlift.worker.engines.exposition import replica_labels
 
 __all__ = ["helm"]  # the fixture, shared with test_chart.py
 
@@ -45,6 +51,7 @@ def test_metrics_port_and_service_by_default_and_nothing_optional(helm: Path) ->
     pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
     assert service["spec"]["selector"].items() <= pod_labels.items()
     assert by_kind(docs, "ServiceMonitor") == []
+    assert by_kind(docs, "PodMonitor") == []
     assert [c for c in by_kind(docs, "ConfigMap") if "dashboard" in c["metadata"]["name"]] == []
 
 
@@ -82,6 +89,62 @@ def test_service_monitor_scrapes_the_metrics_service(helm: Path) -> None:
     assert {"name": "metrics", "containerPort": 9400} in _container(docs)["ports"]
 
 
+def _meta_label(label: str) -> str:
+    """A pod label as Kubernetes service discovery names it."""
+    return "__meta_kubernetes_pod_label_" + re.sub(r"[^a-zA-Z0-9_]", "_", label)
+
+
+def test_pod_monitor_scrapes_the_workers_http_port_labelled_as_the_worker_labels(
+    helm: Path,
+) -> None:
+    docs = template(
+        helm,
+        "--set", "metrics.podMonitor.enabled=true",
+        "--set", "metrics.podMonitor.interval=15s",
+        "--set", "metrics.podMonitor.scrapeTimeout=10s",
+        "--set", "metrics.podMonitor.labels.release=kube-prometheus-stack",
+        "--set-json", 'workerNamespaces=["models","batch"]',
+        # Its own switch: the workers serve /metrics whatever the operator's metrics say.
+        "--set", "metrics.enabled=false",
+    )  # fmt: skip
+    (monitor,) = by_kind(docs, "PodMonitor")
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    assert monitor["metadata"]["namespace"] == "weightlift"
+    assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    assert monitor["spec"]["namespaceSelector"] == {"matchNames": ["models", "batch"]}
+    # It selects the pods the operator renders (a vLLM replica's), on their worker port.
+    spec = make_spec(
+        model={"uri": "hostpath:///models/llama", "format": "safetensors"},
+        runtime={"engine": "vLLM"},
+    )
+    pod = render(spec)
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+    (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+    assert endpoint["port"] == "http" and endpoint["path"] == "/metrics"
+    assert (endpoint["interval"], endpoint["scrapeTimeout"]) == ("15s", "10s")
+    (port,) = [p for p in container(pod)["ports"] if p["name"] == endpoint["port"]]
+    assert port["containerPort"] == spec.runtime.port  # where the worker serves /metrics
+    # Targets labelled with the pod's deployment and replica, by the names the worker gives
+    # its engine's series, whose scraped copies (exported_*) go.
+    relabeled = {r["targetLabel"]: r["sourceLabels"] for r in endpoint["relabelings"]}
+    assert relabeled == {
+        "deployment": [_meta_label(DEPLOYMENT_LABEL)],
+        "replica": [_meta_label(REPLICA_LABEL)],
+    }
+    assert set(relabeled) == set(replica_labels("x", 0))
+    pod_labels = pod["metadata"]["labels"]
+    assert (pod_labels[DEPLOYMENT_LABEL], pod_labels[REPLICA_LABEL]) == ("llama", "0")
+    (drop,) = endpoint["metricRelabelings"]
+    assert drop["action"] == "labeldrop"
+    assert re.fullmatch(drop["regex"], "exported_deployment")
+    assert re.fullmatch(drop["regex"], "exported_replica")
+    assert not re.fullmatch(drop["regex"], "deployment")
+    # The release namespace by default (workerNamespaces empty, the whole cluster watched).
+    (default,) = by_kind(template(helm, "--set", "metrics.podMonitor.enabled=true"), "PodMonitor")
+    assert default["spec"]["namespaceSelector"] == {"matchNames": ["weightlift"]}
+    assert "scrapeTimeout" not in default["spec"]["podMetricsEndpoints"][0]
+
+
 def _dashboard(docs: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
     (configmap,) = [c for c in by_kind(docs, "ConfigMap") if "dashboard" in c["metadata"]["name"]]
     (key,) = configmap["data"]
@@ -114,14 +177,25 @@ def test_every_dashboard_query_names_families_the_operator_exports(helm: Path) -
     for family in metrics.registry.collect():
         suffixes = {"counter": ["_total"], "histogram": ["_bucket", "_sum", "_count"]}
         samples |= {family.name + s for s in suffixes.get(family.type, [])}
+    # vLLM's series (the workers re-export them): what vLLM 0.32's own stat logger writes.
+    vllm_samples = {
+        sample.name
+        for family in text_string_to_metric_families(exposition())
+        for sample in family.samples
+        if sample.name.startswith("vllm:")
+    }
     exprs = [t["expr"] for panel in dashboard["panels"] for t in panel["targets"]]
     assert exprs
     used: set[str] = set()
     for expr in exprs:
         names = set(re.findall(r"\b((?:weightlift|process)_[a-z_]+)\b", expr))
-        assert names, expr
-        used |= names
+        vllm_names = set(re.findall(r"(?<![\w:])(vllm:[a-z_:]+)\b", expr))
+        assert names or vllm_names, expr
+        used |= names | vllm_names
         assert names <= samples, f"{expr}: {names - samples} not exported"
+        assert vllm_names <= vllm_samples, f"{expr}: {vllm_names - vllm_samples} not in vLLM 0.32"
+        # Only the series weightlift's workers labelled (any other vLLM the cluster scrapes: not).
+        assert not vllm_names or 'deployment!=""' in expr, expr
     wanted = {
         "weightlift_replicas",
         "weightlift_replica_time_to_ready_seconds_bucket",
@@ -133,6 +207,9 @@ def test_every_dashboard_query_names_families_the_operator_exports(helm: Path) -
         "weightlift_reconcile_total",
         "weightlift_reconcile_duration_seconds_bucket",
         "weightlift_api_requests_total",
+        "vllm:num_requests_waiting",
+        "vllm:kv_cache_usage_perc",
+        "vllm:time_to_first_token_seconds_bucket",
     }
     assert wanted <= used, wanted - used
 
@@ -163,6 +240,8 @@ def test_network_policy_lets_metrics_from_scrape_the_workers(helm: Path) -> None
     [
         ("metrics.port=80", "/metrics/port"),
         ("metrics.serviceMonitor.interval=soon", "/metrics/serviceMonitor/interval"),
+        ("metrics.podMonitor.interval=soon", "/metrics/podMonitor/interval"),
+        ("metrics.podMonitor.scrape=yes", "/metrics/podMonitor"),
         ("metrics.dashboard.namespace=Not_A_Namespace", "/metrics/dashboard/namespace"),
         ("metrics.scrape=yes", "/metrics"),
     ],

@@ -7,8 +7,8 @@ that runs vLLM with `--load-format weightlift` in Triton's stub (see `backend`),
 init hooks, per-rank publishing and reports are exactly vLLM's (`engines.vllm`). The worker
 stays the pod's front door on `runtime.port`: status and P2P as with vLLM (each rank's manifest
 server), Ready once Triton's /v2/health/ready and /v2/models/{m}/ready answer and every rank
-has reported, `/v2/models/{m}[/versions/v]/{infer,generate}` forwarded to Triton, Triton's
-metrics appended to the worker's /metrics.
+has reported, `/v2/models/{m}[/versions/v]/{infer,generate}` forwarded to Triton, Triton's `nv_*`
+metrics re-exported on the worker's /metrics (labelled with the replica, as vLLM's).
 
 tritonserver dies with the worker (PR_SET_PDEATHSIG); Triton's stub exits when tritonserver is
 gone (it watches its parent).
@@ -21,7 +21,6 @@ import re
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 from aiohttp import web
 
 from weightlift.api.worker import WorkerPlan
@@ -105,6 +104,8 @@ class TritonEngine(VllmEngine):
     # A standby Target starts tritonserver at once, as vLLM's: the model's vLLM builds, runs the
     # hooks and its weight step waits for the relayed hand-off (inside Triton's model load).
     prepares_standby = True
+    # Triton's own families, from its metrics port (VllmEngine.metrics_text).
+    metrics_prefixes = ("nv_",)
 
     def __init__(self, plan: WorkerPlan, workdir: Path) -> None:
         super().__init__(plan, workdir)
@@ -175,16 +176,6 @@ class TritonEngine(VllmEngine):
             "tritonserver serves KServe v2 and generate, not the OpenAI API: use "
             f"/v2/models/{self.plan.served_model_name}/generate"
         )
-
-    async def metrics_text(self) -> str:
-        """Triton's Prometheus metrics (nv_*), or "" while it does not answer."""
-        try:
-            async with self.session().get(
-                self.metrics_url, timeout=aiohttp.ClientTimeout(total=5)
-            ) as resp:
-                return await resp.text() if resp.status == 200 else ""
-        except (aiohttp.ClientError, TimeoutError):
-            return ""
 
     @classmethod
     def for_worker(cls, plan: WorkerPlan) -> TritonEngine:

@@ -6,7 +6,8 @@ load format (in vLLM's process, see `loader`) writes one report per rank; the wo
 into its WorkerReport, is Ready when vLLM's /health answers, forwards /weightlift/v1/p2p/* to the
 manifest server of the vLLM rank the request names (where that rank's NIXL agent and memory
 are), /v1/* to vLLM, and answers Triton's `/v2/models/{m}/generate` through vLLM's
-/v1/completions.
+/v1/completions. Its /metrics carries vLLM's `vllm:*` series, labelled with the replica
+(`metrics_text`).
 
 The engine's Python: `WEIGHTLIFT_VLLM_PYTHON` (an environment with vLLM and weightlift, e.g. the
 one `hack/install-vllm.sh` builds), else this interpreter.
@@ -35,6 +36,7 @@ from aiohttp import web
 from weightlift.api.model import Role
 from weightlift.api.worker import WorkerPhase, WorkerPlan, WorkerReport
 from weightlift.worker.engines.base import BringUp, not_served
+from weightlift.worker.engines.exposition import relabel, replica_labels
 from weightlift.worker.engines.vllm.compile_cache import CompileCache
 from weightlift.worker.engines.vllm.compile_stores import open_stores
 from weightlift.worker.engines.vllm.plugin import DIE_WITH_PARENT_ENV
@@ -156,6 +158,9 @@ class VllmEngine:
 
     label = "vLLM"  # what messages call the engine
     health_paths: tuple[str, ...] = ("/health",)  # all answer 200: the engine serves
+    # The engine's own Prometheus families the worker's /metrics re-exports (`metrics_text`):
+    # vLLM's, not the Python process and HTTP families its /metrics also serves.
+    metrics_prefixes: tuple[str, ...] = ("vllm:",)
     # Standby (worker/standby.py): vLLM starts at once and builds the model; its weight step
     # waits for the hand-off the worker relays (`relay_handoff`).
     prepares_standby = True
@@ -167,6 +172,7 @@ class VllmEngine:
         self.log_path = workdir / "vllm.log"
         self.process: subprocess.Popen[bytes] | None = None
         self.url = f"http://{engine_host(plan.host)}:{plan.runtime.engine_port}"
+        self.metrics_url = self.url + "/metrics"
         # Only the worker holds it: vLLM's /v1 answers 401 to anyone who skips the worker's
         # Ready gate. Passed in the environment, so it is not on vLLM's command line.
         self.api_key = secrets.token_urlsafe(32)
@@ -480,6 +486,26 @@ class VllmEngine:
 
     async def openai(self, request: web.Request) -> web.StreamResponse:
         return await self.forward(request, self.url)
+
+    async def metrics_text(self) -> str:
+        """The engine's own Prometheus families (`metrics_prefixes`: vLLM's `vllm:*`, Triton's
+        `nv_*`), each sample labelled with this replica's deployment and replica index, as
+        Prometheus text; "" while the engine does not answer (exposition.relabel)."""
+        # vLLM 0.32 serves /metrics without its API key; the key goes along in case a vLLM
+        # guards it, and only to vLLM (Triton's metrics port is another server).
+        to_vllm = self.metrics_url.startswith(self.url + "/")
+        headers = {"Authorization": f"Bearer {self.api_key}"} if to_vllm else {}
+        try:
+            async with self.session().get(
+                self.metrics_url, headers=headers, timeout=aiohttp.ClientTimeout(total=5)
+            ) as resp:
+                if resp.status != 200:
+                    return ""
+                text = await resp.text()
+        except (aiohttp.ClientError, TimeoutError):
+            return ""
+        labels = replica_labels(self.plan.deployment, self.plan.replica)
+        return relabel(text, self.metrics_prefixes, labels)
 
     async def forward(self, request: web.Request, base: str) -> web.StreamResponse:
         """Pass `request` to `base` + its path and query; stream the answer back."""
