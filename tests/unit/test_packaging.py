@@ -69,6 +69,18 @@ def test_the_wheel_holds_every_module(installed: Path) -> None:
     assert (installed / "weightlift" / "operator" / "planning.py").is_file()
 
 
+def test_the_wheel_holds_the_data_files(installed: Path) -> None:
+    """What the code reads beside its modules (the OIP spec of `weightlift bench oip`)."""
+    data = {
+        p.relative_to(REPO)
+        for p in (REPO / "weightlift").rglob("*")
+        if p.is_file() and p.suffix not in (".py", ".pyc")
+    }
+    assert Path("weightlift/bench/data/open_inference_rest.yaml") in data
+    missing = {p for p in data if not (installed / p).is_file()}
+    assert not missing, f"data files missing from the wheel: {sorted(map(str, missing))}"
+
+
 def test_every_installed_module_imports_from_the_wheel(installed: Path) -> None:
     # -I -S: no editable finder (.pth) and no repo on sys.path; the venv's site-packages are
     # added as plain paths so third-party dependencies (torch, kopf) still resolve.

@@ -14,6 +14,7 @@ BENCHMARKS = {
     "triton": "weightlift.bench.triton:triton_command_line",
     "chaos": "weightlift.bench.chaos:chaos_command",
     "fuzz": "weightlift.bench.fuzz:fuzz_command",
+    "oip": "weightlift.bench.oip:oip_command",
     "scale-out": "weightlift.bench.scaleout:scale_out_command",
 }
 
@@ -32,5 +33,5 @@ class _LazyBench(click.Group):
 
 @click.group(cls=_LazyBench)
 def bench_group() -> None:
-    """Benchmarks (tables, JSON and PNG): load, p2p, operator, vllm, triton, chaos, fuzz,
+    """Benchmarks (tables, JSON and PNG): load, p2p, operator, vllm, triton, chaos, fuzz, oip,
     scale-out."""

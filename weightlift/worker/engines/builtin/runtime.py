@@ -335,6 +335,14 @@ class Pt2Runtime:
         }
 
     def _check_input(self, spec: TensorSpec, arr: np.ndarray) -> None:
+        # A floating input takes any floating datatype (cast to the weights' dtype below); any
+        # other must be the model's own: the program would fail on it (an INT8 into a matmul).
+        expected = np.dtype(V2_TO_NUMPY.get(spec.datatype, np.float32))
+        if arr.dtype != expected and not (expected.kind == arr.dtype.kind == "f"):
+            sent = next((k for k, v in V2_TO_NUMPY.items() if np.dtype(v) == arr.dtype), arr.dtype)
+            raise InferError(
+                f"input {spec.name!r} has datatype {sent}, model expects {spec.datatype}"
+            )
         if len(arr.shape) != len(spec.shape) or any(
             want not in (-1, got) for want, got in zip(spec.shape, arr.shape, strict=True)
         ):

@@ -64,7 +64,10 @@ def decode_inputs(
                         f"input {name!r}: {arr.size} values, shape {shape} needs {numel}"
                     )
                 arr = arr.reshape(shape)
-        except (TypeError, ValueError) as exc:
+        except InferError:
+            raise
+        # OverflowError: a value out of the datatype's range (300 for UINT8, 2**64 for INT64).
+        except (TypeError, ValueError, OverflowError) as exc:
             raise InferError(f"input {name!r}: {exc}") from None
         arrays[name] = arr
     return req, arrays
