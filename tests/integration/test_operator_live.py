@@ -161,13 +161,16 @@ def test_scheduler_respects_gpu_requests_and_node_selector(env: Env) -> None:
     )
 
     def surfaced() -> dict[str, Any]:
+        # The status as it settles: the condition may come in a write that still lists bound
+        # pods without their node (their binding not yet seen), so wait for the 4 nodes too.
         st = env.status("packed")
         sched = {c["type"]: c for c in st.get("conditions", [])}.get("Scheduled", {})
         ok = sched.get("status") == "False" and sched.get("reason") == "Unschedulable"
-        return st if ok else {}
+        placed = [r for r in st.get("replicaStatuses", []) if r.get("node")]
+        return st if ok and len(placed) == 4 else {}
 
     try:
-        st = wait_for(surfaced, 60, "Scheduled=False/Unschedulable in status")
+        st = wait_for(surfaced, 60, "Scheduled=False/Unschedulable and 4 replicas placed")
     except AssertionError as exc:
         raise AssertionError(f"{exc}; status: {json.dumps(env.status('packed'))}") from None
     pending = [r for r in st["replicaStatuses"] if not r.get("node")]
