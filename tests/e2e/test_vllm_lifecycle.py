@@ -13,6 +13,7 @@ from typing import Any
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.e2e import alive, fault_gate, held_source, pids_of
 from tests.support.vllm import (
@@ -106,6 +107,18 @@ def test_vllm_source_from_storage_target_by_p2p_both_answer(
     assert sources == {source["name"], target["name"]}, obs.status().get("sources")
     times = {r["name"]: r for r in obs.summary()["replicas"]}
     assert times[target["name"]]["standbyAt"] < times[source["name"]]["readyAt"], times
+    # The worker's /metrics re-exports vLLM's series, each labelled with the replica.
+    metrics = httpx.get(times[target["name"]]["endpoint"] + "/metrics", timeout=10).text
+    running = [
+        s.labels
+        for family in text_string_to_metric_families(metrics)
+        if family.name == "vllm:num_requests_running"
+        for s in family.samples
+    ]
+    assert running and all(
+        (labels["deployment"], labels["replica"]) == (obs.name, str(target.get("replica", 0)))
+        for labels in running
+    ), running
 
 
 def _replica(obs: Observer, replica: int) -> JSON:
