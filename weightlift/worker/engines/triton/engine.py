@@ -106,6 +106,7 @@ class TritonEngine(VllmEngine):
     prepares_standby = True
     # Triton's own families, from its metrics port (VllmEngine.metrics_text).
     metrics_prefixes = ("nv_",)
+    metrics_with_key = False  # vLLM's key is not Triton's business
 
     def __init__(self, plan: WorkerPlan, workdir: Path) -> None:
         super().__init__(plan, workdir)

@@ -161,6 +161,9 @@ class VllmEngine:
     # The engine's own Prometheus families the worker's /metrics re-exports (`metrics_text`):
     # vLLM's, not the Python process and HTTP families its /metrics also serves.
     metrics_prefixes: tuple[str, ...] = ("vllm:",)
+    # vLLM 0.32 serves /metrics without its API key; the key goes along in case a vLLM guards
+    # it. Never to another server (Triton's metrics port).
+    metrics_with_key = True
     # Standby (worker/standby.py): vLLM starts at once and builds the model; its weight step
     # waits for the hand-off the worker relays (`relay_handoff`).
     prepares_standby = True
@@ -491,10 +494,7 @@ class VllmEngine:
         """The engine's own Prometheus families (`metrics_prefixes`: vLLM's `vllm:*`, Triton's
         `nv_*`), each sample labelled with this replica's deployment and replica index, as
         Prometheus text; "" while the engine does not answer (exposition.relabel)."""
-        # vLLM 0.32 serves /metrics without its API key; the key goes along in case a vLLM
-        # guards it, and only to vLLM (Triton's metrics port is another server).
-        to_vllm = self.metrics_url.startswith(self.url + "/")
-        headers = {"Authorization": f"Bearer {self.api_key}"} if to_vllm else {}
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.metrics_with_key else {}
         try:
             async with self.session().get(
                 self.metrics_url, headers=headers, timeout=aiohttp.ClientTimeout(total=5)
