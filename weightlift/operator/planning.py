@@ -251,7 +251,7 @@ def validate(spec: ModelDeploymentSpec, observed: Observed) -> str | None:
         field_name = "tensor" if par.pods_per_replica == 1 else "podsPerReplica"
         return (
             f"spec.parallelism.{field_name}: {gpus} GPUs per pod but the largest node offers "
-            f"{observed.max_node_gpus} nvidia.com/gpu"
+            f"{observed.max_node_gpus} {spec.template.gpu_resource}"
         )
     problem = _validate_groups(spec)
     if problem:

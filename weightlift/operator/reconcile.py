@@ -401,7 +401,7 @@ async def reconcile(
         model = spec.model.name or name
         observed_pods, max_gpus = await asyncio.gather(
             asyncio.gather(*(observe_pod(state, p, spec, model) for p in pods)),
-            state.max_node_gpus(),
+            state.max_node_gpus(spec.template.gpu_resource),
         )
         woken = state.still_spare_labelled(uid, {p.name for p in observed_pods if p.spare})
         observed_pods = [
