@@ -4,6 +4,7 @@ ModelDeployment and one per pod. A deleted object's record goes with one `pop`."
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import time
@@ -117,6 +118,9 @@ class OperatorState:
     passes: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(MAX_PASSES))
     # Per GPU resource name (spec.template.gpuResource): when fetched, the most any node offers.
     node_gpus: dict[str, tuple[float, int | None]] = field(default_factory=dict)
+    # Namespaces whose PodSecurity level refused the node compile store's hostPath
+    # (podsecurity.py): their pods are rendered without it for the rest of this operator's life.
+    no_node_store: set[str] = field(default_factory=set)
     _node_fetches: dict[str, asyncio.Future[int | None]] = field(default_factory=dict)
 
     @classmethod
@@ -243,6 +247,12 @@ class OperatorState:
         except Exception:
             name = involved.get("metadata", {}).get("name")
             logging.getLogger(__name__).warning("could not post event %s on %s", reason, name)
+
+    def settings_for(self, namespace: str) -> Settings:
+        """The settings a pod in `namespace` is rendered with."""
+        if namespace in self.no_node_store:
+            return dataclasses.replace(self.settings, compile_store="")
+        return self.settings
 
     async def max_node_gpus(self, resource: str = DEFAULT_GPU_RESOURCE) -> int | None:
         """The most `resource` a node offers. Cached; when it runs out, one LIST of nodes serves
