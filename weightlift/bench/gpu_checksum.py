@@ -6,6 +6,7 @@ several sizes and offsets, not one. A kind this build does not know is reported,
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Any, cast
 
 import torch
@@ -63,7 +64,7 @@ def run_checksums(device: torch.device, nbytes: int, repeat: int) -> JSON:
         n = t.numel()
         checksum(t[: 1 << 20], kind)  # untimed: kernel compile, staging buffers
         sync = device if device.type == "cuda" else None
-        runs = timed(lambda t=t, kind=kind: checksum(t, kind), repeat, sync)
+        runs = timed(partial(checksum, t, kind), repeat, sync)
         out["kinds"][kind] = spread(runs, n)
     if known(DEVICE_KIND) and device.type == "cuda":
         out["agreement"] = agreement(device)
