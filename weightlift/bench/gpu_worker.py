@@ -26,6 +26,7 @@ WORKER_COMMAND = [
     "from weightlift.worker.main import worker_command; worker_command()",
 ]
 HOOK = "hooks/libinit.so"
+HOOK_ENV = "WEIGHTLIFT_BENCH_HOOK_LIBRARY"
 
 
 def _plan(model: Path, pod: str, device: str, source: bool, peers: list[Any], hook: bool) -> Any:
@@ -108,6 +109,17 @@ def hook_indices(log: Path) -> list[int]:
     return [int(ln.split()[2]) for ln in log.read_text().splitlines() if ln.startswith("init ")]
 
 
+def _prebuilt_hook(model: Path) -> bool:
+    """The demo hook built elsewhere (hack/gpu-wheels.sh builds one for x86-64 Linux), for a
+    host without gcc: $WEIGHTLIFT_BENCH_HOOK_LIBRARY."""
+    built = os.environ.get(HOOK_ENV)
+    if not built or not Path(built).is_file():
+        return False
+    (model / HOOK).parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(built, model / HOOK)
+    return True
+
+
 def _check_worker(
     proc: Any, client: httpx.Client, model: Path, hook_log: Path | None, timeout: float
 ) -> JSON:
@@ -145,10 +157,11 @@ def run_lifecycle(workdir: Path, device: str, size_mb: float, timeout: float = 6
     out: JSON = {"device": device, "size_mb": size_mb}
     try:
         make_demo(model, size_mb, tp=1, hook=True)
-    except click.ClickException as exc:  # no gcc on this host: the rest still runs
-        hook = False
-        out["hook_note"] = f"init hook not checked: {exc.message}"
+    except click.ClickException as exc:  # no gcc on this host
         make_demo(model, size_mb, tp=1, hook=False)
+        hook = _prebuilt_hook(model)
+        if not hook:
+            out["hook_note"] = f"init hook not checked: {exc.message}"
     requests = requests_for(model)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     with httpx.Client() as client:

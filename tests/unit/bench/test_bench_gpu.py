@@ -25,7 +25,7 @@ BLOCKER = textwrap.dedent(
     """
     import importlib.abc, os, sys
 
-    BLOCKED = ("kubernetes", "kubernetes_asyncio", "kopf")
+    BLOCKED = ("kubernetes", "kubernetes_asyncio", "kopf", "boto3", "botocore")
 
     class Blocker(importlib.abc.MetaPathFinder):
         def find_spec(self, name, path=None, target=None):
