@@ -8,6 +8,9 @@
 #
 #   run(command="bash hack/gpu-bench.sh", carry=["hack/gpu-wheels"], timeout_s=600)
 #
+# Rehearse here (CPU, no GPU): WL_GPU_PYTHON=3.11 hack/gpu-wheels.sh, then this script with a
+# `python3` on PATH that has torch; then hack/gpu-wheels.sh again for the GPU host's 3.12.
+#
 # It installs the wheels with --no-deps into /tmp/wl-site, puts it and the checkout on
 # PYTHONPATH, and runs the bench with sizes that fit ~8 minutes (a 2 GB model, 3 runs per figure,
 # 5 pulls); extra arguments go to the bench. $OUT/gpu.json and $OUT/gpu.log come back.
@@ -27,5 +30,7 @@ WORK=${WL_GPU_WORKDIR:-$PWD/.gpu-work}  # on the host's disk: O_DIRECT and cold 
   mkdir -p "$WORK" && df -hT "$WORK" | tail -1
   python3 -c 'import sys, torch; print(sys.version.split()[0], torch.__version__, torch.cuda.is_available())'
   timeout 560 python3 -m weightlift.bench.gpu --json "$OUT/gpu.json" --workdir "$WORK" "$@"
-  echo "exit $?"
+  rc=$?
+  echo "exit $rc"
+  exit $rc
 } 2>&1 | tee "$OUT/gpu.log"

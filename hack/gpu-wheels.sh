@@ -9,9 +9,11 @@
 # Also built: the demo model's init hook (gcc, x86-64), used there if that host has no gcc.
 #
 #   hack/gpu-wheels.sh            # then: du -sh hack/gpu-wheels (must stay well under 60 MiB)
+#   WL_GPU_PYTHON=3.11 hack/gpu-wheels.sh   # wheels for this machine: rehearse gpu-bench.sh here
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DEST=hack/gpu-wheels
+PYVER=${WL_GPU_PYTHON:-3.12}
 PY=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}
 # What hack/gpu-bench.sh installs with --no-deps: every requirement named, one version each.
 WHEELS=(
@@ -25,11 +27,11 @@ PLATFORMS=(--platform manylinux2014_x86_64)
 for n in $(seq 17 39); do PLATFORMS+=(--platform "manylinux_2_${n}_x86_64"); done
 
 rm -rf "$DEST" && mkdir -p "$DEST/raw"
-"$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+"$PY" -m pip download -q --no-deps --only-binary=:all: --python-version "$PYVER" --implementation cp \
   "${PLATFORMS[@]}" -d "$DEST/raw" "${WHEELS[@]}"
 for w in "$DEST"/raw/*.whl; do
   case "$(basename "$w")" in
-    nixl_cu13-*) "$PY" hack/slim_nixl_wheel.py "$w" "$DEST" ;;
+    nixl_cu1*) "$PY" hack/slim_nixl_wheel.py "$w" "$DEST" ;;
     *) mv "$w" "$DEST/" ;;
   esac
 done

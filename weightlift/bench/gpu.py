@@ -54,7 +54,7 @@ def host_info(device: Any) -> JSON:
         info["device_memory_gib"] = round(props.total_memory / (1 << 30), 1)
     else:
         info["device_name"] = "no CUDA (CPU)"
-    info["nixl"] = next(filter(None, map(_version, ("nixl-cu13", "nixl-cu12", "nixl"))), None)
+    info["nixl"] = _nixl()
     info["summary"] = (
         f"torch {info['torch']} (CUDA {info['cuda']}), Python {info['python']}, "
         f"{info['cpus']} CPUs, {info.get('nixl') or 'no NIXL'}"
@@ -62,13 +62,21 @@ def host_info(device: Any) -> JSON:
     return info
 
 
-def _version(dist: str) -> str | None:
+def _nixl() -> str | None:
+    """The NIXL the P2P parts load (nixl_compat's choice) and its wheel's version."""
     from importlib.metadata import PackageNotFoundError, version
 
+    from weightlift.worker.p2p.nixl_compat import NixlUnavailable, nixl
+
+    try:
+        name = nixl().__name__.split(".")[0]
+    except NixlUnavailable:
+        return None
+    dist = name.replace("_", "-")
     try:
         return f"{dist} {version(dist)}"
     except PackageNotFoundError:
-        return None
+        return dist
 
 
 def run(opts: JSON, workdir: Path) -> JSON:
