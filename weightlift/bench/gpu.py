@@ -79,7 +79,8 @@ def _nixl() -> str | None:
         return dist
 
 
-def run(opts: JSON, workdir: Path) -> JSON:
+def run(opts: JSON, workdir: Path, save: Any = None) -> JSON:
+    """Every part in order; `save(doc)` after each, so a run cut short still leaves its figures."""
     import torch
 
     from weightlift.bench import gpu_report
@@ -109,6 +110,8 @@ def run(opts: JSON, workdir: Path) -> JSON:
         except Exception as exc:  # one part's failure is reported; the others still run
             doc[_KEYS[name]] = {"error": f"{type(exc).__name__}: {exc}"[:1000]}
         steps[name] = round(time.perf_counter() - t, 1)
+        if save is not None:
+            save({**doc, "seconds": steps, "partial": True})
 
     from weightlift.bench.gpu_checksum import run_checksums
     from weightlift.bench.gpu_first import first_in_process
@@ -196,14 +199,18 @@ def gpu_command(json_path: Path, device: str, workdir: Path | None, **given: Any
             tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="wl-bench-gpu-"))
             workdir = Path(tmp)
         workdir.mkdir(parents=True, exist_ok=True)
-        doc = run(opts, workdir)
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        doc = run(opts, workdir, save=lambda d: _write(json_path, d))
     doc["command"] = " ".join(["weightlift bench gpu", *sys.argv[1:]])
-    json_path.parent.mkdir(parents=True, exist_ok=True)
-    json_path.write_text(json.dumps(doc, indent=2, default=str) + "\n")
+    _write(json_path, doc)
     from weightlift.bench.gpu_report import print_report
 
     print_report(doc)
     click.echo(f"wrote {json_path}")
+
+
+def _write(path: Path, doc: JSON) -> None:
+    path.write_text(json.dumps(doc, indent=2, default=str) + "\n")
 
 
 def main() -> None:

@@ -27,6 +27,7 @@ def _checksum() -> Checksum:
 
 
 def known(kind: str) -> bool:
+    """Whether this build's `checksum` knows `kind` (it raises ValueError for one it does not)."""
     try:
         _checksum()(torch.zeros(8, dtype=torch.uint8), kind)
     except ValueError:
@@ -56,18 +57,22 @@ def run_checksums(device: torch.device, nbytes: int, repeat: int) -> JSON:
     out: JSON = {"device": str(device), "kinds": {}}
     big = torch.randint(0, 256, (nbytes,), dtype=torch.uint8, device=device)
     host_bytes = min(nbytes, 512 << 20) if device.type == "cuda" else nbytes
+    sync = device if device.type == "cuda" else None
     for kind in KINDS:
         if not known(kind):
             out["kinds"][kind] = {"skipped": f"{kind} not available"}
             continue
         t = big if kind not in HOST_KINDS else big[:host_bytes]
-        n = t.numel()
-        checksum(t[: 1 << 20], kind)  # untimed: kernel compile, staging buffers
-        sync = device if device.type == "cuda" else None
-        runs = timed(partial(checksum, t, kind), repeat, sync)
-        out["kinds"][kind] = spread(runs, n)
+        try:
+            checksum(t[: 1 << 20], kind)  # untimed: kernel compile, staging buffers
+            out["kinds"][kind] = spread(timed(partial(checksum, t, kind), repeat, sync), t.numel())
+        except Exception as exc:  # one kind failing on this device is its result
+            out["kinds"][kind] = {"error": f"{type(exc).__name__}: {exc}"[:500]}
     if known(DEVICE_KIND) and device.type == "cuda":
-        out["agreement"] = agreement(device)
+        try:
+            out["agreement"] = agreement(device)
+        except Exception as exc:
+            out["agreement"] = {"equal": False, "error": f"{type(exc).__name__}: {exc}"[:500]}
     elif known(DEVICE_KIND):
         out["agreement"] = {"note": "CPU only: the device kernel was not run"}
     del big

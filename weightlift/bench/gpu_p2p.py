@@ -84,13 +84,22 @@ def run_p2p(model: Path, workdir: Path, device: str, repeat: int, timeout: float
         return {"skipped": f"NIXL not importable: {why}"[:400]}
     env = {**os.environ, "NIXL_LOG_LEVEL": "WARN", "PYTHONUNBUFFERED": "1"}
     src_plan = workdir / "p2p-source.json"
-    src_plan.write_text(make_plan(model, pod="gpu-src-0", tensor_parallel=1).model_dump_json())
+    # A slow transport (UCX's software emulation of GPU memory: ~0.4 GB/s) must still finish.
+    timeout_s = 120
+    src = make_plan(model, pod="gpu-src-0", tensor_parallel=1, transfer_timeout_seconds=timeout_s)
+    src_plan.write_text(src.model_dump_json())
     source = PeerProc(["serve", "--plan", str(src_plan), "--device", device], env)
     try:
         ready = source.wait_for({"ready"}, timeout)
         cand = PeerCandidate(pod="gpu-src-0", address=f"127.0.0.1:{ready['port']}")
         tgt_plan = workdir / "p2p-target.json"
-        plan = make_plan(model, pod="gpu-tgt-0", tensor_parallel=1, peers=[cand])
+        plan = make_plan(
+            model,
+            pod="gpu-tgt-0",
+            tensor_parallel=1,
+            peers=[cand],
+            transfer_timeout_seconds=timeout_s,
+        )
         tgt_plan.write_text(plan.model_dump_json())
         target = PeerProc(
             [

@@ -228,7 +228,7 @@ def _print_checksums(console: Any, doc: JSON, table: Any) -> None:
     for col in ("kind", "GB/s", "note"):
         t.add_column(col)
     for kind, r in c["kinds"].items():
-        t.add_row(kind, _cell(r) if "gbps" in r else "-", r.get("skipped", ""))
+        t.add_row(kind, _cell(r) if "gbps" in r else "-", r.get("skipped") or r.get("error", ""))
     console.print(t)
     if "agreement" in c:
         console.print(f"dev64 device == CPU reference: {c['agreement']}")

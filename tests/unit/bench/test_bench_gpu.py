@@ -11,10 +11,15 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+import torch
+
 import weightlift
+from weightlift.bench.gpu_checksum import run_checksums
 from weightlift.bench.gpu_limits import cached_fraction
 from weightlift.bench.gpu_loaders import summarize_drops
 from weightlift.bench.gpu_report import goals
+from weightlift.worker.p2p import manifest
 from weightlift.worker.p2p.nixl_compat import nixl_import_error
 
 REPO = Path(weightlift.__file__).resolve().parents[1]
@@ -135,3 +140,18 @@ def test_cold_runs_say_when_the_cache_was_not_dropped(tmp_path: Path) -> None:
     assert "could not drop" in kept["note"]
     unknown = summarize_drops([{"dropped": None, "cached_after": None}])
     assert unknown["dropped"] is None and "could not check" in unknown["note"]
+
+
+def test_a_device_kind_is_timed_once_checksum_knows_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before devsum lands, dev64 is "not available"; once `checksum` knows it, it is timed."""
+    real = manifest.checksum
+
+    def with_dev64(tensor: torch.Tensor, kind: str = "xxh3") -> str:
+        return real(tensor, "crc32" if kind == "dev64" else kind)  # type: ignore[arg-type]
+
+    before = run_checksums(torch.device("cpu"), 1 << 20, 1)["kinds"]["dev64"]
+    monkeypatch.setattr(manifest, "checksum", with_dev64)
+    after = run_checksums(torch.device("cpu"), 1 << 20, 1)
+    assert "gbps" in before or before == {"skipped": "dev64 not available"}
+    assert after["kinds"]["dev64"]["gbps"] > 0 and after["kinds"]["xxh3"]["gbps"] > 0
+    assert "device kernel was not run" in after["agreement"]["note"]
