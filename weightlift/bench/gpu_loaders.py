@@ -38,8 +38,11 @@ def write_model(out: Path, size_mb: float, parts: int = 4, seed: int = 0) -> lis
     files = []
     for p in range(parts):
         tensors: Tensors = {}
-        for i in range(max(1, per_part // tensor)):
-            raw = torch.frombuffer(bytearray(rng.bytes(tensor)), dtype=torch.uint8)
+        sizes = [tensor] * (per_part // tensor)
+        if per_part % tensor >= 1024 or not sizes:
+            sizes.append(max(1024, per_part % tensor // 1024 * 1024))
+        for i, n in enumerate(sizes):
+            raw = torch.frombuffer(bytearray(rng.bytes(n)), dtype=torch.uint8)
             tensors[f"part{p}.w{i}"] = raw.view(torch.bfloat16).reshape(-1, 512)
         path = out / f"model-{p + 1:05d}-of-{parts:05d}.safetensors"
         save_file(tensors, str(path))
