@@ -14,6 +14,7 @@ import os
 import shutil
 import tempfile
 import weakref
+from collections.abc import Mapping
 from functools import cache
 from pathlib import Path
 from types import ModuleType
@@ -77,17 +78,20 @@ def nixl_import_error() -> str | None:
 _PROTO_DIRS: weakref.WeakKeyDictionary[Any, Path] = weakref.WeakKeyDictionary()
 
 
-def new_agent(name: str, *, record_reads: bool = False) -> Any:
+def new_agent(
+    name: str, *, record_reads: bool = False, ucx_options: Mapping[str, str] | None = None
+) -> Any:
     """A NIXL agent with its own UCX backend: the one place source and target agents are made.
 
     No progress thread (whoever owns the agent drives it: NIXL's thread spins a core per agent,
     even idle). The UCX backend is created by us rather than by the config's `backends` so it
     gets this agent's UCX options (transport.AGENT_UCX_OPTIONS) and NIXL's `peer` error
     handling. `record_reads`: UCX writes the protocols it picks for this agent's READs to a
-    directory of its own (`proto_dir`), removed with the agent."""
+    directory of its own (`proto_dir`), removed with the agent. `ucx_options`: more UCX
+    options for this agent only (benchmarks and tests comparing transports)."""
     mod = nixl()
     agent = mod.nixl_agent(name, mod.nixl_agent_config(enable_prog_thread=False, backends=[]))
-    options = dict(AGENT_UCX_OPTIONS)
+    options = {**AGENT_UCX_OPTIONS, **(ucx_options or {})}
     if record_reads:
         try:
             directory = Path(tempfile.mkdtemp(prefix="wl-ucx-proto-"))
