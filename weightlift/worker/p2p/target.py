@@ -574,7 +574,6 @@ class _Pull:
                     timeout=1.0,
                 )
 
-
     def release(self) -> None:
         """A failed pull lets go of its buffer (after close: its READs released, its memory
         deregistered, so only a quarantined READ could still write into it)."""

@@ -41,9 +41,11 @@ def gate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 @pytest.fixture
 def sources(model_dir: Path, tmp_path: Path) -> Iterator[dict[str, tuple[Proc, PeerCandidate]]]:
-    with source_process(model_dir, tmp_path, pod="src-a") as a:
-        with source_process(model_dir, tmp_path, pod="src-b") as b:
-            yield {"src-a": a, "src-b": b}
+    with (
+        source_process(model_dir, tmp_path, pod="src-a") as a,
+        source_process(model_dir, tmp_path, pod="src-b") as b,
+    ):
+        yield {"src-a": a, "src-b": b}
 
 
 class Allocations:

@@ -158,7 +158,9 @@ def test_records_of_several_endpoint_configurations_all_named(tmp_path: Path) ->
     """An agent that pulled before keeps its records: a pull reads the ones new since it
     started (target.learn_transport), and names every distinct one it finds."""
     _record(tmp_path, "t_cfg_1_get_into_host_memory_from_host_0_inf.dot", "zero-copy", "cma/memory")
-    _record(tmp_path, "t_cfg_2_get_into_host_memory_from_host_0_inf.dot", "zero-copy", "rc/mlx5_0:1")
+    _record(
+        tmp_path, "t_cfg_2_get_into_host_memory_from_host_0_inf.dot", "zero-copy", "rc/mlx5_0:1"
+    )
     both = read_transports(tmp_path, local_mem="DRAM", remote_mem="DRAM", nbytes=1)
     assert [t.config for t in both] == ["cma/memory", "rc/mlx5_0:1"]
     new = {"t_cfg_2_get_into_host_memory_from_host_0_inf.dot"}
@@ -213,9 +215,11 @@ def two_sources(
     model_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[list[PeerCandidate]]:
     tmp = tmp_path_factory.mktemp("src")
-    with source_process(model_dir, tmp, pod="src-a") as (_, a):
-        with source_process(model_dir, tmp, pod="src-b") as (_, b):
-            yield [a, b]
+    with (
+        source_process(model_dir, tmp, pod="src-a") as (_, a),
+        source_process(model_dir, tmp, pod="src-b") as (_, b),
+    ):
+        yield [a, b]
 
 
 @needs_nixl
