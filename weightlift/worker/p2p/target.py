@@ -581,7 +581,7 @@ class _Pull:
         self.prefault = None
 
     def learn_transport(self, manifest: RankManifest, nbytes: int) -> None:
-        """What UCX recorded for this pull's READs (ucx_proto.py), once its first READ landed:
+        """What UCX recorded for this pull's READs (ucx_proto.py), once the first was posted:
         files new since this pull registered its buffer, else (UCX chose for an earlier pull of
         this agent and keeps its choice) every file of this agent's."""
         directory = proto_dir(self.agent)
@@ -719,6 +719,10 @@ class _Transfer:
             if agent.transfer(h) == "ERR":
                 raise PeerFailed(self.pod, f"batch {b.index}: READ could not be posted")
             self.inflight.append((h, b, time.monotonic()))
+            if b.index == 0:
+                # UCX chose (and recorded) the READ's protocol as it was posted: a READ of GPU
+                # memory it can only emulate is given up now, with one READ in flight.
+                pull.learn_transport(self.manifest, max(n for _, n, _ in b.local))
             if opts.throttle_s:
                 time.sleep(opts.throttle_s)
 
@@ -748,8 +752,6 @@ class _Transfer:
     def _landed(self, b: _Batch, now: float) -> None:
         self.done += 1
         self.last_progress = now
-        if self.done == 1:
-            self.pull.learn_transport(self.manifest, max(n for _, n, _ in b.local))
         if self.pull.progress is not None:
             self.pull.progress.add(b.nbytes)
         for i, n in b.parts.items():

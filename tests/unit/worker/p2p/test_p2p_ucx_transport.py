@@ -246,8 +246,9 @@ def test_a_peer_given_up_for_storage_ends_the_candidates(
     model_dir: Path, two_sources: list[PeerCandidate], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The decision above says storage (here for host memory, as it would for GPU memory on a
-    host whose UCX can only emulate it): the loader tries no other candidate, says why, and
-    the storage fallback follows (LoadError). ~0.3 s."""
+    host whose UCX can only emulate it) as the first READ is posted: the pull releases it, the
+    loader tries no other candidate, says why, and the storage fallback follows (LoadError).
+    ~0.3 s."""
 
     def always(*args: object, **kw: object) -> object:
         return choose_on_emulation(
@@ -258,8 +259,10 @@ def test_a_peer_given_up_for_storage_ends_the_candidates(
     plan = make_plan(model_dir, pod="tgt-0", role="Target", peers=two_sources)  # type: ignore[arg-type]
     progress = LoadProgress()
     loader = PeerToPeerLoader(options=FAST)
+    quarantined = len(target._QUARANTINE)
     with pytest.raises(LoadError, match="loading from storage instead"):
         loader.load(plan, 0, CPU, progress)
     assert [f.kind for f in loader.failures] == ["emulated"]
+    assert len(target._QUARANTINE) == quarantined  # its one READ in flight was released
     assert progress.transport_note.startswith("UCX moves GPU memory")
     assert progress.transport and "unknown" not in progress.transport
