@@ -135,6 +135,7 @@ def _pull_rank(
     if loader.last_result is not None and not result["fell_back"]:
         result.update(transfer_seconds=loader.last_result.transfer_seconds)
         result.update(timings=loader.last_result.timings)
+        result.update(transport=loader.last_result.transport)
     if check is not None:
         result["verified"] = bit_equal(tensors, reference(check, rank, plan.tensor_parallel))
     else:

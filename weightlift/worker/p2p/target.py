@@ -84,7 +84,8 @@ class PullOptions:
     # Test/bench hook: pause this long after posting each batch (simulates a slow link).
     throttle_s: float = 0.0
     # Storage follows a failed pull: a pull of GPU memory that UCX can only emulate (tens of
-    # times slower than storage) gives up for it after its first READ (choose_on_emulation).
+    # times slower than storage) gives up for it as its first READ is posted
+    # (choose_on_emulation).
     storage_fallback: bool = True
 
 
@@ -885,7 +886,7 @@ def _cleanup(agent: Any, handles: list[Any], remote_name: str | None, reg: Any, 
         # The peer's endpoint is closed now: UCX has completed what was pending on it (with
         # an error), so a READ that refused to cancel before may be released.
         stuck = _release(agent, stuck, pod)
-    if reg is not None and not stuck:
+    if reg is not None:
         try:
             agent.deregister_memory(reg)
         except Exception as exc:
