@@ -57,7 +57,8 @@ def test_the_agents_options_reach_its_ucx_backend() -> None:
     took each option. GET over cuda_ipc exists only where UCX's CUDA transports loaded: on a
     host without a GPU UCX refuses the name, on a GPU host it must take it. ~1 s."""
     env = {**os.environ, "NIXL_LOG_LEVEL": "DEBUG"}
-    env.pop("UCX_CUDA_IPC_ENABLE_GET_ZCOPY", None)  # set, it would win over ours
+    for name in ("UCX_CUDA_IPC_ENABLE_GET_ZCOPY", "UCX_PROTO_INFO", "UCX_PROTO_INFO_DIR"):
+        env.pop(name, None)  # set, it would win over ours
     out = subprocess.run(
         [sys.executable, "-c", _MAKE_AGENT], env=env, capture_output=True, text=True, timeout=120
     )
