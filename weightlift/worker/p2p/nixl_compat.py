@@ -12,7 +12,6 @@ import importlib
 import logging
 import os
 import shutil
-import tempfile
 import weakref
 from collections.abc import Mapping
 from functools import cache
@@ -26,7 +25,7 @@ from weightlift.worker.p2p.transport import (
     transport_warning,
     ucx_backend_params,
 )
-from weightlift.worker.p2p.ucx_proto import proto_options
+from weightlift.worker.p2p.ucx_proto import proto_options, record_dir
 
 log = logging.getLogger(__name__)
 
@@ -92,19 +91,11 @@ def new_agent(
     mod = nixl()
     agent = mod.nixl_agent(name, mod.nixl_agent_config(enable_prog_thread=False, backends=[]))
     options = {**AGENT_UCX_OPTIONS, **(ucx_options or {})}
-    if record_reads:
-        try:
-            directory = Path(tempfile.mkdtemp(prefix="wl-ucx-proto-"))
-        except OSError as exc:  # no writable temp dir: the transport goes unreported
-            log.warning("cannot record UCX's READ protocols (%s): transport unreported", exc)
-        else:
-            if "," in str(directory):  # engine_config splits on commas
-                log.warning("temp dir %s has a comma: UCX's transport goes unreported", directory)
-                shutil.rmtree(directory, ignore_errors=True)
-                return _with_backend(agent, options)
-            options |= proto_options(directory)
-            _PROTO_DIRS[agent] = directory
-            weakref.finalize(agent, shutil.rmtree, directory, True)
+    directory = record_dir() if record_reads else None
+    if directory is not None:
+        options |= proto_options(directory)
+        _PROTO_DIRS[agent] = directory
+        weakref.finalize(agent, shutil.rmtree, directory, True)
     return _with_backend(agent, options)
 
 

@@ -13,9 +13,17 @@ and prints nothing. What we report is those words, never a guess from the memory
 
 from __future__ import annotations
 
+import atexit
+import logging
+import os
 import re
+import shutil
+import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
+
+log = logging.getLogger(__name__)
 
 # Operations UCX records: READs (ucp_get) only; see the module docstring.
 READ_GLOB = "get*"
@@ -43,6 +51,58 @@ class ReadTransport:
 
     def __str__(self) -> str:
         return f"{self.config} ({self.description})"
+
+
+# <tmp>/wl-ucx-proto-<pid>/<one dir per agent>: a process's records in one place, removed by
+# the next process that finds the pid gone (a worker killed or ended by os._exit never runs
+# its own clean-up; in a pod /tmp goes with the pod anyway).
+_ROOT_PREFIX = "wl-ucx-proto-"
+_roots: dict[int, Path] = {}
+_roots_lock = threading.Lock()
+
+
+def record_dir() -> Path | None:
+    """A fresh directory for one agent's records; None (said once in the log) when no temp
+    dir is writable or its path would not pass through engine_config (a comma)."""
+    pid = os.getpid()
+    with _roots_lock:
+        root = _roots.get(pid)
+        try:
+            if root is None:
+                tmp = Path(tempfile.gettempdir())
+                _sweep(tmp)
+                root = tmp / f"{_ROOT_PREFIX}{pid}"
+                root.mkdir(mode=0o700, exist_ok=True)
+                _roots[pid] = root
+                atexit.register(_remove_own, root, pid)
+            directory = Path(tempfile.mkdtemp(dir=root))
+        except OSError as exc:
+            log.warning("cannot record UCX's READ protocols (%s): transports unreported", exc)
+            return None
+    if "," in str(directory):  # engine_config splits on commas
+        log.warning("%s has a comma: UCX's transports go unreported", directory)
+        shutil.rmtree(directory, ignore_errors=True)
+        return None
+    return directory
+
+
+def _remove_own(root: Path, pid: int) -> None:
+    if os.getpid() == pid:  # a forked child inherits this hook, not the directory
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _sweep(tmp: Path) -> None:
+    """Remove the record roots of processes that no longer exist."""
+    for root in tmp.glob(f"{_ROOT_PREFIX}*"):
+        pid = root.name.removeprefix(_ROOT_PREFIX)
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(root, ignore_errors=True)
+        except OSError:
+            continue  # alive (another user's): not ours to remove
 
 
 def proto_options(directory: Path) -> dict[str, str]:
