@@ -1025,6 +1025,23 @@ class ProbeResult(ApiModel):
     latency_ms: float | None = Field(None, description="Latency of the last probe request.")
 
 
+class RankTransport(ApiModel):
+    """How one rank's weights moved from its peer, as UCX itself named it."""
+
+    rank: int = Field(ge=0, description="Rank (tensor x pipeline index).")
+    transport: str = Field(
+        description="The transport and protocol UCX chose for this rank's peer READs, in its own "
+        "words: cma/memory (zero-copy) between processes of one host, cuda_ipc/cuda (zero-copy) "
+        "between GPUs of one node, rc_mlx5/mlx5_0:1 (zero-copy) over RDMA, tcp/lo (software "
+        "emulation) when nothing faster carries this memory; unknown (...) when UCX recorded none."
+    )
+    note: str = Field(
+        "",
+        description="Why the rank gave the peer up for storage (UCX moved GPU memory only by "
+        "software emulation, slower than loading from storage) or pulled on regardless.",
+    )
+
+
 class GroupPodStatus(ApiModel):
     """One pod of a multi-pod replica (a LeaderWorkerSet group): its ranks and their load."""
 
@@ -1073,6 +1090,11 @@ class ReplicaStatus(ApiModel):
         "(no compilation).",
     )
     hooks_run: bool | None = Field(None, description="Whether init hooks ran.")
+    transports: list[RankTransport] | None = Field(
+        None,
+        max_length=limits.TENSOR_MAX * limits.PIPELINE_MAX,
+        description="Per rank that pulled (or tried to) from a peer: the transport UCX used.",
+    )
     engine_ports: dict[str, int] | None = Field(
         None, description="The engine's own ports by protocol (Triton: http, grpc, metrics)."
     )

@@ -154,8 +154,7 @@ def _pull_rank(
         result.update(transfer_seconds=loader.last_result.transfer_seconds)
         result.update(timings=loader.last_result.timings)
         result.update(phases={**loader.last_result.phases(), **loader.last_result.overlapped()})
-        # The transport UCX used, where this build's pull records it.
-        result.update(transport=getattr(loader.last_result, "transport", None))
+        result.update(transport=loader.last_result.transport)
     if check is not None:
         result["verified"] = bit_equal(tensors, reference(check, rank, plan.tensor_parallel))
     else:

@@ -21,6 +21,7 @@ from weightlift.api.model import (
     ModelDeploymentStatus,
     Phase,
     ProbeResult,
+    RankTransport,
     ReplicaStatus,
     Role,
     RuntimeType,
@@ -967,6 +968,13 @@ def _pod_message(pod: ObservedPod) -> str:
     return pod.unschedulable or pod.stuck or ""
 
 
+def _transports(pod: ObservedPod) -> list[RankTransport] | None:
+    """Every rank's P2P transport: a group's from each of its pods, else the pod's own."""
+    reports = [m.worker for m in pod.members] if pod.members else [pod.worker]
+    found = sorted((t for r in reports if r for t in r.transports), key=lambda t: t.rank)
+    return found or None
+
+
 def _replica_status(pod: ObservedPod) -> ReplicaStatus:
     report = pod.worker
     phase = _pod_phase(pod)
@@ -986,6 +994,7 @@ def _replica_status(pod: ObservedPod) -> ReplicaStatus:
         load_seconds=report.load_seconds if report else None,
         compile_cache=(report.compile_cache or None) if report else None,
         hooks_run=report.hooks_run if report else None,
+        transports=_transports(pod),
         engine_ports=(report.engine_ports or None) if report else None,
         ready=pod.inference_ready,
         spare=pod.spare or None,
