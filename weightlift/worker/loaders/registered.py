@@ -62,7 +62,7 @@ class FileMapping:
     def window(self, offset: int, length: int) -> torch.Tensor:
         """Bytes [offset, offset + length) of the mapping as a uint8 tensor (no copy)."""
         raw = (ctypes.c_uint8 * length).from_address(self.addr + offset)
-        return torch.frombuffer(raw, dtype=torch.uint8)  # type: ignore[arg-type]
+        return torch.frombuffer(raw, dtype=torch.uint8)
 
     def close(self) -> None:
         if self.addr:
