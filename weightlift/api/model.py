@@ -447,7 +447,12 @@ class PodTemplate(ApiModel):
 
 
 class PreloadOptions(ApiModel):
-    threads: int = Field(8, ge=1, le=128, description="Parallel file readers.")
+    threads: int | None = Field(
+        None,
+        ge=1,
+        le=128,
+        description="Parallel file readers (unset: the pod's CPU limit, at least 4, at most 64).",
+    )
     chunk_mib: int = Field(64, ge=1, le=4096, description="Read and copy chunk size in MiB.")
     host_memory_fraction: float = Field(
         0.8,

@@ -136,7 +136,8 @@ class SharedPlan(ApiModel):
     # Pipeline stages, when more than one (None: 1). A multi-pod replica's worker refuses more
     # than one (it runs tensor-parallel blocks only), so it must know.
     pipeline_parallel: int | None = None
-    # "cpu", or "cuda" (rank r uses cuda:r) ; the operator writes "auto" and the worker decides.
+    # "cpu", or "cuda" (the pod's i-th rank drives pod-local device i, whatever its rank
+    # number); the operator writes "auto" and the worker decides.
     device: str = "auto"
     loading: LoadingSpec = Field(default_factory=LoadingSpec)
     init_hooks: InitHooks | None = None

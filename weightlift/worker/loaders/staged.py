@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -92,8 +93,14 @@ def load_staged(
     use_register = register and registered.registration_allowed(device)
     threads = max(1, min(threads, len(todo) or 1))
     engine = copy_engine(device)
+    # A device with an index is current while its streams and events are made and waited on.
+    on_device = torch.cuda.device(device) if device.type == "cuda" else nullcontext()
     try:
-        with open_all(index) as fds, pool.lease(min(len(todo), threads + 2) or 1) as slots:
+        with (
+            on_device,
+            open_all(index) as fds,
+            pool.lease(min(len(todo), threads + 2) or 1) as slots,
+        ):
             maps = (
                 {
                     i: registered.FileMapping(fds[i], h.file_size, h.path)

@@ -169,6 +169,13 @@ def staging_pool(*, pinned: bool, geometry: Geometry | None = None) -> StagingPo
     return fut.result()
 
 
+def claimed(pinned: bool) -> bool:
+    """Whether this process holds (or is allocating) its pool of that kind: its memory is
+    then already out of what the host has available."""
+    with _pools_lock:
+        return pinned in _pools
+
+
 def plan_uses_cuda(plan: WorkerPlan) -> bool:
     """Whether this plan's ranks load onto CUDA (the builtin engine's resolve_devices rule)."""
     if plan.device.startswith("cuda"):

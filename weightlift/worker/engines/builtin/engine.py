@@ -60,8 +60,9 @@ Bound = dict[int, dict[str, torch.Tensor]]
 
 
 def resolve_devices(plan: WorkerPlan) -> dict[int, torch.device]:
-    """rank -> device: "cpu"; "cuda" means the pod's i-th GPU for its i-th rank (cuda:r when the
-    pod holds all ranks); "auto" is cuda when every local rank has a GPU."""
+    """rank -> device: "cpu"; "cuda" means the pod-local device index i (the pod's i-th
+    visible GPU) for the pod's i-th rank, whatever the rank's number (a pod of a group holding
+    ranks 2 and 3 drives its devices 0 and 1); "auto" is cuda when every local rank has a GPU."""
     want = plan.device
     if want == "auto":
         n = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -76,6 +77,8 @@ class BuiltinEngine:
 
     # Opens its program and faults in its pull buffers while it waits for peers (standby).
     prepares_standby = True
+    # Loads the weights in the worker's process: the worker allocates the staging pool early.
+    loads_in_process = True
 
     def __init__(self, plan: WorkerPlan) -> None:
         self.plan = plan
@@ -189,6 +192,11 @@ class BuiltinEngine:
         """(strategy used, tensors) for one rank; runs in a thread."""
         assert self.ctx is not None
         dev = self.devices[rank]
+        if dev.type == "cuda":
+            # Each rank loads in a thread of its own: make its current device the rank's, so
+            # what a loader allocates, pins, streams or launches without naming a device lands
+            # on this rank's GPU, not the pod's first.
+            torch.cuda.set_device(dev)
         from_peer = load_from_peers(
             self.plan, rank, dev, progress, pull_options=self.ctx.pull_options
         )
