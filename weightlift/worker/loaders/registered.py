@@ -81,18 +81,26 @@ def _clear_cuda_error() -> None:
             return
 
 
-def register(addr: int, length: int) -> bool:
-    """Page-lock host range [addr, addr + length) for DMA; False (and off for the process)
-    when the driver refuses."""
-    global _refused
+def host_register(addr: int, length: int, flags: int) -> str | None:
+    """cudaHostRegister; None when done, else the driver's reason (its error cleared)."""
     cudart: Any = torch.cuda.cudart()
-    rc = cudart.cudaHostRegister(addr, length, REGISTER_FLAGS)
+    rc = cudart.cudaHostRegister(addr, length, flags)
     if int(rc) == 0:
-        return True
+        return None
     _clear_cuda_error()
+    return str(cudart.cudaGetErrorString(rc))
+
+
+def register(addr: int, length: int) -> bool:
+    """Page-lock the page-cache window [addr, addr + length) for DMA, read-only; False (and off
+    for the process) when the driver refuses."""
+    global _refused
+    why = host_register(addr, length, REGISTER_FLAGS)
+    if why is None:
+        return True
     with _lock:
         if _refused is None:
-            _refused = f"cudaHostRegister: {cudart.cudaGetErrorString(rc)}"
+            _refused = f"cudaHostRegister: {why}"
             log.warning("registering page-cache windows refused (%s); staging instead", _refused)
     return False
 
