@@ -67,7 +67,7 @@ def resident_fraction(fd: int, start: int, length: int) -> float:
         vec = (ctypes.c_ubyte * pages)()
         if libc.mincore(addr, n, vec) != 0:
             return 1.0
-        return int((np.frombuffer(vec, dtype=np.uint8) & 1).sum()) / pages
+        return int((np.ctypeslib.as_array(vec) & 1).sum()) / pages
     finally:
         libc.munmap(addr, n)
 

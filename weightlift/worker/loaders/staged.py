@@ -16,6 +16,7 @@ frees memory a DMA may still read.
 
 from __future__ import annotations
 
+import logging
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -31,8 +32,10 @@ from weightlift.worker.loaders.layout import IO_ALIGN, Chunk, round_down
 from weightlift.worker.loaders.pagecache import open_all, read_chunk, resident_fraction
 from weightlift.worker.loaders.staging import StagingPool, staging_pool
 from weightlift.worker.weights.files import ShardIndex
-from weightlift.worker.weights.progress import LoadProgress
+from weightlift.worker.weights.progress import LoadError, LoadProgress
 from weightlift.worker.weights.tensors import canonical_residue, file_residues, place, view_tensor
+
+log = logging.getLogger(__name__)
 
 DirectIO = Literal["auto", "always", "never"]
 # A chunk at least this much in the page cache is warm (registered or buffered); at most
@@ -101,22 +104,14 @@ def load_staged(
             open_all(index) as fds,
             pool.lease(min(len(todo), threads + 2) or 1) as slots,
         ):
-            maps = (
-                {
-                    i: registered.FileMapping(fds[i], h.file_size, h.path)
-                    for i, h in enumerate(files)
-                    if h.data_bytes
-                }
-                if use_register
-                else {}
-            )
+            maps = _map_files(index, fds) if use_register else {}
             views = {s: memoryview(pool.slots[s].numpy()) for s in slots}  # type: ignore[arg-type]
 
             def fetch(c: Chunk, slot: int) -> _Fetched:
                 path, fd = files[c.file_no].path, fds[c.file_no]
                 warmth = resident_fraction(fd, c.start, c.read_len) if direct_io == "auto" else 1
-                if use_register and warmth >= WARM and registered.registration_allowed(device):
-                    m = maps[c.file_no]
+                m = maps.get(c.file_no)
+                if m is not None and warmth >= WARM and registered.registration_allowed(device):
                     n = min(c.read_len, m.length - c.start)
                     if registered.register(m.addr + c.start, n):
                         return _Fetched(c, slot, m.window(c.start, n), m.addr + c.start, False)
@@ -135,6 +130,19 @@ def load_staged(
     out, _ = place(out, file_residues((info for _, info in index.tensors.values()), device))
     progress.finish()
     return out
+
+
+def _map_files(index: ShardIndex, fds: list[int]) -> dict[int, registered.FileMapping]:
+    """Read-only mappings of the files to register windows of; a file that cannot be mapped
+    is read into slots instead."""
+    maps: dict[int, registered.FileMapping] = {}
+    for i, h in enumerate(index.files):
+        if h.data_bytes:
+            try:
+                maps[i] = registered.FileMapping(fds[i], h.file_size, h.path)
+            except LoadError as exc:
+                log.info("%s; reading it into staging slots", exc)
+    return maps
 
 
 def _run(
