@@ -234,3 +234,24 @@ def test_cuda_registered_and_staged_bit_equal(
     assert all(t.data_ptr() % TENSOR_ALIGNMENT == 0 for t in got.values())
     assert len({t.untyped_storage().data_ptr() for t in got.values()}) == 1
     assert all_bit_equal(got, _reference(files))
+
+
+def test_pinned_pool_pins_each_slot_once_and_keeps_refused_ones_pageable(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The driver's answers stand in (no GPU here): slot 1 is refused, the rest pinned."""
+    calls: list[int] = []
+    pool = StagingPool(Geometry(3, IO_ALIGN), pinned=True)
+    refused = pool.slots[1].data_ptr()
+
+    def host_register(addr: int, length: int, flags: int) -> str | None:
+        assert length == IO_ALIGN and flags == registered.CUDA_HOST_REGISTER_PORTABLE
+        calls.append(addr)
+        return "operation not supported" if addr == refused else None
+
+    monkeypatch.setattr(registered, "host_register", host_register)
+    assert calls == []  # made by a load: pinned slot by slot, when used
+    assert pool.pin(0) and not pool.pin(1)
+    assert pool.pin_all() == 2
+    assert sorted(calls) == sorted(s.data_ptr() for s in pool.slots)  # each tried once
+    assert not StagingPool(Geometry(2, IO_ALIGN), pinned=False).pin(0)

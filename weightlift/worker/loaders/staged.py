@@ -117,6 +117,8 @@ def load_staged(
                         return _Fetched(c, slot, m.window(c.start, n), m.addr + c.start, False)
                 cold = direct_io == "always" or warmth <= COLD
                 used = read_chunk(path, views[slot], c, direct=cold and direct_io != "never")
+                if pin:
+                    pool.pin(slot)  # once per slot and process (a prepared pool is pinned)
                 return _Fetched(c, slot, pool.slots[slot], None, used)
 
             _run(fetch, todo, slots, threads, engine, dev_buf, segs, progress, stats, maps)

@@ -1,10 +1,10 @@
 """The staging pool: host buffers the staged preload reads into, allocated once per process.
 
 On the H200 (../shared/notes/gpu-h200.md) pinned slots allocated on every load cost a fresh
-process most of its first load; here they are allocated once, early (the worker starts it while
-the init hooks run, `prepare_staging`), and every load leases slots from it. Pinned (page-locked,
-so host->device copies are async DMA) for CUDA targets; pageable on CPU, so the same logic runs
-in tests. Slots are 4 KiB aligned: O_DIRECT reads land in them directly.
+process most of its first load; here they are allocated once, early (the worker allocates and
+pins it while the init hooks run, `prepare_staging`), and every load leases slots from it.
+Pinned (page-locked, so host->device copies are async DMA) for CUDA targets; pageable on CPU,
+so the same logic runs in tests. Slots are 4 KiB aligned: O_DIRECT reads land in them directly.
 
 Size: (readers + 2) slots of one chunk per local rank, capped at 1/16 of the pod's memory limit
 (cgroup memory.max) and at MAX_POOL_BYTES; the host-memory check (`host_bytes_needed`) counts
@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -61,30 +61,52 @@ def pool_geometry(memory_limit: int, readers: int, chunk_bytes: int, ranks: int 
 
 
 class StagingPool:
-    """`slots` aligned host buffers of `slot_bytes`; `lease` hands some out to one load."""
+    """`slots` aligned host buffers of `slot_bytes`; `lease` hands some out to one load.
 
-    def __init__(self, geometry: Geometry, *, pinned: bool) -> None:
+    Pinned pools are page-locked in place (cudaHostRegister, Portable: for every device's
+    context; exactly the bytes asked for, where torch's pinned allocator would round 1.1 GiB up
+    to 2), slot by slot: all at once where the worker prepares the pool (`pin_all`), else each
+    slot the first time a chunk is read into it (`pin`), so a warm load whose chunks are all
+    registered page-cache windows never pays for pinning at all. A slot the driver refuses to
+    pin stays pageable: copies from it are still correct (CUDA copies pageable memory through
+    its own staging before the call returns), only slower."""
+
+    def __init__(self, geometry: Geometry, *, pinned: bool, pin_now: bool = False) -> None:
         self.geometry = geometry
         self.pinned = pinned
-        n = geometry.nbytes
-        self._keep: Any = None
-        self._keep = mmap.mmap(-1, n)  # page aligned, zero-fill on first touch
+        self._keep = mmap.mmap(-1, geometry.nbytes)  # page aligned, zero-fill on first touch
         self.memory = torch.frombuffer(self._keep, dtype=torch.uint8)
-        if pinned:
-            # Page-locked in place, for every device's context (Portable): exactly n bytes,
-            # where torch's pinned allocator would round 1.1 GiB up to 2.
-            why = registered.host_register(
-                self.memory.data_ptr(), n, registered.CUDA_HOST_REGISTER_PORTABLE
-            )
-            if why is not None:
-                log.info("staging pool: cudaHostRegister refused (%s); cudaHostAlloc", why)
-                raw = torch.empty(n + IO_ALIGN, dtype=torch.uint8, pin_memory=True)
-                skip = -raw.data_ptr() % IO_ALIGN
-                self.memory, self._keep = raw[skip : skip + n], raw
         sb = geometry.slot_bytes
         self.slots = [self.memory[i * sb : (i + 1) * sb] for i in range(geometry.slots)]
         self._free = list(range(geometry.slots))
         self._cond = threading.Condition()
+        self._pin_locks = [threading.Lock() for _ in range(geometry.slots)]
+        self._pin_state: list[bool | None] = [None] * geometry.slots  # None: not tried yet
+        if pinned and pin_now:
+            self.pin_all()
+
+    def pin(self, slot: int) -> bool:
+        """Page-lock one slot (once; thread-safe). Whether it is pinned."""
+        if not self.pinned:
+            return False
+        state = self._pin_state[slot]
+        if state is not None:
+            return state
+        with self._pin_locks[slot]:
+            if self._pin_state[slot] is None:
+                why = registered.host_register(
+                    self.slots[slot].data_ptr(),
+                    self.slot_bytes,
+                    registered.CUDA_HOST_REGISTER_PORTABLE,
+                )
+                if why is not None and False not in self._pin_state:
+                    log.warning("staging slot %d not pinned (%s): pageable copies", slot, why)
+                self._pin_state[slot] = why is None
+            return bool(self._pin_state[slot])
+
+    def pin_all(self) -> int:
+        """Pin every slot; returns how many are pinned."""
+        return sum(self.pin(i) for i in range(self.geometry.slots))
 
     @property
     def slot_bytes(self) -> int:
@@ -122,9 +144,11 @@ _pools: dict[bool, Future[StagingPool]] = {}
 _pools_lock = threading.Lock()
 
 
-def _allocate(fut: Future[StagingPool], geometry: Geometry, pinned: bool) -> None:
+def _allocate(
+    fut: Future[StagingPool], geometry: Geometry, pinned: bool, pin_now: bool = False
+) -> None:
     try:
-        pool = StagingPool(geometry, pinned=pinned)
+        pool = StagingPool(geometry, pinned=pinned, pin_now=pin_now)
     except BaseException as exc:
         log.warning("staging pool of %d bytes not allocated: %s", geometry.nbytes, exc)
         with _pools_lock:  # the next load tries again
@@ -210,7 +234,7 @@ def prepare_staging(plan: WorkerPlan) -> threading.Thread | None:
     if not mine:
         return None
     thread = threading.Thread(
-        target=_allocate, args=(fut, geometry, pinned), name="wl-staging", daemon=True
+        target=_allocate, args=(fut, geometry, pinned, True), name="wl-staging", daemon=True
     )
     thread.start()
     return thread
