@@ -8,10 +8,13 @@ arithmetic against the CPU reference.
 
 from __future__ import annotations
 
+import threading
+
 import torch
 import triton
 import triton.language as tl
 
+_LAUNCH = threading.Lock()
 # Words per program: BLOCK lanes, ITERS steps; one uint64 partial per program.
 BLOCK = 1024
 ITERS = 16
@@ -78,12 +81,15 @@ def word_sums(words: torch.Tensor, first_index: int, segment_key: int) -> int:
     partials = torch.empty(programs, dtype=torch.int64, device=words.device)
     signed_key = segment_key - (1 << 64) if segment_key >= 1 << 63 else segment_key
     # Whole programs' worth of words unmasked, then the rest masked in one more program (the
-    # same pointers, so the same specialisation).
-    for first_program, count, even in ((0, full, True), (full, programs - full, False)):
-        if count:
-            _word_sums[(count,)](
-                words, partials, first_program, n, first_index, signed_key,
-                BLOCK=BLOCK, ITERS=ITERS, EVEN=even, num_warps=NUM_WARPS,
-            )  # fmt: skip
+    # same pointers, so the same specialisation). Launches are serialised: Triton's runtime
+    # (its compile and kernel caches) is not safe to enter from several threads at once, and
+    # the verify and publish pools hash tensors in parallel; a launch is microseconds.
+    with _LAUNCH:
+        for first_program, count, even in ((0, full, True), (full, programs - full, False)):
+            if count:
+                _word_sums[(count,)](
+                    words, partials, first_program, n, first_index, signed_key,
+                    BLOCK=BLOCK, ITERS=ITERS, EVEN=even, num_warps=NUM_WARPS,
+                )  # fmt: skip
     # int64 sums wrap two's complement: the same bits as uint64 mod 2^64.
     return int(partials.sum().item()) & ((1 << 64) - 1)
