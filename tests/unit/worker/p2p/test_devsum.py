@@ -255,3 +255,37 @@ def test_auto_is_dev64_on_cuda_and_xxh3_on_cpu() -> None:
     assert resolve_kind("auto", torch.device("cpu")) == "xxh3"
     assert resolve_kind("dev64", torch.device("cpu")) == "dev64"
     assert resolve_kind("crc32", torch.device("cuda", 0)) == "crc32"
+
+
+def test_triton_kernel_compiles_for_a_gpu_without_one() -> None:
+    """Triton compiles for a GPU it does not have (its own ptxas): the kernel's types hold in
+    compiled code, not only in the interpreter, and whole programs load 16 bytes at a time.
+    ~3 s."""
+    pytest.importorskip(
+        "triton", reason="Triton is not installed (it ships with torch's CUDA wheels)"
+    )
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from weightlift.worker.p2p import devsum_triton as k
+
+    scalars = ("first_program", "n_words", "first_index", "segment_key")
+    signature = {"words_ptr": "*i32", "out_ptr": "*i64", **dict.fromkeys(scalars, "i32")}
+    for even in (True, False):
+        source = ASTSource(
+            fn=k._word_sums,
+            signature={
+                **signature,
+                "BLOCK": "constexpr",
+                "ITERS": "constexpr",
+                "EVEN": "constexpr",
+            },
+            constexprs={"BLOCK": k.BLOCK, "ITERS": k.ITERS, "EVEN": even},
+            attrs={(0,): [["tt.divisibility", 16]], (1,): [["tt.divisibility", 16]]},
+        )
+        compiled = triton.compile(
+            source, target=GPUTarget("cuda", 90, 32), options={"num_warps": k.NUM_WARPS}
+        )
+        assert compiled.asm["cubin"]
+        assert ("ld.global.v4" in compiled.asm["ptx"]) == even
