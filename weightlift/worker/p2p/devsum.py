@@ -222,9 +222,9 @@ def _word_sum(flat: torch.Tensor, first_index: int) -> int:
 def _segment_sum(flat: torch.Tensor, within: int, key: int) -> int:
     if flat.device.type == "cpu":
         return _cpu_sum(flat.numpy(), within, key)
-    if flat.device.type == "cuda":
-        return sum(_cuda_sum(piece, within + start // 4, key) for start, piece in _aligned(flat))
-    raise ValueError(f"dev64: no implementation for device {flat.device}")
+    # CUDA: the kernel; any other device: torch ops, which run wherever torch does.
+    device_sum = _cuda_sum if flat.device.type == "cuda" else torch_word_sum
+    return sum(device_sum(piece, within + start // 4, key) for start, piece in _aligned(flat))
 
 
 # ---------------------------------------------------------------------------------- CPU
@@ -289,7 +289,7 @@ def _np_mix(x: np.ndarray, t: np.ndarray) -> None:
     np.bitwise_xor(x, t, out=x)
 
 
-# --------------------------------------------------------------------------------- CUDA
+# ------------------------------------------------------------------------- CUDA and others
 def _aligned(flat: torch.Tensor) -> Iterator[tuple[int, torch.Tensor]]:
     """(byte offset, 4-byte aligned bytes): the tensor itself when aligned, else copies of
     bounded slices (device to device)."""
