@@ -316,6 +316,15 @@ def _cuda_sum(flat: torch.Tensor, within: int, key: int) -> int:
     return torch_word_sum(flat, within, key)
 
 
+def cuda_implementation() -> str:
+    """What hashes CUDA bytes in this process, for reports: "triton", or "torch ops" and why."""
+    if _triton_word_sums() is None:
+        return "torch ops (Triton does not import)"
+    if _KERNEL_BROKEN:
+        return f"torch ops (the Triton kernel failed: {_KERNEL_BROKEN[0]})"
+    return "triton"
+
+
 @cache
 def _triton_word_sums() -> Callable[[torch.Tensor, int, int], int] | None:
     try:

@@ -289,3 +289,10 @@ def test_triton_kernel_compiles_for_a_gpu_without_one() -> None:
         )
         assert compiled.asm["cubin"]
         assert ("ld.global.v4" in compiled.asm["ptx"]) == even
+
+
+def test_the_cuda_path_is_named() -> None:
+    pytest.importorskip(
+        "triton", reason="Triton is not installed (it ships with torch's CUDA wheels)"
+    )
+    assert devsum.cuda_implementation() == "triton"
