@@ -463,14 +463,23 @@ class PreloadOptions(ApiModel):
     pinned: bool = Field(True, description="Use pinned host memory when the device is CUDA.")
 
 
+# auto: dev64 where the weights are on a GPU, else xxh3 (worker/p2p/manifest.resolve_kind).
+ChecksumSetting = Literal["auto", "xxh3", "crc32", "dev64"]
+
+
 class PeerToPeerOptions(ApiModel):
     backend: Literal["UCX"] = Field("UCX", description="NIXL backend plugin.")
     transfer_timeout_seconds: int = Field(
         30, ge=1, le=3600, description="Deadline of one batch of READs before the peer is dropped."
     )
     max_in_flight: int = Field(8, ge=1, le=256, description="Transfer requests in flight.")
-    checksum: Literal["xxh3", "crc32"] = Field(
-        "xxh3", description="Per-tensor checksum the target verifies before serving."
+    checksum: ChecksumSetting = Field(
+        "auto",
+        description=(
+            "Per-tensor checksum the source publishes and the target verifies before serving. "
+            "dev64: computed on the device holding the bytes (a GPU kernel, no host copy; the "
+            "same digest on CPU). auto: dev64 where the weights are on a GPU, else xxh3."
+        ),
     )
 
 

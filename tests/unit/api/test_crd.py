@@ -338,6 +338,7 @@ def test_bounds(path: str, key: str, value: int) -> None:
         ("model.format", ["safetensors", "pt2"]),
         ("runtime.type", ["Builtin", "External"]),
         ("model.dtype", ["auto", "float32", "float16", "bfloat16"]),
+        ("loading.peerToPeer.checksum", ["auto", "xxh3", "crc32", "dev64"]),
     ],
 )
 def test_enums(path: str, values: list[str]) -> None:
@@ -358,6 +359,7 @@ def test_defaults_match_the_pydantic_model() -> None:
     assert field("loading.waitForSourceSeconds")["default"] == spec.loading.wait_for_source_seconds
     assert field("rollout.maxSurge")["default"] == spec.rollout.max_surge
     assert field("model.format")["default"] == spec.model.format
+    assert field("loading.peerToPeer.checksum")["default"] == spec.loading.peer_to_peer.checksum
 
 
 def test_cel_rules_name_their_field() -> None:

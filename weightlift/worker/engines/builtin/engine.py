@@ -115,16 +115,23 @@ class BuiltinEngine:
 
     def _prewarm_p2p(self) -> None:
         """The first NIXL agent of a process loads NIXL's libraries (~0.07 s) and UCX's (plus its
-        memory hooks, ~0.4 s, where RDMA devices need them): pay it while the init hooks run, not
-        inside the timed pull."""
+        memory hooks, ~0.4 s, where RDMA devices need them), and the first dev64 on a GPU compiles
+        its kernels: pay both while the init hooks run, not inside the timed pull."""
         standby = self.ctx is not None and self.ctx.handoff_file is not None
         if not (wants_peer_to_peer(self.plan) or standby):
             return
         try:
+            from weightlift.worker.p2p.manifest import resolve_kind
             from weightlift.worker.p2p.target import prewarm_nixl
         except ImportError:
             return
         prewarm_nixl()
+        # A CUDA target verifies dev64 on its GPU: compile the kernels now, not inside the pull.
+        cuda = [d for d in self.devices.values() if d.type == "cuda"]
+        if cuda and resolve_kind(self.plan.loading.peer_to_peer.checksum, cuda[0]) == "dev64":
+            from weightlift.worker.p2p.devsum import prewarm
+
+            prewarm(cuda[0])
 
     async def init_hooks(self, state: WorkerState) -> None:
         rep = state.report
