@@ -272,9 +272,15 @@ def validate(spec: ModelDeploymentSpec, observed: Observed) -> str | None:
     return None
 
 
+# What a multi-pod replica can run: the builtin runtime's group (engines/builtin/group.py) and
+# vLLM's own multi-node executor (engines/vllm/group.py). Triton's vLLM runs inside one server.
+GROUP_ENGINES = (Engine.BUILTIN, Engine.VLLM)
+
+
 def _validate_groups(spec: ModelDeploymentSpec) -> str | None:
     """What multi-pod replicas (LeaderWorkerSet groups) run today: tensor ranks spread over the
-    pods of the builtin runtime; refused rather than run under another identity."""
+    pods of the builtin runtime or of vLLM (one vLLM node per pod); refused rather than run
+    under another identity."""
     par = spec.parallelism
     if par.pipeline > 1:
         return (
@@ -284,10 +290,10 @@ def _validate_groups(spec: ModelDeploymentSpec) -> str | None:
     if par.pods_per_replica == 1:
         return None
     rt = spec.runtime
-    if rt.type != RuntimeType.BUILTIN or rt.engine != Engine.BUILTIN:
+    if rt.type != RuntimeType.BUILTIN or rt.engine not in GROUP_ENGINES:
         return (
             f"spec.parallelism.podsPerReplica: {par.pods_per_replica}; multi-pod replicas run "
-            "the builtin runtime (runtime.engine Builtin) in this version"
+            "runtime.engine Builtin or vLLM in this version"
         )
     if spec.warm_spares:
         return (

@@ -110,7 +110,7 @@ def group_place(
     """A pod of a multi-pod replica (`pods_per_replica` > 1): the plan narrowed to this pod's
     ranks (by its LWS index) and its place; any other plan unchanged with None. Raises
     GroupRefused when the pod's env and the plan disagree, or the plan asks for what a group
-    cannot run (another engine than the builtin one, pipeline stages)."""
+    cannot run (Triton, pipeline stages)."""
     pods = plan.pods_per_replica
     if pods is None or pods <= 1:
         return plan, None
@@ -130,10 +130,10 @@ def group_place(
             f"{GROUP_SIZE_ENV}={size} but the plan's podsPerReplica is {pods}: this pod's "
             "LeaderWorkerSet is not the one the plan was written for"
         )
-    if plan.runtime.engine != Engine.BUILTIN:
+    if plan.runtime.engine not in (Engine.BUILTIN, Engine.VLLM):
         raise GroupRefused(
             f"runtime.engine {plan.runtime.engine} cannot span {pods} pods: multi-pod replicas "
-            f"run the builtin runtime only"
+            f"run the builtin runtime or vLLM"
         )
     if (plan.pipeline_parallel or 1) > 1 or len(plan.ranks) != plan.tensor_parallel:
         raise GroupRefused(

@@ -568,11 +568,19 @@ INVALID: list[tuple[dict[str, Any], str]] = [
     ({"uri": "hostpath:///dev/null"}, "spec.model.uri"),
     ({"uri": "file:///etc/passwd"}, "spec.model.uri"),
     ({"tensor": 16}, "spec.parallelism.tensor"),
-    # Multi-pod replicas run the builtin runtime only, and no warm spares (yet).
+    # Multi-pod replicas run the builtin runtime or vLLM, and no warm spares (yet).
     (
         {
             "parallelism": {"tensor": 2, "podsPerReplica": 2},
             "runtime": {"type": "External", "command": ["srv"]},
+        },
+        "spec.parallelism.podsPerReplica",
+    ),
+    (
+        {
+            "parallelism": {"tensor": 2, "podsPerReplica": 2},
+            "runtime": {"engine": "Triton", "enginePort": 8001},
+            "fmt": "safetensors",
         },
         "spec.parallelism.podsPerReplica",
     ),
@@ -591,7 +599,7 @@ def _spec_with(changes: dict[str, Any]) -> ModelDeploymentSpec:
     kwargs: dict[str, Any] = {"replicas": 3}
     extra: dict[str, Any] = {}
     for key, value in changes.items():
-        if key in ("uri", "tensor", "probe", "revision"):
+        if key in ("uri", "tensor", "probe", "revision", "fmt"):
             kwargs[key] = value
         else:
             extra[key] = value

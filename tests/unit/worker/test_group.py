@@ -72,8 +72,10 @@ def test_env_that_does_not_fit_the_plan_is_refused_for_good(
 
 
 def test_other_engines_and_pipeline_stages_are_refused(tmp_path: Path) -> None:
-    with pytest.raises(GroupRefused, match="builtin runtime only"):
-        group_place(_group_plan(tmp_path, runtime={"engine": "vLLM"}), ENV)
+    with pytest.raises(GroupRefused, match="builtin runtime or vLLM"):
+        group_place(_group_plan(tmp_path, runtime={"engine": "Triton", "enginePort": 8001}), ENV)
+    vllm, place = group_place(_group_plan(tmp_path, runtime={"engine": "vLLM"}), ENV)
+    assert place is not None and vllm.ranks == [2, 3], "vLLM groups narrow like builtin ones"
     with pytest.raises(GroupRefused, match="pipeline 2"):
         group_place(_group_plan(tmp_path, pipelineParallel=2), ENV)
 

@@ -410,10 +410,16 @@ class CacheRoutes:
 
 
 def publish(
-    root: Path, compiles: dict[int, RankCompile], facts: Wanted, out_dir: Path, max_bytes: int
+    root: Path,
+    compiles: dict[int, RankCompile],
+    facts: Wanted,
+    out_dir: Path,
+    max_bytes: int,
+    ranks: int | None = None,
 ) -> tuple[dict[int, Packed], str]:
-    """Pack every rank vLLM compiled or loaded; ({rank: packed}, why nothing) with a bound."""
-    if len(compiles) != facts.tensor_parallel:
+    """Pack every rank vLLM compiled or loaded (`ranks` of them: a group pod's share, else all
+    its tensor-parallel ranks); ({rank: packed}, why nothing) with a bound."""
+    if len(compiles) != (facts.tensor_parallel if ranks is None else ranks):
         return {}, "vLLM logged no compiled program for every rank (--enforce-eager?)"
     packed: dict[int, Packed] = {}
     for rank, c in sorted(compiles.items()):
@@ -597,6 +603,8 @@ class CompileCache:
         self.installed: Installed | None = None
         self._wanted: list[Wanted] | None = None
         self._facts: asyncio.Future[list[Wanted]] | None = None
+        # The ranks whose caches this pod installs and publishes: a group pod's share.
+        self.ranks: list[int] = list(range(plan.tensor_parallel))
 
     def facts(self) -> asyncio.Future[list[Wanted]]:
         """`wanted()` in a thread, asked once: a source's is ready by the time it publishes."""
@@ -620,7 +628,7 @@ class CompileCache:
                     rank,
                     self.plan.model_identity,
                 )
-                for rank in range(self.plan.tensor_parallel)
+                for rank in self.ranks
             ]
         return self._wanted
 
@@ -668,14 +676,20 @@ class CompileCache:
     async def after_ready(self, vllm_log: str, inner: Any | None) -> tuple[str, CacheRoutes]:
         """The replica's `compileCache` and the P2P handler that also serves its caches."""
         compiles = read_compiles(vllm_log)
-        status = outcome(self.installed, compiles, self.plan.tensor_parallel)
+        status = outcome(self.installed, compiles, len(self.ranks))
         packed: dict[int, Packed] = {}
         why = "vLLM logged no compiled program for every rank (--enforce-eager?)"
         try:
-            if len(compiles) == self.plan.tensor_parallel:
+            if len(compiles) == len(self.ranks):
                 wanted = await self.facts()
                 packed, why = await asyncio.to_thread(
-                    publish, self.root, compiles, wanted[0], self.workdir, self.max_bytes
+                    publish,
+                    self.root,
+                    compiles,
+                    wanted[0],
+                    self.workdir,
+                    self.max_bytes,
+                    len(self.ranks),
                 )
         except (OSError, subprocess.SubprocessError, ValueError, KeyError) as exc:
             packed, why = {}, f"compile cache not packed: {exc}"

@@ -39,6 +39,7 @@ from weightlift.worker.engines.base import BringUp, not_served
 from weightlift.worker.engines.exposition import relabel, replica_labels
 from weightlift.worker.engines.vllm.compile_cache import CompileCache
 from weightlift.worker.engines.vllm.compile_stores import open_stores
+from weightlift.worker.engines.vllm.group import group_args, group_env, without_executor
 from weightlift.worker.engines.vllm.plugin import DIE_WITH_PARENT_ENV
 from weightlift.worker.engines.vllm.ranks import (
     LOAD_FORMAT,
@@ -50,9 +51,15 @@ from weightlift.worker.engines.vllm.ranks import (
     holds_weights,
     read_report,
 )
-from weightlift.worker.engines.vllm.serve import NOT_INSTALLED_EXIT
+from weightlift.worker.engines.vllm.serve import CLI_SERVE, NOT_INSTALLED_EXIT
+from weightlift.worker.plan import GroupPlace
 from weightlift.worker.server import set_p2p_handler
-from weightlift.worker.standby import apply_handoff, wait_for_handoff, wait_limit
+from weightlift.worker.standby import (
+    apply_handoff,
+    receive_handoff,
+    wait_for_handoff,
+    wait_limit,
+)
 from weightlift.worker.weights.progress import LoadError
 
 log = logging.getLogger(__name__)
@@ -91,6 +98,23 @@ def vllm_command(
         "--port",
         str(plan.runtime.engine_port),
         *engine_args(plan, plan_file, report_dir, handoff),
+    ]
+
+
+def group_command(
+    plan: WorkerPlan, plan_file: Path, report_dir: Path, place: GroupPlace, leader: str
+) -> list[str]:
+    """A pod of a multi-pod replica: `vllm serve` as node `place.index` of the group whose
+    leader (host:port) the hand-off named (group.py)."""
+    args = engine_args(plan, plan_file, report_dir)
+    port = plan.runtime.engine_port
+    return [
+        engine_python(),
+        "-m",
+        "weightlift.worker.engines.vllm.serve",
+        CLI_SERVE,
+        *without_executor(args),
+        *group_args(place, leader, engine_host(plan.host), port),
     ]
 
 
@@ -186,12 +210,35 @@ class VllmEngine:
         self.log_offset = 0  # where this start's lines begin in vllm.log
         # Standby: where the ranks' weight step waits for the relayed hand-off (None: no wait).
         self.relay_file: Path | None = None
+        # A pod of a multi-pod replica: its place and its group's leader (host:port, handed).
+        self.group: GroupPlace | None = None
+        self.leader: str | None = None
+
+    @property
+    def own_ranks(self) -> list[int]:
+        """The ranks this pod's vLLM drives: all of them, or a group pod's share."""
+        if self.group is not None:
+            return list(self.plan.ranks)
+        return list(range(self.plan.tensor_parallel))
+
+    @property
+    def headless(self) -> bool:
+        """A group pod other than the leader: vLLM's ranks only, no API server."""
+        return self.group is not None and not self.group.leader
 
     # -------------------------------------------------------------------------- lifecycle
     def start(self) -> None:
-        cmd = vllm_command(self.plan, self._write_plan(), self.report_dir, self.relay_file)
+        env = {**vllm_environment(), API_KEY_ENV: self.api_key}
+        if self.group is not None:
+            assert self.leader is not None  # handed before vLLM starts
+            cmd = group_command(
+                self.plan, self._write_plan(), self.report_dir, self.group, self.leader
+            )
+            env = group_env(env, self.group, self.own_ranks, self.plan.tensor_parallel)
+        else:
+            cmd = vllm_command(self.plan, self._write_plan(), self.report_dir, self.relay_file)
         log.info("starting vLLM: %s", " ".join(cmd))
-        self._spawn(cmd, {**vllm_environment(), API_KEY_ENV: self.api_key})
+        self._spawn(cmd, env)
 
     def _write_plan(self) -> Path:
         """The plan file the engine's ranks read (its load format runs in their processes)."""
@@ -218,7 +265,7 @@ class VllmEngine:
             )
 
     def reports(self) -> list[EngineRankReport]:
-        found = [read_report(self.report_dir, r) for r in range(self.plan.tensor_parallel)]
+        found = [read_report(self.report_dir, r) for r in self.own_ranks]
         return [r for r in found if r is not None]
 
     def _failure(self, what: str) -> EngineFailed:
@@ -271,7 +318,7 @@ class VllmEngine:
             if report is not None:
                 fold_steps(report, reports)
                 waiting = [r for r in reports if r.stage == "standby"]
-                tp = self.plan.tensor_parallel
+                tp = len(self.own_ranks)
                 if (
                     relay is not None
                     and not relay.done()
@@ -291,7 +338,7 @@ class VllmEngine:
             if any(not r.ok for r in reports):
                 raise self._failure("failed to load")
             done = [r for r in reports if r.stage == "done" and not r.publishing]
-            if len(done) == self.plan.tensor_parallel and await self._healthy(session):
+            if len(done) == len(self.own_ranks) and await self._healthy(session):
                 return reports
             if time.monotonic() > deadline:
                 raise self._failure(f"not ready within {timeout:.0f}s")
@@ -303,6 +350,8 @@ class VllmEngine:
         return not all(r.compiles_first for r in waiting) or await self._healthy(session)
 
     async def _healthy(self, session: aiohttp.ClientSession) -> bool:
+        if self.headless:
+            return True  # no server: its ranks' reports say it all (the leader's /health waits)
         for path in self.health_paths:
             try:
                 async with session.get(self.url + path) as resp:
@@ -363,7 +412,9 @@ class VllmEngine:
         # Fail fast and permanently on a wrong directory.
         check_model_dir(self.plan.model_dir, weights=ctx.has_weights and holds_weights(self.plan))
         timeout = float(self.plan.loading.load_timeout_seconds)
-        if ctx.handoff_file is None:
+        if ctx.group is not None:
+            reports = await self.bring_up_group(ctx, timeout)
+        elif ctx.handoff_file is None:
             await self.compile_cache.before_start(self.session(), state.peer_token)
             self.start()
             reports = await self.wait_ready(timeout, rep)
@@ -390,7 +441,7 @@ class VllmEngine:
             rep.message = "peer-to-peer failed, loaded from storage: " + "; ".join(failures)
         addresses = {r.rank: r.manifest_address for r in reports if r.manifest_address}
         proxy = None
-        if len(addresses) == self.plan.tensor_parallel:  # a source only with every rank
+        if len(addresses) == len(self.own_ranks):  # a source only with every rank
             proxy = ManifestProxy(self, addresses)
         # Packed before Ready: whoever sees this replica Ready can fetch its compile cache.
         log_text = self.log_since_start()
@@ -408,6 +459,21 @@ class VllmEngine:
             rep.loaded_from,
             seconds,
         )
+
+    async def bring_up_group(self, ctx: BringUp, timeout: float) -> list[EngineRankReport]:
+        """A pod of a group waits in Standby for its hand-off (its role and its group's leader,
+        group.py), installs its ranks' compile caches (from its rank-matched peer, else a
+        store), then starts its vLLM node: the ranks load with the handed peers at once."""
+        assert ctx.group is not None and ctx.handoff_file is not None  # plan.group_place
+        self.group = ctx.group
+        self.compile_cache.ranks = self.own_ranks
+        self.plan, handoff = await receive_handoff(ctx.state.report, ctx.handoff_file, self.plan)
+        self.leader = handoff.leader  # apply_handoff refused a hand-off without one
+        self.compile_cache.plan = self.plan
+        ctx.state.report.phase = WorkerPhase.LOADING
+        await self.compile_cache.before_start(self.session(), ctx.state.peer_token)
+        self.start()
+        return await self.wait_ready(timeout, ctx.state.report)
 
     async def bring_up_standby(
         self, ctx: BringUp, path: Path, timeout: float
@@ -463,7 +529,7 @@ class VllmEngine:
             if any(not r.ok for r in reports):
                 return False  # wait_ready reports the failure
             waiting = [r for r in reports if r.stage == "standby"]
-            if len(waiting) == self.plan.tensor_parallel:
+            if len(waiting) == len(self.own_ranks):
                 return all(r.compiles_first for r in waiting)
             await asyncio.sleep(0.1)
 
@@ -492,8 +558,21 @@ class VllmEngine:
         m = self.plan.served_model_name
         return not_served(f"model {m!r} takes text: use /generate or the OpenAI API (/v1)")
 
+    def _not_the_leader(self) -> web.StreamResponse | None:
+        """A headless pod serves no API: 421, naming where to go (as builtin group pods do)."""
+        if not self.headless:
+            return None
+        assert self.group is not None
+        return web.json_response(
+            {
+                "error": f"pod {self.group.index} of a group of {self.group.size} runs vLLM "
+                f"headless: send requests to the group leader (vLLM's master {self.leader})"
+            },
+            status=421,
+        )
+
     async def openai(self, request: web.Request) -> web.StreamResponse:
-        return await self.forward(request, self.url)
+        return self._not_the_leader() or await self.forward(request, self.url)
 
     async def metrics_text(self) -> str:
         """The engine's own Prometheus families (`metrics_prefixes`: vLLM's `vllm:*`, Triton's
@@ -537,6 +616,9 @@ class VllmEngine:
 
     async def generate(self, request: web.Request) -> web.StreamResponse:
         """Triton's generate extension (`text_input` -> `text_output`) over /v1/completions."""
+        refused = self._not_the_leader()
+        if refused is not None:
+            return refused
         try:
             body = await request.json()
         except ValueError:
