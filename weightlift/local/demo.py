@@ -12,6 +12,7 @@ import contextlib
 import json
 import logging
 import math
+import os
 import shlex
 import signal
 import sys
@@ -217,9 +218,10 @@ def _sigterm_raises() -> Iterator[None]:
     type=click.IntRange(1, 8),
     default=1,
     show_default=True,
-    help="Pods one replica spans (builtin runtime): a tensor-parallel model of that many ranks, "
-    "one per pod, each replica a LeaderWorkerSet group (the real LWS controller, `make lws`); "
-    "prints each group's per-rank table.",
+    help="Pods one replica spans (builtin runtime, or vLLM up to 2): a tensor-parallel model of "
+    "that many ranks, one per pod (vLLM: a vLLM node per pod, the leader's serving its API), "
+    "each replica a LeaderWorkerSet group (the real LWS controller, `make lws`); prints each "
+    "group's per-rank table.",
 )
 @click.option(
     "--prometheus",
@@ -262,7 +264,7 @@ def demo_command(
     llm = runtime in ("vllm", "triton")
     engine = {"vllm": "vLLM", "triton": "Triton"}.get(runtime, "Builtin")
     model_dir = state_dir / ("llm" if llm else "model")
-    groups = _parallelism(pods_per_replica, llm) is not None
+    groups = _parallelism(pods_per_replica, engine) is not None
     stack = LocalStack(
         state_dir,
         model_path_prefixes=(str(model_dir),),
@@ -297,7 +299,7 @@ def demo_command(
                 engine,
                 enforce_eager,
                 warm_spares=1 if scale_up else 0,
-                parallelism=_parallelism(pods_per_replica),
+                parallelism=_parallelism(pods_per_replica, engine),
             )
             obs = Observer(stack, name)
             obs.watch_handoffs()
@@ -367,7 +369,7 @@ def _manifest(
         model=model,
         engine=engine,
         engine_args=vllm_engine_args(enforce_eager) if llm else None,
-        env=VLLM_ENV if llm else None,
+        env={**VLLM_ENV, **_threads_bind(extra.get("parallelism"))} if llm else None,
         image=stack.worker_image or None,
         wait_for_source_seconds=REAL_NODE_WAIT_FOR_SOURCE if real_node else 300,
         **extra,
@@ -401,15 +403,35 @@ def _prepare_model(
     return probe
 
 
-def _parallelism(pods_per_replica: int, llm: bool = False) -> JSON | None:
+# The tiny Llama's KV heads: vLLM splits them over at most this many tensor ranks.
+LLM_MAX_TENSOR = 2
+
+
+def _parallelism(pods_per_replica: int, engine: str = "Builtin") -> JSON | None:
     """--pods-per-replica N: N tensor ranks, one per pod; None for one-pod replicas."""
     if pods_per_replica == 1:
         return None
-    if llm:
+    if engine == "Triton":
         raise click.BadParameter(
-            "multi-pod replicas run the builtin runtime", param_hint="--runtime"
+            "multi-pod replicas run the builtin runtime or vLLM", param_hint="--runtime"
+        )
+    if engine == "vLLM" and pods_per_replica > LLM_MAX_TENSOR:
+        raise click.BadParameter(
+            f"the demo's tiny Llama splits over at most {LLM_MAX_TENSOR} tensor ranks",
+            param_hint="--pods-per-replica",
         )
     return {"tensor": pods_per_replica, "podsPerReplica": pods_per_replica}
+
+
+def _threads_bind(parallelism: JSON | None) -> dict[str, str]:
+    """vLLM across pods on one host: each pod's rank on its own core (a group pod takes its
+    share of the list, engines/vllm/group.py) rather than vLLM's `auto`, which would pin every
+    pod to the same cores."""
+    if parallelism is None:
+        return {}
+    cores = os.cpu_count() or 1
+    tensor = int(parallelism["tensor"])
+    return {"VLLM_CPU_OMP_THREADS_BIND": "|".join(str(r % cores) for r in range(tensor))}
 
 
 def _group_rows(replicas: list[JSON]) -> list[JSON]:
