@@ -79,3 +79,28 @@ def test_leader_addresses() -> None:
         "--a",
         "--b",
     ]
+
+
+def test_a_group_leaders_store_listens_on_its_pod_ip_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The process node: every pod on the host's network, each with its own 127.x IP. Another
+    group's leader already listens on the hand-off's port at its own IP; this leader's store
+    still listens, on its IP (torch's own would take the port on every address and fail)."""
+    import datetime
+    import importlib
+
+    from weightlift.local.net import free_port
+    from weightlift.worker.engines.vllm.store_bind import (
+        STORE_HOST_ENV,
+        bind_store_to_pod_ip,
+        listening_socket,
+    )
+
+    rendezvous = importlib.import_module("torch.distributed.rendezvous")
+    monkeypatch.setattr(rendezvous, "_create_c10d_store", rendezvous._create_c10d_store)
+    port, wait = free_port(), datetime.timedelta(seconds=5)
+    with listening_socket("127.0.9.2", port):  # the other group's leader
+        monkeypatch.setenv(STORE_HOST_ENV, "127.0.9.1")
+        bind_store_to_pod_ip()
+        store = rendezvous._create_c10d_store("127.0.9.1", port, 0, 1, wait)
+        store.set("who", "leader")
+        assert store.get("who") == b"leader"

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from weightlift.worker.engines.vllm.store_bind import STORE_HOST_ENV
 from weightlift.worker.plan import GroupPlace
 
 # The executor that spans nodes (`uni`, the one-pod tests' choice, cannot).
@@ -83,12 +84,15 @@ def group_args(place: GroupPlace, leader: str, host: str, port: int) -> list[str
 def group_env(
     env: Mapping[str, str], place: GroupPlace, ranks: Sequence[int], tensor_parallel: int
 ) -> dict[str, str]:
-    """The pod's vLLM env: its IP for ZMQ, multiprocessing on, and a thread binding of one
+    """The pod's vLLM env: its IP for ZMQ (and, the leader, for the group's store),
+    multiprocessing on, and a thread binding of one
     entry per local rank. A binding that lists every rank of the replica (`0|1` for TP 2, as
     one pod would take it) is narrowed to this pod's ranks' entries."""
     out = dict(env)
     if place.pod_ip:
         out[HOST_IP_ENV] = place.pod_ip
+        if place.leader:
+            out[STORE_HOST_ENV] = place.pod_ip  # its rank 0's store: this IP only
     out.pop(MULTIPROCESSING_ENV, None)
     entries = out.get(THREADS_BIND_ENV, "").split("|")
     if len(entries) == tensor_parallel > len(ranks):

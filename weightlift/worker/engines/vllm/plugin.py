@@ -11,6 +11,7 @@ import signal
 
 from weightlift.worker.engines.vllm.aot_load import allow_bundled_aot_reload
 from weightlift.worker.engines.vllm.ranks import LOAD_FORMAT
+from weightlift.worker.engines.vllm.store_bind import bind_store_to_pod_ip
 
 # Set by the worker in the environment of the vLLM it starts (engine.vllm_environment).
 DIE_WITH_PARENT_ENV = "WEIGHTLIFT_VLLM_DIE_WITH_PARENT"
@@ -34,6 +35,7 @@ def register() -> None:
         return
     die_with_parent_if_asked()
     allow_bundled_aot_reload()  # a second start loads vLLM's compiled artifact (see aot_load)
+    bind_store_to_pod_ip()  # a group leader's store: its pod IP only (see store_bind)
     from vllm.model_executor.model_loader import register_model_loader
 
     from weightlift.worker.engines.vllm.loader import WeightliftModelLoader
