@@ -70,4 +70,4 @@ def bind_store_to_pod_ip() -> None:
         )
 
     create.weightlift_bound = True  # type: ignore[attr-defined]
-    rendezvous._create_c10d_store = create
+    rendezvous._create_c10d_store = create  # type: ignore[attr-defined]
