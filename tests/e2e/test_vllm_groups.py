@@ -32,8 +32,12 @@ THREADS_BIND = {"VLLM_CPU_OMP_THREADS_BIND": "0|1"}
 
 
 def _groups_ready(obs: Observer) -> list[JSON] | None:
+    """Both groups' rows once Ready; an AssertionError at the first pod that failed (a group pod
+    failed for good waits, never exits: the test would otherwise wait out its timeout)."""
     obs.poll()
     rows = obs.replica_statuses()
+    failed = [p for r in rows for p in r.get("pods") or [] if p.get("phase") == "Failed"]
+    assert not failed, f"a group pod failed: {failed[0]['name']}: {failed[0].get('message')}"
     if obs.status().get("readyReplicas") == 2 and len(rows) == 2 and all(r["ready"] for r in rows):
         return rows
     return None
@@ -59,6 +63,7 @@ def test_vllm_tp2_over_two_pods_per_replica_rank_matched_p2p_greedy_text(
         engine_args=ENGINE_ARGS,
         env={**ENGINE_ENV, **THREADS_BIND},
         parallelism={"tensor": 2, "podsPerReplica": 2},
+        hook_library=None,
     )
     deadline = time.monotonic() + 2 * READY_TIMEOUT
     rows = None
