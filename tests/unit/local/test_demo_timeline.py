@@ -95,3 +95,21 @@ def test_pull_phases_are_durations() -> None:
         "transfer": 1.0,
         "verify": 0.25,
     }
+
+
+def test_demo_groups_run_builtin_or_vllm_and_bind_each_rank_to_a_core() -> None:
+    """`demo --pods-per-replica 2`: builtin or vLLM (up to the tiny Llama's 2 KV heads), never
+    Triton; vLLM's ranks get a one-host binding list each group pod takes its entry of."""
+    import click
+    import pytest
+
+    from weightlift.local.demo import _parallelism, _threads_bind
+
+    assert _parallelism(1, "vLLM") is None
+    assert _parallelism(2, "vLLM") == {"tensor": 2, "podsPerReplica": 2}
+    for engine, pods in (("Triton", 2), ("vLLM", 4)):
+        with pytest.raises(click.BadParameter):
+            _parallelism(pods, engine)
+    bind = _threads_bind({"tensor": 2, "podsPerReplica": 2})["VLLM_CPU_OMP_THREADS_BIND"]
+    assert len(bind.split("|")) == 2
+    assert _threads_bind(None) == {}
