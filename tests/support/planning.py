@@ -353,7 +353,12 @@ class RecordedApi:
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.patches: list[tuple[str, dict[str, Any]]] = []
         self.created: list[dict[str, Any]] = []
+        self.gates: list[tuple[str, str]] = []  # (pod, the gate condition's status)
+        self.services: list[dict[str, Any]] = []
         monkeypatch.setattr(kube, "patch_pod_metadata", self._patch)
+        monkeypatch.setattr(kube, "set_pod_condition", self._condition)
+        monkeypatch.setattr(kube, "apply_service", lambda core, ns, svc: self.services.append(svc))
+        monkeypatch.setattr(kube, "delete_service", lambda *a: None)
         monkeypatch.setattr(kube, "create_pod", self._create)
         monkeypatch.setattr(kube, "create_configmap", lambda *a: None)
         monkeypatch.setattr(kube, "ensure_owned_secret", lambda *a: None)
@@ -364,6 +369,9 @@ class RecordedApi:
 
     def _patch(self, core: Any, namespace: str, name: str, metadata: dict[str, Any]) -> None:
         self.patches.append((name, metadata))
+
+    def _condition(self, core: Any, namespace: str, name: str, condition: dict[str, Any]) -> None:
+        self.gates.append((name, condition["status"]))
 
     def _create(self, core: Any, namespace: str, manifest: dict[str, Any]) -> bool:
         self.created.append(manifest)

@@ -868,7 +868,8 @@ class ServiceSpec(ApiModel):
         "the inference probe.",
     )
     type: ServiceType = Field(
-        ServiceType.CLUSTER_IP, description="The Service's type: ClusterIP, NodePort or LoadBalancer."
+        ServiceType.CLUSTER_IP,
+        description="The Service's type: ClusterIP, NodePort or LoadBalancer.",
     )
     port: int = Field(
         80,

@@ -320,6 +320,8 @@ def test_an_old_manifest_renders_the_same_pod_as_before(case: str) -> None:
     """The golden pods were rendered by the operator before runtime.protocol existed (commit
     3b16418, with test_pods' name, namespace, uid and replica 0 as Source), from each manifest
     as that CRD stored it (its defaults filled in): the same pod, plan digest included, so an
-    upgrade replaces no replica."""
+    upgrade replaces no replica. Changed deliberately since (issue 45): the inference-probe
+    readiness gate and the serving label (replica 0 is a Source, handed storage), neither part
+    of the plan or the identity."""
     golden = _pods_before()[case]
     assert render(spec_of(golden["stored"])) == golden["pod"]
