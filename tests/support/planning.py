@@ -215,6 +215,19 @@ def check_plan(observed: Observed, result: Plan, spec: ModelDeploymentSpec) -> N
         assert source.model_identity == identity == pod.identity
     assert result.status.ready_sources == len(result.status.sources)
     assert result.requeue_after > 0 or observed.previous is not None
+    # The Service's label goes to surviving serving pods handed their weights; the readiness
+    # gate turns True for probed replicas only, and only where the pod shows otherwise.
+    after = existing - set(result.delete)
+    assert result.serve <= after, "labels a missing pod"
+    for pod in (by_name[n] for n in result.serve):
+        assert not pod.spare or pod.name in result.unspare, f"{pod.name}: a spare in the Service"
+        handed = pod.name in result.handoff or (pod.handoff is not None and pod.handoff.given)
+        assert handed and not pod.serving_labelled, f"{pod.name}: labelled waiting or twice"
+    assert set(result.gates) <= after, "sets the gate of a missing pod"
+    for name, passed in result.gates.items():
+        pod = by_name[name]
+        assert pod.probe_gate is not None and pod.probe_gate != passed, f"{name}: no transition"
+        assert passed == pod.inference_ready, f"{name}: gate {passed} for an unprobed replica"
 
 
 def _identities(observed: Observed, names: set[str]) -> list[str]:
