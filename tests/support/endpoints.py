@@ -53,6 +53,27 @@ def endpoint_of(
     raise AssertionError(f"no endpoint of {pod} with ready={ready} in {timeout:.0f}s; last {seen}")
 
 
+def pod_ready(kube: Kube, namespace: str, pod: str, ready: bool, timeout: float) -> JSON:
+    """Watch the pod until its Ready condition is `ready`; return the pod."""
+    deadline = time.monotonic() + timeout
+    shown: Any = None
+    while (left := deadline - time.monotonic()) > 0:
+        w = watch.Watch()
+        for event in w.stream(
+            kube.core.list_namespaced_pod,
+            namespace,
+            field_selector=f"metadata.name={pod}",
+            timeout_seconds=max(1, int(min(left, 30))),
+        ):
+            body = event.get("raw_object") or {}
+            found = {c["type"]: c["status"] for c in body["status"].get("conditions") or []}
+            shown = found
+            if (found.get("Ready") == "True") is ready:
+                w.stop()
+                return dict(body)
+    raise AssertionError(f"{pod} not Ready={ready} in {timeout:.0f}s; conditions {shown}")
+
+
 def conditions(stack: LocalStack, pod: str) -> dict[str, str]:
     body = call(stack.kube.core.read_namespaced_pod, pod, stack.namespace)
     return {c["type"]: c["status"] for c in body["status"].get("conditions") or []}
@@ -75,9 +96,24 @@ Deploy = Callable[..., Observer]  # deploy(name, model_dir, probe, **kw): applie
 
 
 def check_ready_only_after_probe(
-    stack: LocalStack, deploy: Deploy, name: str, model_dir: Path, probe: JSON, timeout: float
+    stack: LocalStack,
+    deploy: Deploy,
+    name: str,
+    model_dir: Path,
+    probe: JSON,
+    timeout: float,
+    slices: bool = True,
 ) -> None:
-    """One replica through failing -> passing -> failing probes, its endpoint following."""
+    """One replica through failing -> passing -> failing probes, its endpoint following.
+    `slices` False: the pod's Ready instead of the EndpointSlice (the process node's pods have
+    loopback IPs, which no EndpointSlice may hold)."""
+
+    def follows(ready: bool) -> JSON | None:
+        if slices:
+            return endpoint_of(stack.kube, stack.namespace, name, pod, ready, timeout)
+        pod_ready(stack.kube, stack.namespace, pod, ready, timeout)
+        return None
+
     failing = {**wrong(probe), "failureThreshold": 1}
     obs = deploy(name, model_dir, failing, replicas=1)
 
@@ -92,24 +128,24 @@ def check_ready_only_after_probe(
     assert service == {"name": name, "type": "ClusterIP", "ports": "http:80/TCP"}, service
 
     # Held: loaded, its container ready, the probe failing. Listed, but not ready.
-    listed = endpoint_of(stack.kube, stack.namespace, name, pod, ready=False, timeout=timeout)
+    listed = follows(False)
     shown = conditions(stack, pod)
     assert shown["ContainersReady"] == "True", shown  # without the gate it would be ready
     assert shown.get(INFERENCE_PROBE_GATE, "False") == "False" and shown["Ready"] == "False"
-    assert listed["addresses"] == [row["podIP"]]
+    assert listed is None or listed["addresses"] == [row["podIP"]]
     labels = call(stack.kube.core.read_namespaced_pod, pod, stack.namespace)["metadata"]["labels"]
     assert labels[SERVING_LABEL] == "true"
 
     # Released: the probe passes, the gate turns True, the endpoint turns ready.
     stack.patch_md(name, {"spec": {"probe": {**probe_fields(probe), "failureThreshold": 1}}})
-    endpoint_of(stack.kube, stack.namespace, name, pod, ready=True, timeout=timeout)
+    follows(True)
     obs.wait_ready(timeout)
     assert obs.replica_statuses()[0]["name"] == pod  # the same pod: a probe is no new revision
     assert conditions(stack, pod)[INFERENCE_PROBE_GATE] == "True"
 
     # Broken again: the gate turns False and the endpoint follows.
     stack.patch_md(name, {"spec": {"probe": failing}})
-    endpoint_of(stack.kube, stack.namespace, name, pod, ready=False, timeout=timeout)
+    follows(False)
     assert conditions(stack, pod)[INFERENCE_PROBE_GATE] == "False"
     svc = call(stack.kube.core.read_namespaced_service, name, stack.namespace)
     assert [o["kind"] for o in svc["metadata"]["ownerReferences"]] == ["ModelDeployment"]
