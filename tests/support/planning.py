@@ -272,6 +272,10 @@ class Cluster:
             self.pods[name] = dataclasses.replace(self.pods[name], handoff=handoff)
         for name in result.unspare:
             self.pods[name] = dataclasses.replace(self.pods[name], spare=False)
+        for name in result.serve:
+            self.pods[name] = dataclasses.replace(self.pods[name], serving_labelled=True)
+        for name, passed in result.gates.items():
+            self.pods[name] = dataclasses.replace(self.pods[name], probe_gate=passed)
         for desired in result.create:
             peers = [PeerCandidate(pod=s.pod, address=s.address) for s in desired.peers]
             self.pods[desired.name] = ObservedPod(
@@ -281,6 +285,9 @@ class Cluster:
                 role=desired.role,
                 handoff=PeerHandoff(peers=peers) if peers else None,
                 spare=desired.spare,
+                # As pods.render_pod: the gate on every pod, the Service's label once handed.
+                probe_gate=False,
+                serving_labelled=not desired.spare and (desired.role == Role.SOURCE or bool(peers)),
             )
         self.previous = result.status
         self.plans.append(result)
