@@ -226,6 +226,29 @@ HOSTILE: list[tuple[str, dict[str, Any], str]] = [
         _external({"completion": {**_COMPLETION, "protocol": "OpenAI"}}, protocol="Triton"),
         "spec.probe.completion.protocol",
     ),
+    # the GPU resource is named by the template, counted by the operator (issue 45)
+    (
+        "gpu-resource-native",
+        _template(gpuResource="kubernetes.io/gpu"),
+        "spec.template.gpuResource",
+    ),
+    ("gpu-resource-unprefixed", _template(gpuResource="gpu"), "spec.template.gpuResource"),
+    (
+        "gpu-count-in-limits",
+        {"parallelism": {"tensor": 2}, **_template(resources={"limits": {"nvidia.com/gpu": "1"}})},
+        "spec.template.resources.limits",
+    ),
+    (
+        "gpu-count-in-requests-renamed",
+        {
+            "parallelism": {"tensor": 4, "podsPerReplica": 2},
+            **_template(
+                gpuResource="nvidia.com/mig-1g.10gb",
+                resources={"requests": {"nvidia.com/mig-1g.10gb": "4"}},
+            ),
+        },
+        "spec.template.resources.requests",
+    ),
     ("service-type", {"service": {"type": "ExternalName"}}, "spec.service.type"),
     ("service-port-zero", {"service": {"port": 0}}, "spec.service.port"),
     ("service-port-high", {"service": {"port": 65536}}, "spec.service.port"),
@@ -327,6 +350,16 @@ ADMITTED: list[tuple[str, dict[str, Any]]] = [
     ("external-triton", _external({"completion": _COMPLETION}, protocol="Triton")),
     ("external-unnamed", _external({"completion": {**_COMPLETION, "protocol": "TritonGenerate"}})),
     ("two-pods-per-replica", {"parallelism": {"tensor": 2, "podsPerReplica": 2}}),
+    (
+        "mig-resource-with-its-count",
+        {
+            "parallelism": {"tensor": 4, "podsPerReplica": 2},
+            **_template(
+                gpuResource="nvidia.com/mig-1g.10gb",
+                resources={"limits": {"nvidia.com/mig-1g.10gb": "2", "nvidia.com/gpu": "1"}},
+            ),
+        },
+    ),
     ("tp-pp-over-pods", {"parallelism": {"tensor": 4, "pipeline": 2, "podsPerReplica": 4}}),
     ("image-digest", _template(image="registry.example.com:5000/team/worker@sha256:" + "a" * 64)),
     ("image-tag", _template(image="localhost/weightlift-worker:dev-1.2")),

@@ -17,6 +17,7 @@ from weightlift.api import limits
 from weightlift.api.labels import MAX_NAME_LENGTH, SELECTABLE_FIELDS
 from weightlift.api.model import (
     COMPLETION_PROTOCOL_MESSAGE,
+    DEFAULT_GPU_RESOURCE,
     GROUP,
     KIND,
     PLURAL,
@@ -28,6 +29,7 @@ from weightlift.api.model import (
     WARM_SPARES_MESSAGE,
     ModelDeploymentSpec,
     ModelDeploymentStatus,
+    gpu_count_message,
 )
 
 _DROP_KEYS = {"title", "$defs", "discriminator"}
@@ -74,6 +76,30 @@ _SPEC_VALIDATIONS = [
         "message": WARM_SPARES_MESSAGE,
         "fieldPath": ".warmSpares",
     },
+]
+
+
+def _field_or(path: str, name: str, default: str) -> str:
+    return f"(has({path}.{name}) ? {path}.{name} : {default})"
+
+
+# The GPU count a pod requests is the operator's (pods.py); a template may name it only with
+# the same count (ranks per pod), as pydantic's ModelDeploymentSpec checks it.
+_GPU = _field_or("self.template", "gpuResource", f"'{DEFAULT_GPU_RESOURCE}'")
+_PAR = "self.parallelism"
+_RANKS_PER_POD = (
+    f"(!has({_PAR}) ? 1 : {_field_or(_PAR, 'tensor', '1')} * {_field_or(_PAR, 'pipeline', '1')}"
+    f" / {_field_or(_PAR, 'podsPerReplica', '1')})"
+)
+_GPU_COUNT_VALIDATIONS = [
+    {
+        "rule": f"!has(self.template) || !has(self.template.resources) "
+        f"|| !has(self.template.resources.{part}) || !({_GPU} in self.template.resources.{part}) "
+        f"|| self.template.resources.{part}[{_GPU}] == string({_RANKS_PER_POD})",
+        "message": gpu_count_message(part),
+        "fieldPath": f".template.resources.{part}",
+    }
+    for part in ("limits", "requests")
 ]
 
 
@@ -249,7 +275,11 @@ def _mark(schema: dict[str, Any], checked: bool) -> dict[str, Any]:
 def build_crd() -> dict[str, Any]:
     spec_schema = openapi_schema(ModelDeploymentSpec)
     spec_schema["description"] = "Desired state: which model, how many replicas, how to load."
-    spec_schema["x-kubernetes-validations"] = [*_SPEC_VALIDATIONS, *_PROBE_VALIDATIONS]
+    spec_schema["x-kubernetes-validations"] = [
+        *_SPEC_VALIDATIONS,
+        *_PROBE_VALIDATIONS,
+        *_GPU_COUNT_VALIDATIONS,
+    ]
     status_schema = openapi_schema(ModelDeploymentStatus)
     status_schema["description"] = "Observed state, written by the operator."
     # The status is written only by the operator; keep unknown fields so an older CRD never

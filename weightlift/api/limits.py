@@ -15,6 +15,10 @@ _QUALIFIED_NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
 # Label keys and extended resource names: [prefix/]name.
 QUALIFIED_NAME = rf"^({_DNS_LABEL}(\.{_DNS_LABEL})*/)?{_QUALIFIED_NAME}$"
 QUALIFIED_NAME_MAX = 317  # 253 prefix + "/" + 63 name
+# An extended resource name: a qualified name whose domain prefix is required and is not
+# kubernetes.io's (native resources; checked apart, RE2 has no look-around).
+EXTENDED_RESOURCE = rf"^{_DNS_LABEL}(\.{_DNS_LABEL})*/{_QUALIFIED_NAME}$"
+NATIVE_RESOURCE_DOMAIN = "kubernetes.io/"
 LABEL_VALUE = r"^(([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9])?$"
 LABEL_VALUE_MAX = 63
 # resource.Quantity's canonical forms: 2, 0.5, 500m, 8Gi, 1e3.

@@ -346,11 +346,29 @@ class Resources(ApiModel):
     limits: dict[LabelKey, Quantity] = Field(
         default_factory=dict,
         max_length=limits.RESOURCE_ITEMS,
-        description="Extra resource limits; nvidia.com/gpu is set from parallelism.tensor.",
+        description=(
+            "Extra resource limits. The GPU resource (template.gpuResource) is the operator's: "
+            "set from parallelism; naming it here is allowed only with that same count."
+        ),
     )
 
 
 DEFAULT_WORKER_IMAGE = "ghcr.io/weightlift/worker:0.1.0"
+DEFAULT_GPU_RESOURCE = "nvidia.com/gpu"
+
+
+GPU_RESOURCE_MESSAGE = (
+    "spec.template.gpuResource: an extended resource name (domain/name, e.g. nvidia.com/gpu or "
+    f"nvidia.com/mig-1g.10gb), not in the {limits.NATIVE_RESOURCE_DOMAIN} domain"
+)
+
+
+def gpu_count_message(part: str) -> str:
+    return (
+        f"spec.template.resources.{part}: the GPU resource (spec.template.gpuResource) is set "
+        "by the operator to the ranks a pod holds (parallelism tensor x pipeline / "
+        "podsPerReplica); leave it out, or give that same count"
+    )
 
 
 class PodTemplate(ApiModel):
@@ -380,6 +398,22 @@ class PodTemplate(ApiModel):
     env: list[EnvVar] = Field(
         default_factory=list, max_length=limits.ENV_ITEMS, description="Extra worker environment."
     )
+    gpu_resource: str = Field(
+        DEFAULT_GPU_RESOURCE,
+        max_length=limits.QUALIFIED_NAME_MAX,
+        pattern=limits.EXTENDED_RESOURCE,
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _cel(f"!self.contains('{limits.NATIVE_RESOURCE_DOMAIN}')", GPU_RESOURCE_MESSAGE)
+            ]
+        },
+        description=(
+            "Extended resource a worker pod requests its GPUs as, one per rank it holds "
+            "(tensor x pipeline / podsPerReplica): nvidia.com/gpu, a MIG profile such as "
+            "nvidia.com/mig-1g.10gb, or another vendor's (amd.com/gpu). The tensor-parallel "
+            "check counts the nodes' allocatable of this name."
+        ),
+    )
     rdma_resource: str | None = Field(
         None,
         max_length=limits.QUALIFIED_NAME_MAX,
@@ -402,6 +436,14 @@ class PodTemplate(ApiModel):
             "may read its ModelDeployment."
         ),
     )
+
+    @field_validator("gpu_resource")
+    @classmethod
+    def _extended(cls, name: str) -> str:
+        # Mirrors the CEL rule, for objects that never passed the API server's admission.
+        if limits.NATIVE_RESOURCE_DOMAIN in name:
+            raise ValueError(GPU_RESOURCE_MESSAGE)
+        return name
 
 
 class PreloadOptions(ApiModel):
@@ -516,7 +558,10 @@ class InitHooks(ApiModel):
 
 
 # Fields only an External runtime's own server gives meaning to: the worker's paths are fixed.
-EXTERNAL_ONLY_FIELDS = ("protocol", "readiness_path", "liveness_path")
+EXTERNAL_ONLY_FIELDS = ("protocol", "readiness_path", "liveness_path", "startup_seconds")
+# How long an External server may take to answer its liveness path before the kubelet's liveness
+# probe counts: a stock vLLM or tritonserver opens its port only once the weights are loaded.
+DEFAULT_STARTUP_SECONDS = 1800
 
 
 def external_only_message(field: str) -> str:
@@ -574,6 +619,14 @@ class RuntimeSpec(ApiModel):
         None,
         description="type External: path of the kubelet's liveness probe (HTTP GET on port), "
         "instead of the protocol's (/v2/health/live; OpenAI: /health).",
+    )
+    startup_seconds: int | None = Field(
+        None,
+        ge=10,
+        le=86400,
+        description="type External: how long the server may take to first answer its liveness "
+        f"path (a startupProbe; liveness counts only after it). Unset: {DEFAULT_STARTUP_SECONDS}"
+        " s: a stock vLLM or tritonserver opens its port only once its weights are loaded.",
     )
     engine: Engine = Field(
         Engine.BUILTIN,
@@ -946,6 +999,18 @@ class ModelDeploymentSpec(ApiModel):
         return self
 
     @model_validator(mode="after")
+    def _gpus_are_the_operators(self) -> ModelDeploymentSpec:
+        # Mirrors the CRD's CEL rules, for objects that never passed the API server's admission.
+        gpu, count = self.template.gpu_resource, str(self.parallelism.ranks_per_pod)
+        for part, values in (
+            ("limits", self.template.resources.limits),
+            ("requests", self.template.resources.requests),
+        ):
+            if gpu in values and values[gpu] != count:
+                raise ValueError(gpu_count_message(part))
+        return self
+
+    @model_validator(mode="after")
     def _probe_fits_protocol(self) -> ModelDeploymentSpec:
         # Mirrors the CRD's CEL rules, for objects that never passed the API server's admission.
         endpoints = self.runtime.endpoints
@@ -991,6 +1056,23 @@ class ProbeResult(ApiModel):
     consecutive_failures: int = Field(0, ge=0, description="Failures in a row.")
     last_probe_time: str | None = Field(None, description="RFC 3339 time of the last probe.")
     latency_ms: float | None = Field(None, description="Latency of the last probe request.")
+
+
+class RankTransport(ApiModel):
+    """How one rank's weights moved from its peer, as UCX itself named it."""
+
+    rank: int = Field(ge=0, description="Rank (tensor x pipeline index).")
+    transport: str = Field(
+        description="The transport and protocol UCX chose for this rank's peer READs, in its own "
+        "words: cma/memory (zero-copy) between processes of one host, cuda_ipc/cuda (zero-copy) "
+        "between GPUs of one node, rc_mlx5/mlx5_0:1 (zero-copy) over RDMA, tcp/lo (software "
+        "emulation) when nothing faster carries this memory; unknown (...) when UCX recorded none."
+    )
+    note: str = Field(
+        "",
+        description="Why the rank gave the peer up for storage (UCX moved GPU memory only by "
+        "software emulation, slower than loading from storage) or pulled on regardless.",
+    )
 
 
 class GroupPodStatus(ApiModel):
@@ -1041,6 +1123,11 @@ class ReplicaStatus(ApiModel):
         "(no compilation).",
     )
     hooks_run: bool | None = Field(None, description="Whether init hooks ran.")
+    transports: list[RankTransport] | None = Field(
+        None,
+        max_length=limits.TENSOR_MAX * limits.PIPELINE_MAX,
+        description="Per rank that pulled (or tried to) from a peer: the transport UCX used.",
+    )
     engine_ports: dict[str, int] | None = Field(
         None, description="The engine's own ports by protocol (Triton: http, grpc, metrics)."
     )

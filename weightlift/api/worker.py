@@ -23,6 +23,7 @@ from weightlift.api.model import (
     LoadingSpec,
     LoadStrategy,
     ModelSource,
+    RankTransport,
     Role,
     RuntimeSpec,
 )
@@ -232,6 +233,9 @@ class WorkerReport(ApiModel):
     bytes_total: int = 0
     gbps: float | None = None
     load_seconds: float | None = None
+    # Per rank that pulled (or tried to) from a peer: the transport UCX named, and why it was
+    # given up for storage (software emulation of GPU memory), if it was.
+    transports: list[RankTransport] = Field(default_factory=list)
     # The engine's compiled program: hit (peer) | hit (store) | miss (<reason>) | none ("" before
     # the engine says).
     compile_cache: str = ""

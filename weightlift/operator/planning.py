@@ -21,6 +21,7 @@ from weightlift.api.model import (
     ModelDeploymentStatus,
     Phase,
     ProbeResult,
+    RankTransport,
     ReplicaStatus,
     Role,
     RuntimeType,
@@ -264,7 +265,7 @@ def validate(spec: ModelDeploymentSpec, observed: Observed) -> str | None:
         field_name = "tensor" if par.pods_per_replica == 1 else "podsPerReplica"
         return (
             f"spec.parallelism.{field_name}: {gpus} GPUs per pod but the largest node offers "
-            f"{observed.max_node_gpus} nvidia.com/gpu"
+            f"{observed.max_node_gpus} {spec.template.gpu_resource}"
         )
     problem = _validate_groups(spec)
     if problem:
@@ -1000,6 +1001,13 @@ def _pod_message(pod: ObservedPod) -> str:
     return pod.unschedulable or pod.stuck or ""
 
 
+def _transports(pod: ObservedPod) -> list[RankTransport] | None:
+    """Every rank's P2P transport: a group's from each of its pods, else the pod's own."""
+    reports = [m.worker for m in pod.members] if pod.members else [pod.worker]
+    found = sorted((t for r in reports if r for t in r.transports), key=lambda t: t.rank)
+    return found or None
+
+
 def _replica_status(pod: ObservedPod) -> ReplicaStatus:
     report = pod.worker
     phase = _pod_phase(pod)
@@ -1019,6 +1027,7 @@ def _replica_status(pod: ObservedPod) -> ReplicaStatus:
         load_seconds=report.load_seconds if report else None,
         compile_cache=(report.compile_cache or None) if report else None,
         hooks_run=report.hooks_run if report else None,
+        transports=_transports(pod),
         engine_ports=(report.engine_ports or None) if report else None,
         ready=pod.inference_ready,
         spare=pod.spare or None,

@@ -17,12 +17,14 @@ from weightlift.api.labels import (
     WORKER_LABELS,
 )
 from weightlift.api.model import (
+    DEFAULT_STARTUP_SECONDS,
     GROUP,
     KIND,
     VERSION,
     Engine,
     ModelDeploymentSpec,
     Role,
+    RuntimeSpec,
     RuntimeType,
 )
 from weightlift.api.uri import REMOTE_SCHEMES, ModelUri
@@ -53,7 +55,6 @@ from weightlift.operator.planning import DesiredPod
 from weightlift.operator.settings import Settings
 from weightlift.operator.shared_objects import PlanConfigMap, plan_configmap, token_secret_name
 
-GPU_RESOURCE = "nvidia.com/gpu"
 PVC_MOUNT_ROOT = "/mnt/models"
 # Where a pvc:// cluster compile store is mounted in a vLLM worker.
 SHARED_STORE_MOUNT = "/var/run/weightlift/compile-store"
@@ -285,6 +286,20 @@ def container_ports(spec: ModelDeploymentSpec) -> list[dict[str, Any]]:
     return ports
 
 
+STARTUP_PERIOD_SECONDS = 5
+
+
+def external_startup_probe(runtime: RuntimeSpec) -> dict[str, Any]:
+    """An External server (a stock vLLM, tritonserver) opens its port only after loading its
+    weights; until its liveness path first answers, the kubelet's liveness probe waits."""
+    seconds = runtime.startup_seconds or DEFAULT_STARTUP_SECONDS
+    return {
+        "httpGet": {"port": "http", "scheme": "HTTP", "path": runtime.health_paths[1]},
+        "periodSeconds": STARTUP_PERIOD_SECONDS,
+        "failureThreshold": -(-seconds // STARTUP_PERIOD_SECONDS),
+    }
+
+
 def render_pod(
     name: str,
     namespace: str,
@@ -303,8 +318,9 @@ def render_pod(
     template = spec.template
     plan = plan or plan_for(name, namespace, spec, desired.identity)
     gpus = str(spec.parallelism.ranks_per_pod)  # a multi-pod replica: its pod's share
-    limits = {**template.resources.limits, GPU_RESOURCE: gpus}
-    requests = {**template.resources.requests, GPU_RESOURCE: gpus}
+    # Admission allows the GPU resource in the template only with this same count.
+    limits = {**template.resources.limits, template.gpu_resource: gpus}
+    requests = {**template.resources.requests, template.gpu_resource: gpus}
     capabilities: dict[str, Any] = {"drop": ["ALL"]}
     if template.rdma_resource:
         limits[template.rdma_resource] = requests[template.rdma_resource] = "1"
@@ -344,6 +360,7 @@ def render_pod(
             "periodSeconds": 10,
             "failureThreshold": 6,
         },
+        **({"startupProbe": external_startup_probe(spec.runtime)} if external else {}),
         "securityContext": {
             "allowPrivilegeEscalation": False,
             "readOnlyRootFilesystem": True,

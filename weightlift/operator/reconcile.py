@@ -39,7 +39,7 @@ from weightlift.api.model import (
 )
 from weightlift.api.times import parse_rfc3339, rfc3339
 from weightlift.api.worker import PeerHandoff, WorkerPhase, WorkerReport
-from weightlift.operator import applygate, kube, serving
+from weightlift.operator import applygate, kube, podsecurity, serving
 from weightlift.operator.groups import (
     collapse,
     group_actions,
@@ -60,7 +60,7 @@ from weightlift.operator.planning import (
     host_port,
     plan,
 )
-from weightlift.operator.pods import plan_for, render_pod, role_of
+from weightlift.operator.pods import compile_store_volume, plan_for, render_pod, role_of
 from weightlift.operator.probes import (
     fetch_report,
     probe_inference,
@@ -426,7 +426,7 @@ async def reconcile(
         model = spec.model.name or name
         observed_pods, max_gpus = await asyncio.gather(
             asyncio.gather(*(observe_pod(state, p, spec, model) for p in pods)),
-            state.max_node_gpus(),
+            state.max_node_gpus(spec.template.gpu_resource),
         )
         woken = state.still_spare_labelled(uid, {p.name for p in observed_pods if p.spare})
         observed_pods = [
@@ -668,7 +668,14 @@ async def _apply_groups(
                 plan = plan_for(name, namespace, spec, identity)
                 await _ensure_beside_pods(state, meta, spec, identity, plan)
                 manifest = render_lws(
-                    name, namespace, uid, spec, identity, replicas, plan, state.settings
+                    name,
+                    namespace,
+                    uid,
+                    spec,
+                    identity,
+                    replicas,
+                    plan,
+                    state.settings_for(namespace),
                 )
                 if not await asyncio.to_thread(kube.create_lws, state.custom, namespace, manifest):
                     # It exists (an earlier operator made it): set its count.
@@ -710,13 +717,20 @@ async def _create_pods(
 
     async def create_one(desired: DesiredPod) -> None:
         plan = plans[desired.identity]
-        try:
-            created = await asyncio.to_thread(
-                _create_pod, state, name, namespace, uid, spec, desired, plan
-            )
-        except ApiException as exc:
-            rejected.append(f"creating pod {desired.name} was rejected: {kube.api_error(exc)}")
-            return
+        for attempt in (1, 2):
+            try:
+                created = await asyncio.to_thread(
+                    _create_pod, state, name, namespace, uid, spec, desired, plan
+                )
+                break
+            except ApiException as exc:
+                why = kube.api_error(exc)
+                if podsecurity.refused_by_pod_security(why):
+                    if attempt == 1 and await _drop_node_store(state, meta, spec):
+                        continue  # once more, without the hostPath store
+                    why = podsecurity.refusal_message(spec, namespace, why)
+                rejected.append(f"creating pod {desired.name} was rejected: {why}")
+                return
         state.await_pod(uid, desired.name)  # new, or already there (409): it exists
         exist.append(desired.name)
         if created:
@@ -733,6 +747,23 @@ async def _create_pods(
     return rejected
 
 
+async def _drop_node_store(
+    state: OperatorState, meta: Mapping[str, Any], spec: ModelDeploymentSpec
+) -> bool:
+    """After a PodSecurity refusal: render the namespace's pods without the node compile store
+    (a hostPath) from now on, and say so once. False when that cannot help: the spec's pods
+    have no store (the refusal is the spec's own)."""
+    namespace = meta["namespace"]
+    if compile_store_volume(spec, state.settings) is None:
+        return False
+    if namespace not in state.no_node_store:
+        state.no_node_store.add(namespace)
+        message = podsecurity.node_store_off_message(namespace, state.settings.compile_store)
+        reason = podsecurity.NODE_STORE_OFF_REASON
+        await state.post_event({"metadata": meta}, "Warning", reason, message)
+    return True
+
+
 def _create_pod(
     state: OperatorState,
     name: str,
@@ -745,7 +776,7 @@ def _create_pod(
     """Render and create, in the API thread: a manifest exists only while it is sent (~11 KB of
     Python objects each; rendered before the thread hop, a rollout of 1000 deployments queued
     1000 of them behind the API threads)."""
-    manifest = render_pod(name, namespace, uid, spec, desired, plan, state.settings)
+    manifest = render_pod(name, namespace, uid, spec, desired, plan, state.settings_for(namespace))
     return kube.create_pod(state.core, namespace, manifest)
 
 

@@ -4,6 +4,7 @@ ModelDeployment and one per pod. A deleted object's record goes with one `pop`."
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import time
@@ -15,10 +16,10 @@ from typing import Any
 from kubernetes import client
 
 from weightlift.api.labels import PEERS_ANNOTATION
+from weightlift.api.model import DEFAULT_GPU_RESOURCE
 from weightlift.api.worker import PeerHandoff
 from weightlift.operator import kube
 from weightlift.operator.metrics import METRICS, Metrics
-from weightlift.operator.pods import GPU_RESOURCE
 from weightlift.operator.probes import ProbeResult, WorkerClient
 from weightlift.operator.settings import Settings
 from weightlift.operator.statuswrites import state_key
@@ -121,8 +122,12 @@ class OperatorState:
     deployments: dict[str, DeploymentRecord] = field(default_factory=dict)
     pods: dict[str, PodRecord] = field(default_factory=dict)
     passes: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(MAX_PASSES))
-    node_gpus: tuple[float, int | None] = (0.0, None)
-    _node_fetch: asyncio.Future[int | None] | None = None
+    # Per GPU resource name (spec.template.gpuResource): when fetched, the most any node offers.
+    node_gpus: dict[str, tuple[float, int | None]] = field(default_factory=dict)
+    # Namespaces whose PodSecurity level refused the node compile store's hostPath
+    # (podsecurity.py): their pods are rendered without it for the rest of this operator's life.
+    no_node_store: set[str] = field(default_factory=set)
+    _node_fetches: dict[str, asyncio.Future[int | None]] = field(default_factory=dict)
 
     @classmethod
     def from_environment(cls) -> OperatorState:
@@ -249,19 +254,29 @@ class OperatorState:
             name = involved.get("metadata", {}).get("name")
             logging.getLogger(__name__).warning("could not post event %s on %s", reason, name)
 
-    async def max_node_gpus(self) -> int | None:
-        """Cached; when it runs out, one LIST of nodes serves every pass waiting for it."""
-        fetched, value = self.node_gpus
+    def settings_for(self, namespace: str) -> Settings:
+        """The settings a pod in `namespace` is rendered with."""
+        if namespace in self.no_node_store:
+            return dataclasses.replace(self.settings, compile_store="")
+        return self.settings
+
+    async def max_node_gpus(self, resource: str = DEFAULT_GPU_RESOURCE) -> int | None:
+        """The most `resource` a node offers. Cached; when it runs out, one LIST of nodes serves
+        every pass waiting for it."""
+        fetched, value = self.node_gpus.get(resource, (0.0, None))
         if time.monotonic() - fetched <= NODE_CACHE_SECONDS:
             return value
-        if self._node_fetch is None or self._node_fetch.done():
-            self._node_fetch = asyncio.ensure_future(self._fetch_node_gpus())
-        return await asyncio.shield(self._node_fetch)
+        fetch = self._node_fetches.get(resource)
+        if fetch is None or fetch.done():
+            fetch = self._node_fetches[resource] = asyncio.ensure_future(
+                self._fetch_node_gpus(resource)
+            )
+        return await asyncio.shield(fetch)
 
-    async def _fetch_node_gpus(self) -> int | None:
+    async def _fetch_node_gpus(self, resource: str) -> int | None:
         # The fetch caches its own answer. Cached by its waiters instead, a pass that came
         # between the LIST's end and their wake-up saw a stale cache, started a new LIST and
         # left the waiters' answer uncached: 36 LISTs back to back in `bench operator`.
-        value = await asyncio.to_thread(kube.max_node_gpus, self.core, GPU_RESOURCE)
-        self.node_gpus = (time.monotonic(), value)
+        value = await asyncio.to_thread(kube.max_node_gpus, self.core, resource)
+        self.node_gpus[resource] = (time.monotonic(), value)
         return value

@@ -700,6 +700,14 @@ def test_unknown_gpu_capacity_skips_the_tensor_check() -> None:
     assert validate(spec, observe(max_node_gpus=8)) is not None
 
 
+def test_the_tensor_check_names_the_templates_gpu_resource() -> None:
+    spec = make_spec(1, tensor=8, template={"gpuResource": "nvidia.com/mig-1g.10gb"})
+    assert validate(spec, observe(max_node_gpus=7)) == (
+        "spec.parallelism.tensor: 8 GPUs per pod but the largest node offers 7 "
+        "nvidia.com/mig-1g.10gb"
+    )
+
+
 # --------------------------------------------------------------------- status, conditions
 
 

@@ -21,7 +21,15 @@ from weightlift.api.labels import (
     ROLE_LABEL,
     SPARE_LABEL,
 )
-from weightlift.api.model import GROUP, KIND, VERSION, ModelDeploymentSpec, Role, SourceEndpoint
+from weightlift.api.model import (
+    DEFAULT_GPU_RESOURCE,
+    GROUP,
+    KIND,
+    VERSION,
+    ModelDeploymentSpec,
+    Role,
+    SourceEndpoint,
+)
 from weightlift.api.worker import (
     ASSIGNMENT_ENV,
     PEER_TOKEN_ENV,
@@ -37,7 +45,6 @@ from weightlift.operator.identity import model_identity
 from weightlift.operator.planning import DesiredPod, pod_name
 from weightlift.operator.pods import (
     DOWNLOAD_DIR,
-    GPU_RESOURCE,
     PLAN_MOUNT,
     PVC_MOUNT_ROOT,
     model_mount,
@@ -45,6 +52,7 @@ from weightlift.operator.pods import (
     render_pod,
 )
 
+GPU = DEFAULT_GPU_RESOURCE
 NAME = "llama"
 NAMESPACE = "ml"
 UID = "0b7e6a52-5d0c-4f8e-9d7c-3e2a1f000001"
@@ -126,23 +134,36 @@ def mounts(pod: dict[str, Any]) -> dict[str, dict[str, Any]]:
 def test_gpu_request_and_limit_equal_tensor_parallel_size(tensor: int) -> None:
     pod = render(make_spec(parallelism={"tensor": tensor}))
     resources = container(pod)["resources"]
-    assert resources["limits"][GPU_RESOURCE] == str(tensor)
-    assert resources["requests"][GPU_RESOURCE] == str(tensor)
+    assert resources["limits"][GPU] == str(tensor)
+    assert resources["requests"][GPU] == str(tensor)
 
 
-def test_user_resources_are_merged_and_cannot_override_the_gpu_count() -> None:
+def test_user_resources_are_merged_and_may_name_the_gpu_count_only_as_the_operator_sets_it() -> (
+    None
+):
+    same = {"requests": {"cpu": "4", "memory": "32Gi", GPU: "4"}, "limits": {"memory": "64Gi"}}
+    spec = make_spec(parallelism={"tensor": 4}, template={"resources": same})
+    resources = container(render(spec))["resources"]
+    assert resources["requests"] == {"cpu": "4", "memory": "32Gi", GPU: "4"}
+    assert resources["limits"] == {"memory": "64Gi", GPU: "4"}
+    for part in ("requests", "limits"):
+        with pytest.raises(ValidationError, match=f"spec.template.resources.{part}: the GPU"):
+            make_spec(parallelism={"tensor": 4}, template={"resources": {part: {GPU: "1"}}})
+
+
+@pytest.mark.parametrize("resource", ["nvidia.com/mig-1g.10gb", "amd.com/gpu"])
+def test_the_gpu_resource_is_the_templates(resource: str) -> None:
     spec = make_spec(
-        parallelism={"tensor": 4},
-        template={
-            "resources": {
-                "requests": {"cpu": "4", "memory": "32Gi", GPU_RESOURCE: "1"},
-                "limits": {"memory": "64Gi", GPU_RESOURCE: "1"},
-            }
-        },
+        parallelism={"tensor": 4, "podsPerReplica": 2}, template={"gpuResource": resource}
     )
     resources = container(render(spec))["resources"]
-    assert resources["requests"] == {"cpu": "4", "memory": "32Gi", GPU_RESOURCE: "4"}
-    assert resources["limits"] == {"memory": "64Gi", GPU_RESOURCE: "4"}
+    assert resources["limits"] == {resource: "2"} and resources["requests"] == {resource: "2"}
+
+
+@pytest.mark.parametrize("bad", ["gpu", "kubernetes.io/gpu", "x.kubernetes.io/gpu", "Nvidia.com/g"])
+def test_a_gpu_resource_that_is_not_an_extended_resource_name_is_refused(bad: str) -> None:
+    with pytest.raises(ValidationError, match="gpuResource"):
+        make_spec(template={"gpuResource": bad})
 
 
 def test_rdma_resource_is_requested_and_only_then_ipc_lock_is_added() -> None:

@@ -121,7 +121,7 @@ async def test_a_finished_node_list_is_cached_before_its_waiters_wake(
     waiter = asyncio.ensure_future(state.max_node_gpus())
     await asyncio.sleep(0)  # the fetch starts
     waiter.cancel()
-    fetch = state._node_fetch
+    fetch = state._node_fetches.get("nvidia.com/gpu")
     assert fetch is not None
     assert await fetch == 8
     assert await state.max_node_gpus() == 8
@@ -326,3 +326,21 @@ def test_every_write_gives_its_connection_back() -> None:
         write()
     assert len(api.responses) == len(writes)
     assert all(r.drained and r.released for r in api.responses)
+
+
+async def test_each_gpu_resource_name_is_listed_and_cached_apart(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    offered = {"nvidia.com/gpu": 8, "nvidia.com/mig-1g.10gb": 7}
+    calls: list[str] = []
+
+    def list_nodes(core: Any, resource: str) -> int:
+        calls.append(resource)
+        return offered[resource]
+
+    monkeypatch.setattr(kube, "max_node_gpus", list_nodes)
+    state = _state()
+    assert await state.max_node_gpus("nvidia.com/mig-1g.10gb") == 7
+    assert await state.max_node_gpus() == 8
+    assert await state.max_node_gpus("nvidia.com/mig-1g.10gb") == 7  # cached
+    assert calls == ["nvidia.com/mig-1g.10gb", "nvidia.com/gpu"]

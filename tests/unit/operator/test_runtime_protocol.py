@@ -86,6 +86,30 @@ def test_each_protocol_gives_the_health_paths_its_server_answers(
     assert ports == [{"name": "http", "containerPort": 8000, "protocol": "TCP"}]
 
 
+@pytest.mark.parametrize(("seconds", "failures"), [(None, 360), (60, 12), (62, 13)])
+def test_an_external_server_gets_a_startup_budget_before_liveness_counts(
+    seconds: int | None, failures: int
+) -> None:
+    """A stock vLLM opens its port only once its weights are loaded: liveness alone (10 s delay,
+    6 x 10 s) would kill it 70 s into a big model's load."""
+    extra = {} if seconds is None else {"startupSeconds": seconds}
+    worker = container(render(spec_of(external("OpenAI", {"completion": COMPLETION}, **extra))))
+    startup = worker["startupProbe"]
+    assert startup["httpGet"] == worker["livenessProbe"]["httpGet"]
+    assert startup["httpGet"]["path"] == "/health"
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= (seconds or 1800)
+    assert startup["failureThreshold"] == failures
+
+
+def test_the_builtin_worker_answers_at_once_and_has_no_startup_probe() -> None:
+    builtin = spec_of({"model": {"uri": "hostpath:///m"}})
+    assert "startupProbe" not in container(render(builtin))
+    with pytest.raises(ValidationError, match=r"spec\.runtime\.startupSeconds applies to runtime"):
+        ModelDeploymentSpec.model_validate(
+            {"model": {"uri": "hostpath:///m"}, "runtime": {"startupSeconds": 60}}
+        )
+
+
 def test_explicit_paths_and_port_win_over_the_protocols() -> None:
     wire = external(
         "OpenAI",
@@ -282,7 +306,9 @@ def test_the_crd_carries_the_same_rules() -> None:
         ".protocol",
         ".readinessPath",
         ".livenessPath",
+        ".startupSeconds",
     ]
+    assert "default" not in props["startupSeconds"]
     rules = {r["fieldPath"]: r for r in spec["x-kubernetes-validations"]}
     assert rules[".probe.completion"]["message"] == PROBE_NEEDS_COMPLETION_MESSAGE
     assert rules[".probe.completion.protocol"]["message"] == COMPLETION_PROTOCOL_MESSAGE
@@ -320,8 +346,13 @@ def test_an_old_manifest_renders_the_same_pod_as_before(case: str) -> None:
     """The golden pods were rendered by the operator before runtime.protocol existed (commit
     3b16418, with test_pods' name, namespace, uid and replica 0 as Source), from each manifest
     as that CRD stored it (its defaults filled in): the same pod, plan digest included, so an
-    upgrade replaces no replica. Changed deliberately since (issue 45): the inference-probe
-    readiness gate and the serving label (replica 0 is a Source, handed storage), neither part
-    of the plan or the identity."""
+    upgrade replaces no replica. Deliberate differences, none part of the plan or the identity
+    (running pods are kept, only new ones carry them): an External server's pod gained a
+    startupProbe (a stock vLLM opens its port only once loaded), and every pod the
+    inference-probe readiness gate and, handed its weights (replica 0 is a Source), the serving
+    label (issue 45)."""
     golden = _pods_before()[case]
-    assert render(spec_of(golden["stored"])) == golden["pod"]
+    pod = render(spec_of(golden["stored"]))
+    startup = container(pod).pop("startupProbe", None)
+    assert (startup is not None) == case.startswith("external"), startup
+    assert pod == golden["pod"]

@@ -39,7 +39,7 @@ from weightlift.worker.p2p.manifest import (
     TensorEntry,
     checksum,
 )
-from weightlift.worker.p2p.nixl_compat import nixl
+from weightlift.worker.p2p.nixl_compat import new_agent
 from weightlift.worker.peer_auth import peer_token, refusal
 from weightlift.worker.weights.tensors import canonical_residue, dtype_name, pack
 
@@ -112,13 +112,11 @@ class RankSource:
             for name, (region, offset, t) in placed.items()
         ]
 
-        mod = nixl()
         self.agent_name = f"wl-src-{pod}-r{rank}-{uuid.uuid4().hex[:8]}"
-        # No NIXL progress thread: it spins a core per agent even when idle (measured ~30% of a
-        # core each here). Our own poller below progresses the agent, fast while readers are
-        # active and slowly when idle.
-        config = mod.nixl_agent_config(enable_prog_thread=False, backends=["UCX"])
-        self.agent: Any = mod.nixl_agent(self.agent_name, config)
+        # No NIXL progress thread (new_agent): it spins a core per agent even when idle
+        # (measured ~30% of a core each here). Our own poller below progresses the agent, fast
+        # while readers are active and slowly when idle.
+        self.agent: Any = new_agent(self.agent_name)
         self._reg = self.agent.register_memory(
             [(r.addr, r.nbytes, r.device_id, "") for r in regions], self.mem_type
         )

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from aiohttp import web
 
+from weightlift.api.model import RankTransport
 from weightlift.api.uri import ModelUri
 from weightlift.api.worker import HookReport, WorkerPhase, WorkerPlan
 from weightlift.worker.engines.base import (
@@ -266,6 +267,11 @@ class BuiltinEngine:
         rep.loaded_from = ",".join(
             sorted({state.progress[r].loaded_from or self.storage_label for r in self.plan.ranks})
         )
+        rep.transports = [
+            RankTransport(rank=r, transport=p.transport, note=p.transport_note)
+            for r, p in sorted(state.progress.items())
+            if p.transport
+        ]
         tensors_by_rank = {r: t for r, (_, t) in zip(self.plan.ranks, results, strict=True)}
         # A pod of a group binds its own ranks only.
         ranks = list(self.plan.ranks) if ctx.group is not None else None
