@@ -565,3 +565,22 @@ def test_pydantic_mirrors_the_parallelism_rule(
     with pytest.raises(ValidationError) as caught:
         ModelDeploymentSpec.model_validate(body)
     assert "spec.parallelism.podsPerReplica" in str(caught.value)
+
+
+def test_service_name_and_ports_show_with_wide_output() -> None:
+    columns = {c["name"]: c for c in VERSION["additionalPrinterColumns"]}
+    service = STATUS["properties"]["service"]["properties"]
+    for name, leaf in (("Service", "name"), ("Ports", "ports")):
+        column = columns[name]
+        assert column["jsonPath"] == f".status.service.{leaf}"
+        assert column["priority"] == 1  # kubectl get md -o wide
+        assert service[leaf]["type"] == column["type"] == "string"
+
+
+def test_service_is_on_by_default_with_its_defaults() -> None:
+    spec = ModelDeploymentSpec.model_validate({"model": {"uri": "hostpath:///m"}})
+    assert spec.service.enabled and spec.service.type == "ClusterIP" and spec.service.port == 80
+    schema = SPEC["properties"]["service"]
+    assert schema["default"] == {}
+    assert schema["properties"]["type"]["enum"] == ["ClusterIP", "NodePort", "LoadBalancer"]
+    assert schema["properties"]["port"]["default"] == 80

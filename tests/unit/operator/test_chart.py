@@ -213,6 +213,8 @@ def test_operator_rbac_is_least_privilege(helm: Path) -> None:
         ("weightlift.dev", "modeldeployments"): {"get", "list", "watch", "patch"},
         ("weightlift.dev", "modeldeployments/status"): {"get", "patch"},
         ("", "pods"): {"get", "list", "watch", "create", "delete", "patch"},
+        ("", "pods/status"): {"patch"},  # the inference-probe readiness gate's condition
+        ("", "services"): {"create", "patch", "delete"},  # spec.service, never read back
         ("", "events"): {"create"},
         ("", "configmaps"): {"create", "deletecollection"},
         ("", "secrets"): {"create", "patch"},
