@@ -99,6 +99,18 @@ class HelmRelease:
         self.values = values
         chart_dir = str(chart or self.chart)
         self.helm("upgrade", self.name, chart_dir, "--namespace", self.namespace, values=values)
+        return self._wait_rolled(before, generation)
+
+    def rollback(self, revision: int | None = None) -> JSON:
+        """`helm rollback` to `revision` (default: the one before); waits as `upgrade` does.
+        `values` stay what they were: the caller knows what the revision held."""
+        before = {p["metadata"]["name"] for p in self.operator_pods()}
+        generation = self.deployment_generation()
+        to = [str(revision)] if revision is not None else []
+        self.helm("rollback", self.name, *to, "--namespace", self.namespace)
+        return self._wait_rolled(before, generation)
+
+    def _wait_rolled(self, before: set[str], generation: int) -> JSON:
         if not before or self.deployment_generation() == generation:
             return self.wait_operator()
         return self.wait_operator(replacing=before)
