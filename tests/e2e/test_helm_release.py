@@ -465,6 +465,42 @@ def test_upgrade_applies_a_crd_that_gained_a_field_and_rollback_takes_it_back(
     assert crd_object(stack)["metadata"]["labels"]["helm.sh/chart"] == "weightlift-0.1.0"
 
 
+def test_a_release_whose_crd_came_from_crds_dir_takes_it_over(
+    stack: LocalStack, root: Path
+) -> None:
+    """Chart 0.1.0 had the CRD in crds/: helm created it once, recorded it in no release, and
+    gave it no ownership metadata. Upgrading such a release to this chart is refused, naming
+    the CRD, until `--take-ownership` (docs/upgrade.md, from 0.1.0)."""
+    release = stack.release
+    assert release is not None
+    old = root / "chart-crds-dir"
+    shutil.copytree(CHART, old)
+    (old / "crds").mkdir()
+    (old / "files" / "crds" / "modeldeployment.yaml").rename(old / "crds" / "modeldeployment.yaml")
+    (old / "templates" / "crd.yaml").unlink()
+    release.upgrade(dict(release.values), chart=old)
+    assert crd_exists(stack), "the CRD left the release's manifest but is kept"
+    unowned = {
+        "metadata": {
+            "annotations": {
+                "meta.helm.sh/release-name": None,
+                "meta.helm.sh/release-namespace": None,
+                "helm.sh/resource-policy": None,
+            },
+            "labels": {"app.kubernetes.io/managed-by": None},
+        }
+    }
+    patch = client.ApiextensionsV1Api(stack.kube.api).patch_custom_resource_definition
+    call(patch, CRD, unowned, _content_type="application/merge-patch+json")
+    with pytest.raises(ReleaseError, match=rf"{CRD}.* exists and cannot be imported"):
+        release.upgrade(dict(release.values))
+    release.upgrade(dict(release.values), flags=("--take-ownership",))
+    annotations = crd_object(stack)["metadata"]["annotations"]
+    assert annotations["meta.helm.sh/release-name"] == "weightlift"
+    assert annotations["helm.sh/resource-policy"] == "keep"
+    assert release.status()["info"]["status"] == "deployed"
+
+
 def test_a_second_release_in_another_namespace_coexists(stack: LocalStack, root: Path) -> None:
     """Release B: the same name, another namespace, its own watched namespace, CRD management
     off. Both are deployed with apart cluster-scoped objects; B's operator reconciles only B's
