@@ -196,12 +196,7 @@ def operator_command(
         parse_path_prefixes(os.environ.get(MODEL_PATH_PREFIXES_ENV, ""))
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--model-path-prefix") from exc
-    if worker_pull_secrets:
-        os.environ[WORKER_IMAGE_PULL_SECRETS_ENV] = ",".join(worker_pull_secrets)
-    try:
-        parse_secret_names(os.environ.get(WORKER_IMAGE_PULL_SECRETS_ENV, ""))
-    except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint="--worker-image-pull-secret") from exc
+    _pull_secret_settings(worker_pull_secrets)
     if compile_cache_max_bytes is not None:
         os.environ[COMPILE_CACHE_MAX_BYTES_ENV] = str(compile_cache_max_bytes)
     _store_settings(
@@ -254,6 +249,16 @@ def operator_command(
         # kopf has stopped (asyncio.run waited for its API threads): hand the Lease on.
         if elector is not None:
             elector.release()
+
+
+def _pull_secret_settings(names: tuple[str, ...]) -> None:
+    """The workers' pull secrets into the env the handlers' Settings read (flags win)."""
+    if names:
+        os.environ[WORKER_IMAGE_PULL_SECRETS_ENV] = ",".join(names)
+    try:
+        parse_secret_names(os.environ.get(WORKER_IMAGE_PULL_SECRETS_ENV, ""))
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--worker-image-pull-secret") from exc
 
 
 def _store_settings(
