@@ -7,7 +7,14 @@ import json
 
 import pytest
 
-from tests.support.cluster import OPERATOR_NAMESPACE, ChartRbac, Kubectl, OperatorProcess, wait_for
+from tests.support.cluster import (
+    OPERATOR_NAMESPACE,
+    RELEASE,
+    ChartRbac,
+    Kubectl,
+    OperatorProcess,
+    wait_for,
+)
 
 NS = OPERATOR_NAMESPACE
 
@@ -113,7 +120,7 @@ def test_operator_sa_may_not_cluster(
 
 
 def test_worker_sa_reads_only_its_modeldeployments(kubectl: Kubectl, chart_rbac: ChartRbac) -> None:
-    user = f"system:serviceaccount:{NS}:weightlift-worker"
+    user = f"system:serviceaccount:{NS}:{RELEASE}-worker"  # the chart's <release>-worker
     assert can_i(kubectl, user, NS, "get", "modeldeployments.weightlift.dev")
     assert can_i(kubectl, user, NS, "watch", "modeldeployments.weightlift.dev")
     for verb, resource in [

@@ -272,6 +272,12 @@ def handoff_volume() -> dict[str, Any]:
     return {"name": "peers", "downwardAPI": {"items": [item]}}
 
 
+def image_pull_secrets(settings: Settings | None) -> dict[str, Any]:
+    """The operator's default pull secrets (the chart's workerImagePullSecrets); none: no key."""
+    names = settings.worker_image_pull_secrets if settings is not None else ()
+    return {"imagePullSecrets": [{"name": n} for n in names]} if names else {}
+
+
 def container_ports(spec: ModelDeploymentSpec) -> list[dict[str, Any]]:
     """The worker's port, and Triton's own (HTTP, gRPC, metrics) with runtime.engine Triton."""
     rt = spec.runtime
@@ -410,6 +416,7 @@ def render_pod(
         },
         "spec": {
             "restartPolicy": "Never",
+            **image_pull_secrets(settings),
             **(
                 {"serviceAccountName": template.service_account_name}
                 if template.service_account_name

@@ -31,7 +31,7 @@ from weightlift.api.model import (
 ROOT = Path(__file__).resolve().parents[3]
 COMMITTED = [
     ROOT / "crds" / "modeldeployment.yaml",
-    ROOT / "helm/weightlift/crds/modeldeployment.yaml",
+    ROOT / "helm/weightlift/files/crds/modeldeployment.yaml",
 ]
 HINT = "the committed CRD is stale: run `make crd` (weightlift crd > crds/modeldeployment.yaml)"
 
@@ -124,7 +124,7 @@ def test_check_crds_script_fails_on_drift(tmp_path: Path) -> None:
     stale = tmp_path / "crds" / "modeldeployment.yaml"
     stale.parent.mkdir()
     stale.write_text(render_crd().replace("Number of model replicas.", "Stale."))
-    helm = tmp_path / "helm" / "weightlift" / "crds" / "modeldeployment.yaml"
+    helm = tmp_path / "helm" / "weightlift" / "files" / "crds" / "modeldeployment.yaml"
     helm.parent.mkdir(parents=True)
     helm.write_text(render_crd())
     done = subprocess.run(
