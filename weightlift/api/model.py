@@ -919,6 +919,35 @@ class Rollout(ApiModel):
     )
 
 
+class ServiceType(StrEnum):
+    CLUSTER_IP = "ClusterIP"
+    NODE_PORT = "NodePort"
+    LOAD_BALANCER = "LoadBalancer"
+
+
+class ServiceSpec(ApiModel):
+    enabled: bool = Field(
+        True,
+        description="Create a Service named after the ModelDeployment (owned by it) that "
+        "selects its serving replicas only: never warm spares, targets still waiting for "
+        "their weights, or retired revisions. Worker pods carry the readiness gate "
+        "weightlift.dev/inference-probe, so an endpoint is ready only once its replica passed "
+        "the inference probe.",
+    )
+    type: ServiceType = Field(
+        ServiceType.CLUSTER_IP,
+        description="The Service's type: ClusterIP, NodePort or LoadBalancer.",
+    )
+    port: int = Field(
+        80,
+        ge=1,
+        le=65535,
+        description="The Service's port (named http) for the worker's HTTP API (KServe v2, "
+        "OpenAI /v1); it targets runtime.port. With runtime.engine Triton, Triton's HTTP and "
+        "gRPC ports are exposed too, on their own numbers.",
+    )
+
+
 class ModelDeploymentSpec(ApiModel):
     model: ModelSource = Field(description="The model to load and serve.")
     replicas: int = Field(1, ge=0, le=1024, description="Number of model replicas.")
@@ -954,6 +983,10 @@ class ModelDeploymentSpec(ApiModel):
         description="Inference probe; a replica counts as Ready only after it passes.",
     )
     rollout: Rollout = Field(default_factory=Rollout, description="Rollover between identities.")
+    service: ServiceSpec = Field(
+        default_factory=ServiceSpec,
+        description="The Service in front of the serving replicas (on by default).",
+    )
 
     @model_validator(mode="after")
     def _format_fits_runtime(self) -> ModelDeploymentSpec:
@@ -1132,6 +1165,14 @@ class SourceEndpoint(ApiModel):
     ranks: list[int] = Field(default_factory=list, description="Tensor-parallel ranks served.")
 
 
+class ServiceStatus(ApiModel):
+    name: str = Field(description="The Service selecting this deployment's serving replicas.")
+    type: ServiceType = Field(description="ClusterIP, NodePort or LoadBalancer.")
+    ports: str = Field(
+        description="Its ports as name:port/protocol, comma-separated (kubectl get svc's form)."
+    )
+
+
 class ModelDeploymentStatus(ApiModel):
     # Written by this operator; tolerate fields a newer/older operator wrote.
     model_config = ConfigDict(extra="ignore")
@@ -1177,4 +1218,7 @@ class ModelDeploymentStatus(ApiModel):
     )
     replica_statuses: list[ReplicaStatus] = Field(
         default_factory=list, description="One entry per worker pod."
+    )
+    service: ServiceStatus | None = Field(
+        None, description="The Service in front of the serving replicas (spec.service)."
     )
