@@ -49,6 +49,7 @@ from weightlift.api.worker import (
     PeerHandoff,
     SharedPlan,
 )
+from weightlift.operator.inject import inject_worker, injected
 from weightlift.operator.planning import DesiredPod
 from weightlift.operator.settings import Settings
 from weightlift.operator.shared_objects import PlanConfigMap, plan_configmap, token_secret_name
@@ -383,7 +384,7 @@ def render_pod(
         # Off when a scale-up wakes the spare: the scale subresource's selector leaves it out.
         **({SPARE_LABEL: "true"} if desired.spare else {}),
     }
-    return {
+    pod = {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {
@@ -429,6 +430,9 @@ def render_pod(
             ],
         },
     }
+    if injected(spec):  # the team's own engine image (inject.py)
+        inject_worker(pod, settings.worker_bundle_image if settings else None)
+    return pod
 
 
 def role_of(pod_labels: dict[str, str]) -> Role:

@@ -30,6 +30,8 @@ METRICS_PORT_ENV = "WEIGHTLIFT_METRICS_PORT"
 # The Secret with the cluster compile store's S3 credentials (the operator names it to pods).
 COMPILE_STORE_SECRET_ENV = "WEIGHTLIFT_COMPILE_STORE_SECRET"
 METRICS_HOST_ENV = "WEIGHTLIFT_METRICS_HOST"
+# The image whose init container puts weightlift into a team's own engine image (inject.py).
+WORKER_BUNDLE_IMAGE_ENV = "WEIGHTLIFT_WORKER_BUNDLE_IMAGE"
 # Leader election (the chart sets the pod's name and namespace from the downward API).
 POD_NAME_ENV = "POD_NAME"
 POD_NAMESPACE_ENV = "POD_NAMESPACE"
@@ -135,6 +137,8 @@ class Settings:
     # Where /metrics is served (metrics.serve); None: nowhere.
     metrics_port: int | None = None
     metrics_host: str = "0.0.0.0"
+    # The worker-bundle image of spec.template.worker Injected ("": inject.DEFAULT_BUNDLE_IMAGE).
+    worker_bundle_image: str = ""
 
     @classmethod
     def from_environment(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -153,6 +157,7 @@ class Settings:
             compile_store_secret=env.get(COMPILE_STORE_SECRET_ENV, "").strip(),
             metrics_port=parse_port(env.get(METRICS_PORT_ENV, "")),
             metrics_host=env.get(METRICS_HOST_ENV, "").strip() or "0.0.0.0",
+            worker_bundle_image=env.get(WORKER_BUNDLE_IMAGE_ENV, "").strip(),
         )
 
     def may_contact(self, pod_ip: str) -> bool:
