@@ -26,7 +26,8 @@ rm -rf "$build/weightlift/local" "$build/weightlift/bench" "$build/weightlift/op
 # The dist-info comes along: vLLM finds the load format through its vllm.general_plugins entry point.
 pip_target "$OUT/lib" "$build" --no-deps
 rm -rf "$build" "$OUT/lib/bin"
-chmod -R a+rX "$OUT"
+# Only what this step wrote: a chmod of deps/ would copy that layer into this one.
+chmod -R a+rX "$OUT/lib" "$OUT"/*.sh "$OUT/probe.py" "$OUT/vllm-versions"
 exit 0
 fi
 OUT=$2
