@@ -83,8 +83,12 @@ PROBE
 
 export PYTHONPATH="$path${PYTHONPATH:+:$PYTHONPATH}"
 export WEIGHTLIFT_VLLM_PYTHON="$python"
-# NIXL missing is not fatal: P2P is off, storage and preload still work; the worker says so.
-[ -z "$nixl" ] || export WEIGHTLIFT_P2P_UNAVAILABLE="$nixl"
+# NIXL missing is not fatal: P2P is off, storage and preload still work (the worker's pull
+# then logs NIXL's import error and loads from storage).
+if [ -n "$nixl" ]; then
+  export WEIGHTLIFT_P2P_UNAVAILABLE="$nixl"
+  echo "weightlift launcher: $nixl" >&2
+fi
 # The working directory of weightlift's own images (`python -m` puts it first on sys.path).
 cd "$home" || refuse NoWritableVolume "cannot enter HOME $home"
 echo "weightlift launcher: Python $version ($python), vLLM ${vllm_version:-?}; worker from $BUNDLE" >&2

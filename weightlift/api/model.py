@@ -727,10 +727,10 @@ def pulls_from_peers(loading: LoadingSpec, runtime: RuntimeSpec) -> bool:
     return LoadStrategy(loading.strategy) in strategies and runtime.type != RuntimeType.EXTERNAL
 
 
-# A spare waits in Standby for its hand-off: only a Target that may pull from peers does.
 INJECTED_WORKER_MESSAGE = (
     "spec.template.worker Injected needs spec.runtime.type Builtin with spec.runtime.engine vLLM"
 )
+# A spare waits in Standby for its hand-off: only a Target that may pull from peers does.
 WARM_SPARES_MESSAGE = (
     "spec.warmSpares needs spec.loading.strategy Auto or PeerToPeer and spec.runtime.type "
     "Builtin (a spare waits in Standby to be handed peers)"

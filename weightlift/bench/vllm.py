@@ -17,6 +17,9 @@ contender with its own empty vLLM cache root, so every compile is cold unless a 
              compiled mode: a fresh source (no Ready peer, its own empty vLLM cache root) that
              installs the compile cache the preload source wrote to a node store
              (WEIGHTLIFT_COMPILE_STORE) before vLLM starts, so it does not compile
+  own image  a source whose vLLM environment holds no weightlift (bench/own_image.py): the
+             init container's copy of the worker bundle, then its launcher, as a pod with
+             spec.template.worker Injected; compared with preload (goal: at most 1.05x)
   p2p+cache+standby
              a fresh source and a target started together: the target's vLLM starts at once and
              waits in Standby; the hand-off (the operator's annotation, here written to its file
@@ -287,6 +290,12 @@ def run_standby(
 )
 @click.option("--workdir", type=click.Path(file_okay=False, path_type=Path), default=None)
 @click.option(
+    "--own-image/--no-own-image",
+    default=True,
+    show_default=True,
+    help="The `own image` row: vLLM without weightlift, joined as an Injected pod is.",
+)
+@click.option(
     "--scale-up",
     is_flag=True,
     help="Also time scale-ups on the local stack with the operator: 1→2 served by a warm "
@@ -301,6 +310,7 @@ def vllm_command(
     json_out: Path | None,
     png: Path | None,
     workdir: Path | None,
+    own_image: bool,
     scale_up: bool,
 ) -> None:
     """vLLM seconds-to-ready, compile and tokens/s: --load-format auto vs weightlift preload vs
@@ -353,6 +363,12 @@ def vllm_command(
                 _stop(tproc)
     finally:
         _stop(sproc)
+    if own_image:
+        row, (oproc, ourl, _, _) = run_own_image(model, work, timeout, args)
+        try:
+            measure("own image", row, ourl)
+        finally:
+            _stop(oproc)
     if not enforce_eager:
         hit, (hproc, hurl, _, _) = run_worker(
             python, model, work, Role.SOURCE, [], timeout, args, "store-hit", **store
@@ -387,6 +403,20 @@ def vllm_command(
         click.echo(f"wrote {plot(vllm_panels(doc), title, png)}")
 
 
+def run_own_image(model: Path, workdir: Path, timeout: float, args: list[str]) -> tuple[JSON, Any]:
+    """The `own image` row (bench/own_image.py), the same plan as preload's."""
+    from weightlift.bench.own_image import build_bundle, ensure_plain_env, start_own_image
+
+    plain = ensure_plain_env()
+    bundle = build_bundle(plain, workdir / "worker-bundle")
+    env = _env(plain, workdir, "own-image")
+    proc, address, pod, log, started, copied = start_own_image(
+        plain, bundle, model, workdir, args, env
+    )
+    row, handle = finish_worker(Started(proc, address, pod, log, workdir, started), timeout)
+    return {**row, "copy_s": copied}, handle
+
+
 def _print(rows: dict[str, JSON], size: int, hidden: int, layers: int, mode: str) -> None:
     base = rows["auto"]
     click.echo(
@@ -413,6 +443,13 @@ def _print(rows: dict[str, JSON], size: int, hidden: int, layers: int, mode: str
                 f"{name}: Ready {after:.1f} s after its source; / auto's cold start "
                 f"{after / base['ready_s']:.2f}"
             )
+    own, preload = rows.get("own image"), rows.get("preload")
+    if own and preload and preload["ready_s"]:
+        share = own["ready_s"] / preload["ready_s"]
+        click.echo(
+            f"own image: Ready {own['ready_s']:.1f} s (its copy {own['copy_s']:.2f} s) / preload "
+            f"{preload['ready_s']:.1f} s = {share:.3f} (goal: at most 1.05)"
+        )
     for name, r in rows.items():
         if r.get("phases"):
             steps = ", ".join(f"{k} {v:.3f}" for k, v in r["phases"].items())

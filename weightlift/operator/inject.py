@@ -33,7 +33,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from weightlift.api.model import DEFAULT_WORKER_IMAGE, ModelDeploymentSpec
+from weightlift.api.model import DEFAULT_WORKER_IMAGE, ModelDeploymentSpec, pulls_from_peers
+from weightlift.api.uri import ModelUri
 from weightlift.api.worker import WorkerPhase, WorkerReport
 
 INJECTED = "Injected"
@@ -45,6 +46,9 @@ BUNDLE_MOUNT = "/var/run/weightlift/worker"
 BUNDLE_VOLUME = "weightlift-worker"
 INIT_CONTAINER = "weightlift-worker"
 LAUNCHER = f"{BUNDLE_MOUNT}/launch.sh"
+# The bundle's tmpfs: all of it for every ABI is ~0.3 GB; beyond this the copy fails with
+# NoSpaceForWorker (the kubelet sizes a memory emptyDir's tmpfs to its limit).
+BUNDLE_SIZE_LIMIT = "1Gi"
 # A stock image's HOME (/root) is neither the pod user's nor writable under a read-only root:
 # vLLM, torch and Hugging Face keep their caches in the pod's /tmp emptyDir instead.
 CACHE_ENV = {"HOME": "/tmp", "XDG_CACHE_HOME": "/tmp/.cache", "XDG_CONFIG_HOME": "/tmp/.config"}
@@ -54,19 +58,43 @@ def injected(spec: ModelDeploymentSpec) -> bool:
     return spec.template.worker == INJECTED
 
 
-def inject_worker(pod: dict[str, Any], bundle_image: str | None) -> None:
+def not_needed(spec: ModelDeploymentSpec, s3_compile_store: bool) -> list[str]:
+    """Bundled dependencies this deployment's pods need no copy of (the copy is on the path to
+    Ready): boto3 reads s3:// models and the s3:// compile store only; NIXL serves and pulls P2P
+    only (a strategy of Preload or Direct never does)."""
+    skip = []
+    if ModelUri.parse(spec.model.uri).scheme != "s3" and not s3_compile_store:
+        skip.append("boto3")
+    if not pulls_from_peers(spec.loading, spec.runtime):
+        skip.append("nixl_cu12")
+    return skip
+
+
+def inject_worker(
+    pod: dict[str, Any],
+    spec: ModelDeploymentSpec,
+    bundle_image: str | None,
+    s3_compile_store: bool = False,
+) -> None:
     """Turn a rendered worker pod (pods.render_pod) into one that runs weightlift from the
     worker-bundle image's init container in the template's own image (in place)."""
-    spec = pod["spec"]
-    (worker,) = [c for c in spec["containers"] if c["name"] == "worker"]
+    pod_spec = pod["spec"]
+    (worker,) = [c for c in pod_spec["containers"] if c["name"] == "worker"]
     mount = {"name": BUNDLE_VOLUME, "mountPath": BUNDLE_MOUNT}
-    spec["volumes"].append({"name": BUNDLE_VOLUME, "emptyDir": {}})
-    spec["initContainers"] = [
+    # In memory: the copy is on the path to Ready, and tmpfs took a third of the disk's time
+    # here (bench vllm's own-image row); it counts toward the pod's memory (~0.3 GB).
+    volume = {"medium": "Memory", "sizeLimit": BUNDLE_SIZE_LIMIT}
+    pod_spec["volumes"].append({"name": BUNDLE_VOLUME, "emptyDir": volume})
+    pod_spec["initContainers"] = [
         {
             "name": INIT_CONTAINER,
             "image": bundle_image or DEFAULT_BUNDLE_IMAGE,
             "imagePullPolicy": worker["imagePullPolicy"],
-            "command": [f"{BUNDLE_SOURCE}/copy.sh", BUNDLE_MOUNT],
+            "command": [
+                f"{BUNDLE_SOURCE}/copy.sh",
+                BUNDLE_MOUNT,
+                *not_needed(spec, s3_compile_store),
+            ],
             "volumeMounts": [mount],
             "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}},
             "securityContext": {

@@ -431,7 +431,8 @@ def render_pod(
         },
     }
     if injected(spec):  # the team's own engine image (inject.py)
-        inject_worker(pod, settings.worker_bundle_image if settings else None)
+        s3_store = bool(settings and settings.compile_store_uri.startswith("s3://"))
+        inject_worker(pod, spec, settings.worker_bundle_image if settings else None, s3_store)
     return pod
 
 

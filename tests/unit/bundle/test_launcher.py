@@ -248,12 +248,28 @@ def test_the_copy_names_no_space(image: FakeImage) -> None:
     assert not (dest / ".complete").exists()
 
 
-def test_the_copy_copies_and_marks_it_complete(image: FakeImage) -> None:
+def test_the_copy_copies_all_but_the_modules_it_is_told_to_leave_out(image: FakeImage) -> None:
+    stub(image.bundle / "deps" / "boto3", "boto3")
+    stub(image.bundle / "abi" / "cp312" / "nixl_cu12", "nixl_cu12")
     dest = image.root / "dest"
     dest.mkdir()
     env = {"PATH": "/usr/bin:/bin", "WEIGHTLIFT_TERMINATION_LOG": str(image.log)}
     subprocess.run(
-        ["sh", str(image.bundle / "copy.sh"), str(dest)], env=env, check=True, timeout=60
+        ["sh", str(image.bundle / "copy.sh"), str(dest), "boto3"], env=env, check=True, timeout=60
     )
-    assert (dest / ".complete").exists() and (dest / "lib" / "weightlift" / "__main__.py").exists()
+    copied = sorted(str(p.relative_to(dest)) for p in dest.rglob("*") if p.is_file())
+    assert copied == sorted(
+        [
+            ".complete",
+            "copy.sh",
+            "launch.sh",
+            "probe.py",
+            "vllm-versions",
+            "lib/weightlift/__init__.py",
+            "lib/weightlift/__main__.py",
+            "deps/click/click/__init__.py",
+            f"abi/{ABI}/xxhash/xxhash/__init__.py",
+            "abi/cp312/nixl_cu12/nixl_cu12/__init__.py",
+        ]
+    )
     assert os.access(dest / "launch.sh", os.R_OK)

@@ -19,6 +19,7 @@ from weightlift.operator.inject import (
     INIT_CONTAINER,
     LAUNCHER,
     injection_failure,
+    not_needed,
 )
 from weightlift.operator.planning import DesiredPod, pod_name
 from weightlift.operator.pods import render_pod
@@ -53,10 +54,14 @@ def test_the_worker_keeps_the_teams_image_and_runs_the_launcher_from_the_init_co
     assert worker["image"] == STOCK
     assert worker["command"] == ["/bin/sh", LAUNCHER] and LAUNCHER.startswith(BUNDLE_MOUNT)
     assert init["name"] == INIT_CONTAINER and init["image"] == DEFAULT_BUNDLE_IMAGE
-    assert init["command"] == ["/opt/weightlift-bundle/copy.sh", BUNDLE_MOUNT]
+    # An hostpath:// model with the Auto strategy: NIXL (P2P) is copied, boto3 (s3://) is not.
+    assert init["command"] == ["/opt/weightlift-bundle/copy.sh", BUNDLE_MOUNT, "boto3"]
     (init_mount,) = init["volumeMounts"]
     volume = next(v for v in pod["spec"]["volumes"] if v["name"] == init_mount["name"])
-    assert volume == {"name": init_mount["name"], "emptyDir": {}}
+    assert volume == {
+        "name": init_mount["name"],
+        "emptyDir": {"medium": "Memory", "sizeLimit": "1Gi"},
+    }
     worker_mount = next(m for m in worker["volumeMounts"] if m["name"] == volume["name"])
     assert worker_mount == {**init_mount, "readOnly": True}
     assert init_mount["mountPath"] == BUNDLE_MOUNT
@@ -83,6 +88,25 @@ def test_a_users_home_wins_over_the_cache_default() -> None:
     spec.template.env = [EnvVar(name="HOME", value="/scratch")]
     env = [e for e in render(spec)["spec"]["containers"][0]["env"] if e["name"] == "HOME"]
     assert env == [{"name": "HOME", "value": "/scratch"}]
+
+
+@pytest.mark.parametrize(
+    ("uri", "strategy", "s3_store", "skipped"),
+    [
+        ("hostpath:///models/llama", "Auto", False, ["boto3"]),
+        ("s3://bucket/llama", "Auto", False, []),
+        ("hostpath:///models/llama", "Auto", True, []),
+        ("hostpath:///models/llama", "Preload", False, ["boto3", "nixl_cu12"]),
+        ("s3://bucket/llama", "Direct", False, ["nixl_cu12"]),
+    ],
+)
+def test_the_copy_leaves_out_what_the_deployment_never_imports(
+    uri: str, strategy: str, s3_store: bool, skipped: list[str]
+) -> None:
+    spec = spec_of()
+    spec.model.uri = uri
+    spec.loading.strategy = strategy  # type: ignore[assignment]
+    assert not_needed(spec, s3_store) == skipped
 
 
 def test_in_image_pods_are_unchanged() -> None:
