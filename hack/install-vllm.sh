@@ -51,7 +51,12 @@ if [[ ! -f $DEST/.engine-installed ]]; then
 fi
 
 if [[ $PLAIN == 1 ]]; then
-  # uv came along to install vLLM; a team's environment has no reason to hold it.
+  # Byte-compiled, as pip installs a team's image (uv does not): its first start would
+  # otherwise compile vLLM's and torch's modules, which `bench vllm` would count.
+  if [[ ! -f $DEST/.compiled ]]; then
+    "$PY" -m compileall -q -j 0 "$DEST/lib" >/dev/null || true
+    touch "$DEST/.compiled"
+  fi
   echo "$DEST"
   exit 0
 fi

@@ -18,6 +18,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -86,15 +87,16 @@ def start_own_image(
     plain: Path, bundle: Path, model: Path, workdir: Path, args: list[str], env: dict[str, str]
 ) -> tuple[subprocess.Popen[bytes], str, str, Path, float, float]:
     """Copy the bundle (the init container), then the launcher (the worker container); returns
-    (process, address, pod, log, start time, the copy's seconds)."""
+    (process, address, pod, log, start time, the copy's seconds). The copy is under /dev/shm:
+    `release_copies` removes it."""
     plan = vllm_worker_plan(
         model, "bench-own-image", Role.SOURCE, [], args, deployment="bench", identity="bench-llm"
     )
     plan_file = workdir / f"{plan.pod_name}.json"
     plan_file.write_text(plan.model_dump_json(by_alias=True))
-    dest = workdir / "own-image-worker"
-    shutil.rmtree(dest, ignore_errors=True)
-    dest.mkdir()
+    # A pod's copy goes to a memory emptyDir (operator/inject.py): tmpfs here too.
+    shm = Path("/dev/shm")
+    dest = Path(tempfile.mkdtemp(prefix="wl-bench-own-image-", dir=shm if shm.is_dir() else None))
     log = workdir / f"{plan.pod_name}.log"
     env = {k: v for k, v in env.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     env["WEIGHTLIFT_ENGINE_PYTHON"] = str(plain)
@@ -112,3 +114,9 @@ def start_own_image(
             stderr=out,
         )
     return proc, f"127.0.0.1:{plan.runtime.port}", plan.pod_name, log, started, copied
+
+
+def release_copies() -> None:
+    """Remove the bundle copies `start_own_image` made in /dev/shm."""
+    for copy in Path("/dev/shm").glob("wl-bench-own-image-*"):
+        shutil.rmtree(copy, ignore_errors=True)

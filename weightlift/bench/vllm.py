@@ -369,6 +369,9 @@ def vllm_command(
             measure("own image", row, ourl)
         finally:
             _stop(oproc)
+            from weightlift.bench.own_image import release_copies
+
+            release_copies()
     if not enforce_eager:
         hit, (hproc, hurl, _, _) = run_worker(
             python, model, work, Role.SOURCE, [], timeout, args, "store-hit", **store
@@ -405,7 +408,12 @@ def vllm_command(
 
 def run_own_image(model: Path, workdir: Path, timeout: float, args: list[str]) -> tuple[JSON, Any]:
     """The `own image` row (bench/own_image.py), the same plan as preload's."""
-    from weightlift.bench.own_image import build_bundle, ensure_plain_env, start_own_image
+    from weightlift.bench.own_image import (
+        build_bundle,
+        ensure_plain_env,
+        release_copies,
+        start_own_image,
+    )
 
     plain = ensure_plain_env()
     bundle = build_bundle(plain, workdir / "worker-bundle")
@@ -413,7 +421,12 @@ def run_own_image(model: Path, workdir: Path, timeout: float, args: list[str]) -
     proc, address, pod, log, started, copied = start_own_image(
         plain, bundle, model, workdir, args, env
     )
-    row, handle = finish_worker(Started(proc, address, pod, log, workdir, started), timeout)
+    try:
+        row, handle = finish_worker(Started(proc, address, pod, log, workdir, started), timeout)
+    except BaseException:
+        _stop(proc)
+        release_copies()
+        raise
     return {**row, "copy_s": copied}, handle
 
 
