@@ -408,4 +408,4 @@ def test_the_worker_bundle_image_is_a_chart_value(helm: Path) -> None:
     assert bundle_env("--set", "workerBundle.image.repository=reg.local/wl/b") == (
         f"reg.local/wl/b:{chart['appVersion']}"
     )
-    assert bundle_env("--set", "workerBundle.image.tag=7") == "ghcr.io/weightlift/worker-bundle:7"
+    assert bundle_env("--set", "workerBundle.image.tag=v7") == "ghcr.io/weightlift/worker-bundle:v7"
