@@ -44,6 +44,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -364,14 +365,7 @@ def vllm_command(
     finally:
         _stop(sproc)
     if own_image:
-        row, (oproc, ourl, _, _) = run_own_image(model, work, timeout, args)
-        try:
-            measure("own image", row, ourl)
-        finally:
-            _stop(oproc)
-            from weightlift.bench.own_image import release_copies
-
-            release_copies()
+        own_image_row(measure, model, work, timeout, args)
     if not enforce_eager:
         hit, (hproc, hurl, _, _) = run_worker(
             python, model, work, Role.SOURCE, [], timeout, args, "store-hit", **store
@@ -404,6 +398,24 @@ def vllm_command(
 
         title = f"weightlift bench vllm: {size / 1e6:.0f} MB Llama, {doc['mode']}"
         click.echo(f"wrote {plot(vllm_panels(doc), title, png)}")
+
+
+def own_image_row(
+    measure: Callable[[str, JSON, str], None],
+    model: Path,
+    workdir: Path,
+    timeout: float,
+    args: list[str],
+) -> None:
+    """Measure the `own image` row, then stop it and remove its bundle copy."""
+    from weightlift.bench.own_image import release_copies
+
+    row, (proc, url, _, _) = run_own_image(model, workdir, timeout, args)
+    try:
+        measure("own image", row, url)
+    finally:
+        _stop(proc)
+        release_copies()
 
 
 def run_own_image(model: Path, workdir: Path, timeout: float, args: list[str]) -> tuple[JSON, Any]:
