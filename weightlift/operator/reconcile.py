@@ -48,6 +48,7 @@ from weightlift.operator.groups import (
     spread_handoffs,
 )
 from weightlift.operator.identity import model_identity
+from weightlift.operator.inject import injection_failure
 from weightlift.operator.metrics import engine_of
 from weightlift.operator.planning import (
     POLL_PENDING,
@@ -165,7 +166,7 @@ async def observe_pod(
     labels = meta.get("labels", {})
     ip = status.get("podIP")
     address = host_port(ip, spec.runtime.port) if ip else None
-    failure, report = _termination(pod)
+    failure, report = injection_failure(pod) or _termination(pod)
     pod_ready = _pod_ready(pod)
     state.index_shows(meta["uid"], meta)
     reachable = (

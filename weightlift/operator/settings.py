@@ -34,6 +34,8 @@ COMPILE_STORE_SECRET_ENV = "WEIGHTLIFT_COMPILE_STORE_SECRET"
 METRICS_HOST_ENV = "WEIGHTLIFT_METRICS_HOST"
 # Pull secrets (names, comma separated) every worker pod gets: the chart's workerImagePullSecrets.
 WORKER_IMAGE_PULL_SECRETS_ENV = "WEIGHTLIFT_WORKER_IMAGE_PULL_SECRETS"
+# The image whose init container puts weightlift into a team's own engine image (inject.py).
+WORKER_BUNDLE_IMAGE_ENV = "WEIGHTLIFT_WORKER_BUNDLE_IMAGE"
 # Leader election (the chart sets the pod's name and namespace from the downward API).
 POD_NAME_ENV = "POD_NAME"
 POD_NAMESPACE_ENV = "POD_NAMESPACE"
@@ -152,6 +154,8 @@ class Settings:
     metrics_host: str = "0.0.0.0"
     # imagePullSecrets of every worker pod (Secrets in its namespace), before the template's own.
     worker_image_pull_secrets: tuple[str, ...] = ()
+    # The worker-bundle image of spec.template.worker Injected ("": inject.DEFAULT_BUNDLE_IMAGE).
+    worker_bundle_image: str = ""
 
     @classmethod
     def from_environment(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -173,6 +177,7 @@ class Settings:
             worker_image_pull_secrets=parse_secret_names(
                 env.get(WORKER_IMAGE_PULL_SECRETS_ENV, "")
             ),
+            worker_bundle_image=env.get(WORKER_BUNDLE_IMAGE_ENV, "").strip(),
         )
 
     def may_contact(self, pod_ip: str) -> bool:

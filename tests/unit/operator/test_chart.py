@@ -400,3 +400,20 @@ def test_network_policy_admits_only_worker_pods_and_the_operator(helm: Path) -> 
     labels = deployment["spec"]["template"]["metadata"]["labels"]
     assert labels["app.kubernetes.io/name"] == "weightlift"
     assert labels["app.kubernetes.io/instance"] == "wl"
+
+
+def test_the_worker_bundle_image_is_a_chart_value(helm: Path) -> None:
+    """The init container image of spec.template.worker Injected (operator/inject.py)."""
+
+    def bundle_env(*args: str) -> str:
+        (deployment,) = by_kind(template(helm, *args), "Deployment")
+        (container,) = deployment["spec"]["template"]["spec"]["containers"]
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        return str(env["WEIGHTLIFT_WORKER_BUNDLE_IMAGE"])
+
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert bundle_env() == f"ghcr.io/weightlift/worker-bundle:{chart['appVersion']}"
+    assert bundle_env("--set", "workerBundle.image.repository=reg.local/wl/b") == (
+        f"reg.local/wl/b:{chart['appVersion']}"
+    )
+    assert bundle_env("--set", "workerBundle.image.tag=v7") == "ghcr.io/weightlift/worker-bundle:v7"

@@ -1,0 +1,162 @@
+"""Bring your own engine image (issue 46) on the real node: two vLLM replicas whose image is
+`vllm-plain` (vLLM's CPU build in /opt/venv, its own Python, no weightlift, no NIXL, no xxhash:
+`hack/build-images.sh vllm-plain`), with spec.template.worker Injected. The chart's operator
+gives each pod the worker-bundle image's init container; the image's own Python runs the
+worker. A source loads from storage, its target pulls P2P (NIXL shipped by the bundle) with
+every checksum verified; both give transformers' greedy text, and the real Prometheus (a pod of
+the node) scrapes vllm:num_requests_running from both workers. Needs root, `make node`,
+`make images` plus worker-bundle and vllm-plain, `make vllm-env` (the tiny Llama), and an
+operator image built from this checkout (WEIGHTLIFT_OPERATOR_IMAGE, default the chart's).
+~3.5 min warm (the first push of vllm-plain's 6.4 GB: ~4 min more)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.e2e.test_kubelet_lifecycle import _require_images
+from tests.e2e.test_kubelet_node import _require_node
+from tests.e2e.test_prometheus import _require_prometheus
+from tests.support.promchecks import eventually
+from tests.support.vllm import READY_TIMEOUT as VLLM_READY_TIMEOUT
+from tests.support.vllm import require_vllm_python, tiny_llm
+from weightlift.local.kubeletnode import KubeletNode
+from weightlift.local.observe import Observer, complete
+from weightlift.local.prometheus import LocalPrometheus
+from weightlift.local.stack import (
+    VLLM_ENV,
+    LocalStack,
+    model_deployment,
+    vllm_engine_args,
+)
+from weightlift.operator.inject import DEFAULT_BUNDLE_IMAGE, INIT_CONTAINER
+
+JSON = dict[str, Any]
+NAME = "kube-own"
+PLAIN_IMAGE = "ghcr.io/weightlift/vllm-plain:0.32.0"
+OPERATOR_IMAGE = os.environ.get("WEIGHTLIFT_OPERATOR_IMAGE", "")
+pytestmark = pytest.mark.timeout(1800)
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("ownmodels")
+
+
+@pytest.fixture(scope="module")
+def llm(models: Path) -> tuple[Path, JSON]:
+    out = models / "llm"
+    return out, tiny_llm(require_vllm_python(), out)
+
+
+@pytest.fixture(scope="module")
+def kstack(tmp_path_factory: pytest.TempPathFactory, models: Path) -> Iterator[LocalStack]:
+    _require_node()
+    stack = LocalStack(
+        tmp_path_factory.mktemp("kown") / "stack",
+        node_kind="kubelet",
+        node_name="kubelet-own",
+        gpus=2,
+        install="helm",
+        model_path_prefixes=(str(models),),
+        operator_image=OPERATOR_IMAGE,
+    )
+    operator = stack.node_images()[1]
+    stack.images = (operator, DEFAULT_BUNDLE_IMAGE, PLAIN_IMAGE)
+    _require_images(stack.images)
+    with stack:
+        yield stack
+    node = stack.node
+    assert isinstance(node, KubeletNode)
+    assert not node.leftovers()
+
+
+@pytest.fixture(scope="module")
+def kprom(
+    kstack: LocalStack, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LocalPrometheus]:
+    _require_prometheus()
+    with LocalPrometheus(kstack, tmp_path_factory.mktemp("ownprom")) as prom:
+        yield prom
+
+
+def own_image_manifest(llm: tuple[Path, JSON], name: str, replicas: int) -> JSON:
+    model_dir, probe = llm
+    manifest = model_deployment(
+        name,
+        model_dir,
+        replicas=replicas,
+        probe=probe,
+        engine="vLLM",
+        # Eager: the stock image has no g++ for Inductor's C++ (a team's GPU image compiles).
+        engine_args=vllm_engine_args(eager=True),
+        env=VLLM_ENV,
+        hook_library=None,
+        image=PLAIN_IMAGE,
+        wait_for_source_seconds=int(VLLM_READY_TIMEOUT),
+    )
+    manifest["spec"]["template"]["worker"] = "Injected"
+    return manifest
+
+
+@pytest.fixture(scope="module")
+def own(kstack: LocalStack, kprom: LocalPrometheus, llm: tuple[Path, JSON]) -> Observer:
+    obs = Observer(kstack, NAME)
+    obs.watch_handoffs()
+    kstack.apply(own_image_manifest(llm, NAME, replicas=2))
+    try:
+        obs.wait_ready(2 * VLLM_READY_TIMEOUT)
+    finally:
+        obs.close()
+    return obs
+
+
+def test_a_stock_vllm_image_runs_weightlift_injected(
+    own: Observer, llm: tuple[Path, JSON], kstack: LocalStack
+) -> None:
+    _, probe = llm
+    rows = own.replica_statuses()
+    assert len(rows) == 2 and all(r["ready"] and r["probe"]["passed"] for r in rows), rows
+    source = next(r for r in rows if r["loadedFrom"] == "storage:hostpath")
+    target = next(r for r in rows if r["name"] != source["name"])
+    assert target["loadedFrom"] == f"peer:{source['name']}", rows
+    assert target["bytesLoaded"] == target["bytesTotal"] == source["bytesTotal"] > 0, rows
+    summary = {r["name"]: r for r in own.summary()["replicas"]}
+    # The P2P pull verified every tensor's checksum (a mismatch fails the pull): its verify step.
+    report = httpx.get(f"{summary[target['name']]['endpoint']}/weightlift/v1/status", timeout=10)
+    assert "verify" in report.json()["loadPhases"], report.json()
+    texts = [
+        complete(summary[r["name"]]["openaiEndpoint"], NAME, probe["completion"]) for r in rows
+    ]
+    assert texts == [probe["completion"]["expectedText"]] * 2
+    for pod in kstack.pods(NAME):
+        (worker,) = pod["spec"]["containers"]
+        (init,) = pod["spec"]["initContainers"]
+        assert worker["image"] == PLAIN_IMAGE and init["name"] == INIT_CONTAINER
+        assert init["image"] == DEFAULT_BUNDLE_IMAGE
+        assert worker["securityContext"]["readOnlyRootFilesystem"] is True
+    node = kstack.node
+    assert isinstance(node, KubeletNode)
+    log = "".join(
+        p.read_text(errors="replace") for p in node.pod_logs(kstack.namespace, target["name"])
+    )
+    # The image's own Python ran it: the launcher's line names /opt/venv's.
+    assert "weightlift launcher: Python 3.11 (/opt/venv/bin/python" in log, log[-3000:]
+
+
+def test_prometheus_scrapes_vllms_series_from_both_injected_workers(
+    own: Observer, kprom: LocalPrometheus
+) -> None:
+    replicas = {str(r.get("replica", 0)) for r in own.replica_statuses()}
+
+    def scraped() -> set[str]:
+        found = kprom.query(f'vllm:num_requests_running{{deployment="{NAME}"}}')
+        got = {r["metric"].get("replica", "") for r in found}
+        return got if got == replicas else set()
+
+    assert eventually(kprom, "vllm:num_requests_running of both replicas", scraped) == replicas
