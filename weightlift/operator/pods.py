@@ -50,6 +50,7 @@ from weightlift.api.worker import (
     SharedPlan,
 )
 from weightlift.operator.planning import DesiredPod
+from weightlift.operator.podtemplate import merge_template
 from weightlift.operator.settings import Settings
 from weightlift.operator.shared_objects import PlanConfigMap, plan_configmap, token_secret_name
 
@@ -383,7 +384,7 @@ def render_pod(
         # Off when a scale-up wakes the spare: the scale subresource's selector leaves it out.
         **({SPARE_LABEL: "true"} if desired.spare else {}),
     }
-    return {
+    pod = {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {
@@ -429,6 +430,7 @@ def render_pod(
             ],
         },
     }
+    return merge_template(pod, template)
 
 
 def role_of(pod_labels: dict[str, str]) -> Role:
