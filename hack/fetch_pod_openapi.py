@@ -65,13 +65,15 @@ def closure(schemas: dict[str, Any], roots: list[str]) -> dict[str, Any]:
 
 
 def main() -> int:
-    with tempfile.TemporaryDirectory(prefix="wl-openapi-") as state:
-        with ControlPlane(Path(state), nodes=GpuNodeSpec(count=0), bind_to_parent=True) as info:
-            ctx = ssl.create_default_context(cafile=str(info.ca_file))
-            headers = {"Authorization": f"Bearer {info.token}"}
-            with httpx.Client(base_url=info.server, verify=ctx, headers=headers) as api:
-                version = api.get("/version").raise_for_status().json()["gitVersion"]
-                doc = api.get("/openapi/v3/api/v1").raise_for_status().json()
+    with (
+        tempfile.TemporaryDirectory(prefix="wl-openapi-") as state,
+        ControlPlane(Path(state), nodes=GpuNodeSpec(count=0), bind_to_parent=True) as info,
+    ):
+        ctx = ssl.create_default_context(cafile=str(info.ca_file))
+        headers = {"Authorization": f"Bearer {info.token}"}
+        with httpx.Client(base_url=info.server, verify=ctx, headers=headers) as api:
+            version = api.get("/version").raise_for_status().json()["gitVersion"]
+            doc = api.get("/openapi/v3/api/v1").raise_for_status().json()
     schemas = doc["components"]["schemas"]
     definitions = closure(schemas, [PREFIX + name for name in ROOTS])
     vendored = {

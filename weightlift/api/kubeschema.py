@@ -12,6 +12,7 @@ them to Go validation).
 from __future__ import annotations
 
 import json
+import re
 from functools import cache
 from importlib import resources
 from typing import Any
@@ -31,6 +32,7 @@ _DROP = {
     "x-kubernetes-map-type",
     "x-kubernetes-unions",
 }
+_MORE_INFO = re.compile(r"\s*More info: \S+")
 # Bounds where upstream has none (its Go validation and etcd's object size bound them).
 STRING_MAX = 4096
 ITEMS_MAX = 64
@@ -80,26 +82,49 @@ def _inline(node: dict[str, Any]) -> dict[str, Any]:
     name = _ref_name(node)
     if name is not None:
         own = {k: v for k, v in node.items() if k not in ("$ref", "allOf") and k not in _DROP}
+        target: dict[str, Any]
         if name == OBJECT_META:
             target = dict(_SMALL_META)
         elif name in (QUANTITY, INT_OR_STRING):
             target = {"x-kubernetes-int-or-string": True}
         else:
             target = _inline(vendored()["definitions"][name])
-        if "description" not in own and "description" in vendored()["definitions"][name]:
-            own["description"] = vendored()["definitions"][name]["description"]
+        definition = vendored()["definitions"].get(name, {})
+        # Quantity's and IntOrString's own descriptions are long and say nothing of the field.
+        if (
+            "description" not in own
+            and "description" in definition
+            and name
+            not in (
+                QUANTITY,
+                INT_OR_STRING,
+            )
+        ):
+            own["description"] = summary(definition["description"])
+        if "description" in own:
+            own["description"] = summary(own["description"])
         return {**target, **own}
     out: dict[str, Any] = {}
     for key, value in node.items():
         if key in _DROP:
             continue
-        if key == "properties":
+        if key == "description":
+            out[key] = summary(value)
+        elif key == "properties":
             out[key] = {prop: _inline(sub) for prop, sub in value.items() if not _deprecated(sub)}
         elif key in ("items", "additionalProperties") and isinstance(value, dict):
             out[key] = _inline(value)
         else:
             out[key] = value
     return _bounded(out)
+
+
+def summary(description: str) -> str:
+    """A description's first paragraph without its "More info" link: what `kubectl explain`
+    needs (upstream's API reference has the rest). Keeps the CRD under 256 KiB of JSON, so a
+    client-side `kubectl apply` (its last-applied annotation holds the whole object) still works."""
+    first = description.split("\n\n")[0]
+    return _MORE_INFO.sub("", first).strip()
 
 
 def _deprecated(node: dict[str, Any]) -> bool:

@@ -375,7 +375,7 @@ class TemplateMetadata(ApiModel):
     labels: dict[LabelKey, LabelValue] = Field(
         default_factory=dict,
         max_length=podspec.METADATA_ITEMS,
-        json_schema_extra={"x-kubernetes-validations": podspec.metadata_rules("labels")},
+        json_schema_extra=podspec.metadata_extra("labels"),
         description="Labels of worker pods (Kueue's queue-name, your own); weightlift.dev/*, "
         "leaderworkerset.sigs.k8s.io/*, app.kubernetes.io/name and managed-by are the "
         "operator's.",
@@ -385,7 +385,7 @@ class TemplateMetadata(ApiModel):
     ] = Field(
         default_factory=dict,
         max_length=podspec.METADATA_ITEMS,
-        json_schema_extra={"x-kubernetes-validations": podspec.metadata_rules("annotations")},
+        json_schema_extra=podspec.metadata_extra("annotations"),
         description="Annotations of worker pods (Multus k8s.v1.cni.cncf.io/networks, Kueue...); "
         "weightlift.dev/* and leaderworkerset.sigs.k8s.io/* are the operator's.",
     )

@@ -326,6 +326,10 @@ def metadata_rules(kind: str) -> list[dict[str, str]]:
     return [_rule(f"self.all(k, {_reserved_key_test(kind)})", reserved_key_message(kind))]
 
 
+def metadata_extra(kind: str) -> dict[str, Any]:
+    return {"x-kubernetes-validations": metadata_rules(kind)}
+
+
 def template_errors(
     metadata: Mapping[str, Any] | None, spec: Mapping[str, Any] | None
 ) -> list[str]:
