@@ -208,3 +208,19 @@ def test_an_unadmitted_volume_clash_is_refused_at_merge() -> None:
     base = render(spec_with({}))
     with pytest.raises(TemplateConflict, match=r"spec.template.spec.volumes: 'plan'"):
         merge_template(base, template)
+
+
+def test_an_env_name_the_operator_sets_is_refused_at_merge() -> None:
+    """The storage credentials' env (secretKeyRef) is the operator's when model.credentials is
+    set: a worker override of the same name is a clash, not a silent second value."""
+    spec = ModelDeploymentSpec.model_validate(
+        {
+            "model": {"uri": "hf://org/m", "format": "safetensors", "credentials": {"name": "hf"}},
+            "runtime": {"engine": "vLLM"},
+            "template": {
+                "spec": {"containers": [{"name": "worker", "env": [{"name": "HF_TOKEN"}]}]}
+            },
+        }
+    )
+    with pytest.raises(TemplateConflict, match=r"env: HF_TOKEN is set by the operator"):
+        render(spec)
