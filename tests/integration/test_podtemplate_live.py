@@ -67,3 +67,58 @@ def test_explain_affinity_prints_the_upstream_fields(crd: str, kubectl: Kubectl)
         f"{field}.podAntiAffinity.preferredDuringSchedulingIgnoredDuringExecution.podAffinityTerm",
     ).stdout
     assert "topologyKey" in deep and "labelSelector" in deep, deep
+
+
+def test_the_merged_worker_pod_is_a_valid_pod(crd: str, kubectl: Kubectl, namespace: str) -> None:
+    """render_pod with the full template, created (server dry run) as the operator would: the
+    API server's own Pod validation and admission (Priority, RuntimeClass) take it whole."""
+    from weightlift.api.model import ModelDeploymentSpec, Role
+    from weightlift.operator.identity import model_identity
+    from weightlift.operator.planning import DesiredPod, pod_name
+    from weightlift.operator.pods import render_pod
+
+    spec = ModelDeploymentSpec.model_validate(
+        {"model": {"uri": "file:///models/tiny"}, "template": FULL}
+    )
+    identity = model_identity(spec)
+    desired = DesiredPod(pod_name("full", identity, 0), 0, Role.SOURCE, identity, [])
+    pod = render_pod("full", namespace, "0b7e6a52-5d0c-4f8e-9d7c-3e2a1f000001", spec, desired)
+    pod["metadata"].pop("ownerReferences")  # no such owner here
+    classes = [
+        {
+            "apiVersion": "scheduling.k8s.io/v1",
+            "kind": "PriorityClass",
+            "metadata": {"name": "inference-high"},
+            "value": 1000,
+        },
+        {
+            "apiVersion": "node.k8s.io/v1",
+            "kind": "RuntimeClass",
+            "metadata": {"name": "nvidia"},
+            "handler": "nvidia",
+        },
+    ]
+    for obj in classes:
+        kubectl("apply", "-f", "-", input=json.dumps(obj))
+    proc = kubectl(
+        "create",
+        "-n",
+        namespace,
+        "--dry-run=server",
+        "-o",
+        "json",
+        "-f",
+        "-",
+        input=json.dumps(pod),
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    created = json.loads(proc.stdout)
+    assert created["spec"]["priority"] == 1000
+    assert created["spec"]["affinity"] == FULL["spec"]["affinity"]
+    assert created["spec"]["imagePullSecrets"] == [{"name": "registry-creds"}]
+    assert [c["name"] for c in created["spec"]["containers"]] == ["worker", "log-shipper"]
+    assert created["metadata"]["annotations"]["k8s.v1.cni.cncf.io/networks"] == "sriov-rail0"
+    worker = created["spec"]["containers"][0]
+    assert worker["resources"]["limits"]["rdma/rail1"] == "1"
+    assert worker["volumeMounts"][-1]["mountPath"] == "/licenses"
