@@ -142,3 +142,28 @@ def _bounded(node: dict[str, Any]) -> dict[str, Any]:
     elif kind == "object" and "properties" not in node:
         node.setdefault("maxProperties", PROPERTIES_MAX)
     return node
+
+
+def quantities_as_strings(value: Any, kind: str) -> Any:
+    """`value` (a core/v1 `kind`) with every Quantity written as a string: the API server takes
+    `cpu: 1`, the kubernetes client's typed models refuse it. A copy; the rest unchanged."""
+    return _quantities(value, {"$ref": CORE + kind})
+
+
+def _quantities(value: Any, schema: dict[str, Any]) -> Any:
+    name = _ref_name(schema)
+    if name == QUANTITY:
+        is_number = isinstance(value, int | float) and not isinstance(value, bool)
+        return str(value) if is_number else value
+    if name is not None:
+        return _quantities(value, vendored()["definitions"].get(name, {}))
+    if isinstance(value, dict):
+        props = schema.get("properties") or {}
+        extra = schema.get("additionalProperties")
+        return {
+            k: _quantities(v, props[k] if k in props else extra if isinstance(extra, dict) else {})
+            for k, v in value.items()
+        }
+    if isinstance(value, list) and isinstance(schema.get("items"), dict):
+        return [_quantities(v, schema["items"]) for v in value]
+    return value

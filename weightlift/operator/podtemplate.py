@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from weightlift.api.kubeschema import quantities_as_strings
 from weightlift.api.model import PodTemplate
 from weightlift.api.podspec import WORKER_CONTAINER
 
@@ -39,7 +40,7 @@ def merge_template(pod: dict[str, Any], template: PodTemplate) -> dict[str, Any]
                 meta[kind] = {**theirs, **(meta.get(kind) or {})}
     if template.spec is None:
         return out
-    user = template.spec.wire()
+    user = _string_quantities(template.spec.wire())
     for name in _COPIED:
         if name in user:
             spec[name] = user[name]
@@ -63,6 +64,19 @@ def merge_template(pod: dict[str, Any], template: PodTemplate) -> dict[str, Any]
         else:
             spec["containers"].append(container)
     return out
+
+
+# The template's lists of core/v1 objects, by the type their items are.
+_ITEM_KINDS = {"volumes": "Volume", "initContainers": "Container", "containers": "Container"}
+
+
+def _string_quantities(user: dict[str, Any]) -> dict[str, Any]:
+    """Quantities as strings (`cpu: 1` -> "1"): the API server stores what it was sent, but the
+    kubernetes client's typed Pod model refuses a number there."""
+    for name, kind in _ITEM_KINDS.items():
+        if name in user:
+            user[name] = [quantities_as_strings(item, kind) for item in user[name]]
+    return user
 
 
 def _tighter(user: dict[str, Any]) -> dict[str, Any]:

@@ -48,7 +48,10 @@ FULL_TEMPLATE: dict[str, Any] = {
             {"maxSkew": 1, "topologyKey": "zone", "whenUnsatisfiable": "ScheduleAnyway"}
         ],
         "imagePullSecrets": [{"name": "registry-creds"}],
-        "volumes": [{"name": "licenses", "secret": {"secretName": "licenses"}}],
+        "volumes": [
+            {"name": "licenses", "secret": {"secretName": "licenses"}},
+            {"name": "scratch", "emptyDir": {"sizeLimit": 1000000}},
+        ],
         "initContainers": [{"name": "warmup", "image": "busybox:1.36", "command": ["true"]}],
         "containers": [
             {
@@ -58,7 +61,7 @@ FULL_TEMPLATE: dict[str, Any] = {
                 ],
                 "envFrom": [{"configMapRef": {"name": "tuning"}}],
                 "volumeMounts": [{"name": "licenses", "mountPath": "/licenses", "readOnly": True}],
-                "resources": {"limits": {"example.com/fpga": "1", "memory": "64Gi"}},
+                "resources": {"limits": {"example.com/fpga": 1, "memory": "64Gi"}},
                 "securityContext": {
                     "runAsUser": 2000,
                     "seccompProfile": {"type": "RuntimeDefault"},
@@ -92,7 +95,12 @@ def pod() -> dict[str, Any]:
 
 
 def test_a_full_template_is_a_valid_pod(pod: dict[str, Any]) -> None:
-    # The kubernetes client's own model: a misspelled field would be dropped here.
+    # The kubernetes client's own model: a misspelled field would be dropped here. It refuses
+    # a Quantity written as a number (`example.com/fpga: 1`), which the API server admits.
+    client.V1Pod.model_validate(pod)  # what create_namespaced_pod checks its body with
+    worker = worker_of(pod)
+    assert worker["resources"]["limits"]["example.com/fpga"] == "1"
+    assert pod["spec"]["volumes"][-1]["emptyDir"]["sizeLimit"] == "1000000"
     api = client.ApiClient()
     typed = api._ApiClient__deserialize(pod, "V1Pod")  # type: ignore[attr-defined]
     back = api.sanitize_for_serialization(typed)
@@ -122,7 +130,7 @@ def test_pod_fields_are_copied_and_lists_appended(pod: dict[str, Any]) -> None:
     assert [c["name"] for c in spec["containers"]] == ["worker", "log-shipper"]
     assert spec["containers"][1] == SIDECAR
     names = [v["name"] for v in spec["volumes"]]
-    assert names[-1] == "licenses" and {"dshm", "tmp", "plan"} <= set(names)
+    assert names[-2:] == ["licenses", "scratch"] and {"dshm", "tmp", "plan"} <= set(names)
 
 
 def test_worker_overrides_are_merged_and_the_operators_fields_win(pod: dict[str, Any]) -> None:
