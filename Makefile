@@ -83,7 +83,7 @@ registry:
 
 crd: venv
 	$(VENV)/bin/weightlift crd > crds/modeldeployment.yaml
-	cp crds/modeldeployment.yaml helm/weightlift/crds/modeldeployment.yaml
+	cp crds/modeldeployment.yaml helm/weightlift/files/crds/modeldeployment.yaml
 
 lint: venv
 	$(VENV)/bin/ruff check weightlift tests

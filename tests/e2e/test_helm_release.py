@@ -45,6 +45,8 @@ OPERATOR_USER = "system:serviceaccount:weightlift:weightlift-operator"
 OPERATOR_AGENTS = ("kopf/", "OpenAPI-Generator/")
 NAME = "tiny"
 CRD = "modeldeployments.weightlift.dev"
+# The release's cluster-scoped objects: <release namespace>-<release>-operator[-...].
+CLUSTER_PREFIX = "weightlift-weightlift-operator"
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -133,6 +135,26 @@ def ready_observer(stack: LocalStack, replicas: int) -> Observer:
 
 def worker_uids(stack: LocalStack) -> set[str]:
     return {p["metadata"]["uid"] for p in stack.pods(NAME)}
+
+
+def cluster_scoped_reads(stack: LocalStack, prefix: str) -> dict[str, Callable[[], Any]]:
+    """Reads of a release's cluster-scoped objects (prefix: <namespace>-<release>-operator),
+    each answering the object or raising 404."""
+    rbac = client.RbacAuthorizationV1Api(stack.kube.api)
+    admission = client.AdmissionregistrationV1Api(stack.kube.api)
+    return {
+        f"clusterrole {prefix}": partial(rbac.read_cluster_role, prefix),
+        f"clusterrole {prefix}-cluster": partial(rbac.read_cluster_role, f"{prefix}-cluster"),
+        f"clusterrolebinding {prefix}-cluster": partial(
+            rbac.read_cluster_role_binding, f"{prefix}-cluster"
+        ),
+        f"validatingadmissionpolicy {prefix}-model-paths": partial(
+            admission.read_validating_admission_policy, f"{prefix}-model-paths"
+        ),
+        f"validatingadmissionpolicybinding {prefix}-model-paths": partial(
+            admission.read_validating_admission_policy_binding, f"{prefix}-model-paths"
+        ),
+    }
 
 
 def crd_exists(stack: LocalStack) -> bool:
@@ -268,13 +290,7 @@ def test_uninstall_removes_operator_and_rbac_and_keeps_crd_and_deployments(
         "serviceaccount weightlift/weightlift-operator": partial(
             core.read_namespaced_service_account, "weightlift-operator", "weightlift"
         ),
-        "clusterrole weightlift-operator": partial(rbac.read_cluster_role, "weightlift-operator"),
-        "clusterrole weightlift-operator-cluster": partial(
-            rbac.read_cluster_role, "weightlift-operator-cluster"
-        ),
-        "clusterrolebinding weightlift-operator-cluster": partial(
-            rbac.read_cluster_role_binding, "weightlift-operator-cluster"
-        ),
+        **cluster_scoped_reads(stack, CLUSTER_PREFIX),
         "rolebinding default/weightlift-operator": partial(
             rbac.read_namespaced_role_binding, "weightlift-operator", "default"
         ),
@@ -287,7 +303,7 @@ def test_uninstall_removes_operator_and_rbac_and_keeps_crd_and_deployments(
     }
     for what, read in reads.items():
         assert get_or_none(read) is None, f"{what} outlived helm uninstall"
-    assert crd_exists(stack), "helm keeps CRDs from crds/ (README)"
+    assert crd_exists(stack), "the CRD template is kept (helm.sh/resource-policy: keep)"
     assert stack.get_md(NAME) is not None
     assert worker_uids(stack) == workers, "worker pods keep serving without the operator"
     for pod in stack.pods(NAME):
@@ -310,16 +326,26 @@ def test_reinstall_adopts_the_existing_deployment(stack: LocalStack) -> None:
 
 
 def test_a_second_install_is_refused_by_helm_and_breaks_nothing(stack: LocalStack) -> None:
-    """The same release again; another release (the CRD already there) whose worker namespace
-    is the first one's: helm's own errors, and the first release keeps working."""
+    """The same release again (helm's own error); another release that would watch the first
+    one's namespace (the chart's: two operators must not reconcile one ModelDeployment); the
+    first release keeps working."""
     release = stack.release
     assert release is not None
     running, _ = operator_process(stack)
     with pytest.raises(ReleaseError, match="cannot reuse a name that is still in use"):
         release.install()
     other = HelmRelease(stack.kubeconfig, name="other", namespace="other", values=release.values)
-    with pytest.raises(ReleaseError, match=r"weightlift-worker.* exists and cannot be imported"):
+    overlap = r"namespace default is already watched by release weightlift/weightlift"
+    with pytest.raises(ReleaseError, match=overlap):
         other.install()
+    clusterwide = HelmRelease(
+        stack.kubeconfig,
+        name="other",
+        namespace="other",
+        values={**release.values, "watchNamespaces": [], "crds": {"install": False}},
+    )
+    with pytest.raises(ReleaseError, match=r"release weightlift/weightlift watches default"):
+        clusterwide.install()
     assert release.status()["info"]["status"] == "deployed"
     assert operator_process(stack)[0]["metadata"]["uid"] == running["metadata"]["uid"]
     ready_observer(stack, 1)
@@ -351,3 +377,199 @@ def test_every_operator_request_ran_as_the_charts_service_account(
     assert {("watch", "modeldeployments"), ("create", "pods"), ("patch", "modeldeployments")} <= (
         verbs
     ), verbs
+
+
+# -- the chart as it upgrades, and as one of two releases (after the audit: the second
+# -- release's operator is another user)
+
+UPGRADE_FIELD = "upgradeNote"
+PROBE_NS = "crd-probe"  # watched by no operator: only the API server handles the probe object
+
+
+def chart_with_a_new_crd_field(root: Path) -> Path:
+    """A copy of the chart, version 0.1.1, whose CRD has one more optional spec field."""
+    chart = root / "chart-crd-field"
+    shutil.copytree(CHART, chart)
+    crd_file = chart / "files" / "crds" / "modeldeployment.yaml"
+    crd = yaml.safe_load(crd_file.read_text())
+    spec = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    assert UPGRADE_FIELD not in spec["properties"]
+    spec["properties"][UPGRADE_FIELD] = {"type": "string", "maxLength": 64}
+    crd_file.write_text(yaml.safe_dump(crd, sort_keys=False))
+    meta = yaml.safe_load((chart / "Chart.yaml").read_text())
+    meta["version"] = "0.1.1"
+    (chart / "Chart.yaml").write_text(yaml.safe_dump(meta, sort_keys=False))
+    return chart
+
+
+def probe_note(stack: LocalStack, note: str) -> str | None:
+    """Write the probe ModelDeployment with spec.upgradeNote = note (created, or merge-patched)
+    and read it back: what the API server stored of the field (None: pruned)."""
+    probe = {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "ModelDeployment",
+        "metadata": {"name": "crd-probe", "namespace": PROBE_NS},
+        "spec": {"model": {"uri": "s3://bucket/m"}, "replicas": 0, UPGRADE_FIELD: note},
+    }
+    stored = stack.apply(probe)
+    value = stored["spec"].get(UPGRADE_FIELD)
+    return None if value is None else str(value)
+
+
+def crd_object(stack: LocalStack) -> JSON:
+    read = client.ApiextensionsV1Api(stack.kube.api).read_custom_resource_definition
+    crd = get_or_none(read, CRD)
+    assert crd is not None
+    return crd
+
+
+def test_upgrade_applies_a_crd_that_gained_a_field_and_rollback_takes_it_back(
+    stack: LocalStack, root: Path
+) -> None:
+    release = stack.release
+    assert release is not None
+    call(stack.kube.core.create_namespace, {"metadata": {"name": PROBE_NS}})
+    assert probe_note(stack, "before") is None, "the installed CRD has no such field: pruned"
+    release.upgrade(dict(release.values), chart=chart_with_a_new_crd_field(root))
+    crd = crd_object(stack)
+    assert crd["metadata"]["labels"]["helm.sh/chart"] == "weightlift-0.1.1"
+    schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    assert UPGRADE_FIELD in schema["properties"], "helm upgrade updated the CRD"
+    # The API server serves a changed CRD's schema a moment after the write (its CRD handler
+    # follows an informer), so the first writes may still be pruned (bounded, not a speed check).
+    deadline = time.monotonic() + 60
+    while probe_note(stack, "kept") != "kept":
+        assert time.monotonic() < deadline, "the new field was never stored"
+        time.sleep(0.5)
+    history = json.loads(
+        release.helm("history", release.name, "-n", release.namespace, "-o", "json")
+    )
+    assert (history[-1]["status"], history[-1]["chart"]) == ("deployed", "weightlift-0.1.1")
+    # Back to the revision before: the CRD loses the field again, and the API server drops the
+    # stored value when it reads the object (docs/upgrade.md, rollback).
+    release.rollback()
+    assert (
+        UPGRADE_FIELD
+        not in (
+            crd_object(stack)["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"][
+                "spec"
+            ]["properties"]
+        )
+    )
+    read = stack.kube.custom.get_namespaced_custom_object
+    deadline = time.monotonic() + 60
+    while UPGRADE_FIELD in call(read, GROUP, VERSION, PROBE_NS, PLURAL, "crd-probe")["spec"]:
+        assert time.monotonic() < deadline, "the rolled-back CRD still serves the field"
+        time.sleep(0.5)
+    assert release.status()["info"]["status"] == "deployed"
+    assert crd_object(stack)["metadata"]["labels"]["helm.sh/chart"] == "weightlift-0.1.0"
+
+
+def test_a_release_whose_crd_came_from_crds_dir_takes_it_over(
+    stack: LocalStack, root: Path
+) -> None:
+    """Chart 0.1.0 had the CRD in crds/: helm created it once, recorded it in no release, and
+    gave it no ownership metadata. Upgrading such a release to this chart is refused, naming
+    the CRD, until `--take-ownership` (docs/upgrade.md, from 0.1.0)."""
+    release = stack.release
+    assert release is not None
+    old = root / "chart-crds-dir"
+    shutil.copytree(CHART, old)
+    (old / "crds").mkdir()
+    (old / "files" / "crds" / "modeldeployment.yaml").rename(old / "crds" / "modeldeployment.yaml")
+    (old / "templates" / "crd.yaml").unlink()
+    release.upgrade(dict(release.values), chart=old)
+    assert crd_exists(stack), "the CRD left the release's manifest but is kept"
+    unowned = {
+        "metadata": {
+            "annotations": {
+                "meta.helm.sh/release-name": None,
+                "meta.helm.sh/release-namespace": None,
+                "helm.sh/resource-policy": None,
+            },
+            "labels": {"app.kubernetes.io/managed-by": None},
+        }
+    }
+    patch = client.ApiextensionsV1Api(stack.kube.api).patch_custom_resource_definition
+    call(patch, CRD, unowned, _content_type="application/merge-patch+json")
+    with pytest.raises(ReleaseError, match=rf"{CRD}.* exists and cannot be imported"):
+        release.upgrade(dict(release.values))
+    release.upgrade(dict(release.values), flags=("--take-ownership",))
+    annotations = crd_object(stack)["metadata"]["annotations"]
+    assert annotations["meta.helm.sh/release-name"] == "weightlift"
+    assert annotations["helm.sh/resource-policy"] == "keep"
+    assert release.status()["info"]["status"] == "deployed"
+
+
+def test_a_second_release_in_another_namespace_coexists(stack: LocalStack, root: Path) -> None:
+    """Release B: the same name, another namespace, its own watched namespace, CRD management
+    off. Both are deployed with apart cluster-scoped objects; B's operator reconciles only B's
+    namespace; uninstalling B leaves A's objects and the CRD."""
+    a = stack.release
+    assert a is not None
+    a_pod, _ = operator_process(stack)
+    call(stack.kube.core.create_namespace, {"metadata": {"name": "team-b"}})
+    b = HelmRelease(
+        stack.kubeconfig,
+        name="weightlift",
+        namespace="weightlift-b",
+        values={
+            **a.values,
+            "watchNamespaces": ["team-b"],
+            "crds": {"install": False},
+            "replicas": 1,
+        },
+    )
+    b.install()
+    try:
+        assert a.status()["info"]["status"] == b.status()["info"]["status"] == "deployed"
+        for prefix, namespace in (
+            (CLUSTER_PREFIX, "weightlift"),
+            ("weightlift-b-weightlift-operator", "weightlift-b"),
+        ):
+            for what, read_object in cluster_scoped_reads(stack, prefix).items():
+                annotations = call(read_object)["metadata"]["annotations"]
+                assert annotations["meta.helm.sh/release-namespace"] == namespace, what
+        crd_owner = crd_object(stack)["metadata"]["annotations"]["meta.helm.sh/release-namespace"]
+        assert crd_owner == "weightlift", "the CRD stays release A's"
+        worker = call(
+            stack.kube.core.read_namespaced_service_account, "weightlift-worker", "team-b"
+        )
+        assert worker["metadata"]["annotations"]["meta.helm.sh/release-namespace"] == "weightlift-b"
+        # B's operator reconciles a ModelDeployment of its namespace (A's does not watch it).
+        md = {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": "ModelDeployment",
+            "metadata": {"name": "b-model", "namespace": "team-b"},
+            "spec": {"model": {"uri": "s3://bucket/m"}, "replicas": 0},
+        }
+        stack.apply(md)
+        get = partial(call, stack.kube.custom.get_namespaced_custom_object, GROUP, VERSION)
+        deadline = time.monotonic() + READY_TIMEOUT
+        while not (get("team-b", PLURAL, "b-model").get("status") or {}).get("observedGeneration"):
+            assert time.monotonic() < deadline, "release B's operator never reconciled team-b"
+            time.sleep(0.5)
+    finally:
+        b.uninstall()
+    for what, read_object in cluster_scoped_reads(stack, CLUSTER_PREFIX).items():
+        assert get_or_none(read_object) is not None, f"uninstalling B removed A's {what}"
+    for what, read_object in cluster_scoped_reads(
+        stack, "weightlift-b-weightlift-operator"
+    ).items():
+        assert get_or_none(read_object) is None, f"{what} outlived B's uninstall"
+    assert crd_exists(stack)
+    assert a.status()["info"]["status"] == "deployed"
+    assert operator_process(stack)[0]["metadata"]["uid"] == a_pod["metadata"]["uid"]
+    # Who wrote team-b's ModelDeployment: B's operator only (the audit log names the user).
+    writers = set()
+    for line in (root / "audit.log").read_text().splitlines():
+        event = json.loads(line) if line.startswith("{") else {}
+        ref = event.get("objectRef") or {}
+        code = int((event.get("responseStatus") or {}).get("code") or 0)
+        if (ref.get("namespace"), ref.get("resource"), event.get("verb")) == (
+            "team-b",
+            PLURAL,
+            "patch",
+        ) and code < 400:
+            writers.add(event["user"].get("username"))
+    assert writers == {"system:serviceaccount:weightlift-b:weightlift-operator"}, writers

@@ -62,6 +62,11 @@ def test_three_replicas_one_source_two_p2p_targets_then_scale_and_delete(
     for t in targets:
         assert t["role"] == "Target"
         assert t["loadedFrom"].removeprefix("peer:") in source_pods
+        # UCX's own name for how the rank's bytes moved: processes of one host, host memory.
+        (moved,) = t["transports"]
+        assert moved["rank"] == 0 and moved["transport"].split("/")[0] in ("cma", "sysv", "posix")
+        assert "(zero-copy)" in moved["transport"] and not moved.get("note"), moved
+    assert all(not r.get("transports") for r in sources)
     assert all(r["hooksRun"] for r in rows)
     assert all(r["bytesLoaded"] == r["bytesTotal"] > 0 for r in rows)
     # The C init hook really ran in each worker process (it appends to WEIGHTLIFT_HOOK_LOG).

@@ -249,6 +249,11 @@ HOSTILE: list[tuple[str, dict[str, Any], str]] = [
         },
         "spec.template.resources.requests",
     ),
+    ("service-type", {"service": {"type": "ExternalName"}}, "spec.service.type"),
+    ("service-port-zero", {"service": {"port": 0}}, "spec.service.port"),
+    ("service-port-high", {"service": {"port": 65536}}, "spec.service.port"),
+    ("service-enabled-text", {"service": {"enabled": "yes"}}, "spec.service.enabled"),
+    ("service-unknown-field", {"service": {"selector": {"a": "b"}}}, "spec.service.selector"),
 ]
 
 
@@ -299,8 +304,10 @@ def test_single_pod_defaults_applied_at_admission(
     proc = kubectl(
         "create", "-n", namespace, "-f", "-", "-o", "json", input=json.dumps(md("defaults"))
     )
-    stored = json.loads(proc.stdout)["spec"]["parallelism"]
-    assert stored == {"tensor": 1, "pipeline": 1, "podsPerReplica": 1}
+    stored = json.loads(proc.stdout)["spec"]
+    assert stored["parallelism"] == {"tensor": 1, "pipeline": 1, "podsPerReplica": 1}
+    # ...and with its Service on (issue 45): a ClusterIP on port 80.
+    assert stored["service"] == {"enabled": True, "type": "ClusterIP", "port": 80}
 
 
 def test_request_deeper_than_python_decodes_is_refused(
@@ -326,6 +333,9 @@ ADMITTED: list[tuple[str, dict[str, Any]]] = [
     ),
     ("env-plain", _template(env=[{"name": "HF_HOME", "value": "/tmp/hf"}])),
     ("warm-spares", {"warmSpares": 2, "loading": {"strategy": "PeerToPeer"}}),
+    ("service-off", {"service": {"enabled": False}}),
+    ("service-node-port", {"service": {"type": "NodePort", "port": 8080}}),
+    ("service-load-balancer", {"service": {"type": "LoadBalancer", "port": 443}}),
     # stored as written: no protocol defaulted into the runtime or the completion probe
     (
         "external-openai",

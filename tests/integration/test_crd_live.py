@@ -178,3 +178,27 @@ def _assert_subset(want: Any, got: Any, where: str) -> None:
             _assert_subset(w, g, f"{where}[{i}]")
     else:
         assert want == got, f"{where}: stored {got!r}, example says {want!r}"
+
+
+def test_wide_output_shows_the_service_and_its_ports(
+    crd: str, kubectl: Kubectl, namespace: str
+) -> None:
+    """status.service as the operator writes it, in `kubectl get md -o wide` (the API server's
+    table: the CRD's printer columns), and only there."""
+    kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(md("served")))
+    status = {
+        "status": {"service": {"name": "served", "type": "ClusterIP", "ports": "http:80/TCP"}}
+    }
+    kubectl(
+        "patch", "-n", namespace, "md/served", "--subresource=status", "--type=merge",
+        "-p", json.dumps(status),
+    )  # fmt: skip
+    wide = kubectl("get", "-n", namespace, "md/served", "-o", "wide").stdout.splitlines()
+    header, row = wide[0], wide[1]  # aligned columns; empty ones (no phase yet) are blank
+
+    def cell(column: str) -> str:
+        return row[header.index(column) :].split()[0]
+
+    assert (cell("SERVICE"), cell("PORTS")) == ("served", "http:80/TCP"), wide
+    narrow = kubectl("get", "-n", namespace, "md/served").stdout.splitlines()[0].split()
+    assert "SERVICE" not in narrow and "PORTS" not in narrow

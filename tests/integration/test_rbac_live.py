@@ -7,7 +7,14 @@ import json
 
 import pytest
 
-from tests.support.cluster import OPERATOR_NAMESPACE, ChartRbac, Kubectl, OperatorProcess, wait_for
+from tests.support.cluster import (
+    OPERATOR_NAMESPACE,
+    RELEASE,
+    ChartRbac,
+    Kubectl,
+    OperatorProcess,
+    wait_for,
+)
 
 NS = OPERATOR_NAMESPACE
 
@@ -45,6 +52,10 @@ NEEDED: list[tuple[str, str]] = [
     ("deletecollection", "configmaps"),  # older revisions' plans
     ("create", "secrets"),  # the P2P token of each model identity
     ("patch", "secrets"),  # another owner of that token
+    ("patch", "pods/status"),  # the inference-probe readiness gate's condition
+    ("create", "services"),  # spec.service, server-side applied
+    ("patch", "services"),
+    ("delete", "services"),  # spec.service.enabled turned false
 ]
 NEEDED_CLUSTER: list[tuple[str, str]] = [
     ("list", "nodes"),
@@ -62,6 +73,8 @@ FORBIDDEN: list[tuple[str, str]] = [
     ("update", "configmaps"),
     ("create", "pods/exec"),
     ("update", "pods/status"),
+    ("get", "services"),  # never read back
+    ("update", "services"),
     ("create", "deployments.apps"),
     ("list", "configmaps"),
     ("create", "serviceaccounts/token"),
@@ -107,7 +120,7 @@ def test_operator_sa_may_not_cluster(
 
 
 def test_worker_sa_reads_only_its_modeldeployments(kubectl: Kubectl, chart_rbac: ChartRbac) -> None:
-    user = f"system:serviceaccount:{NS}:weightlift-worker"
+    user = f"system:serviceaccount:{NS}:{RELEASE}-worker"  # the chart's <release>-worker
     assert can_i(kubectl, user, NS, "get", "modeldeployments.weightlift.dev")
     assert can_i(kubectl, user, NS, "watch", "modeldeployments.weightlift.dev")
     for verb, resource in [
@@ -144,6 +157,31 @@ def test_operator_under_chart_rbac_never_forbidden(
         return len(pods) == 2 and (got.get("status") or {}).get("replicas") == 2
 
     wait_for(progressed, 60, "operator to create 2 pods and write status")
+    # kwok marks every readiness gate True when it runs a pod; these replicas were never probed
+    # (kwok pods answer nothing), so the operator sets each gate False: a pods/status patch.
+    gate = "weightlift.dev/inference-probe"
+
+    def gates() -> list[str]:
+        pods = json.loads(
+            kubectl(
+                "get", "pods", "-n", NS, "-l", "weightlift.dev/deployment=rbac-cycle", "-o", "json"
+            ).stdout
+        )["items"]
+        return [
+            c["status"]
+            for p in pods
+            for c in p["status"].get("conditions", [])
+            if c["type"] == gate
+        ]
+
+    wait_for(lambda: gates() == ["False", "False"], 60, "the operator to set both gates False")
+    # ...and its Service (server-side apply), owned by the ModelDeployment.
+    svc = json.loads(kubectl("get", "-n", NS, "svc/rbac-cycle", "-o", "json").stdout)
+    assert svc["spec"]["selector"] == {
+        "weightlift.dev/deployment": "rbac-cycle",
+        "weightlift.dev/serving": "true",
+    }
+    assert svc["metadata"]["ownerReferences"][0]["name"] == "rbac-cycle"
     # No Event is due here: progress phases post none (planning.EVENT_PHASES), and this cycle
     # never reaches an outcome; it checks pods, status and deletion.
     kubectl("delete", "-n", NS, "md/rbac-cycle", "--timeout=60s")

@@ -19,6 +19,7 @@ import pytest
 import torch
 from aiohttp import web
 
+from weightlift.api.model import ChecksumSetting
 from weightlift.api.worker import PeerCandidate, WorkerPlan
 from weightlift.local.sharded import make_plan
 from weightlift.worker.p2p.nixl_compat import nixl_import_error
@@ -85,9 +86,14 @@ class Proc:
 
 @contextmanager
 def source_process(
-    model_dir: Path, tmp: Path, *, pod: str = "src-0", identity: str = "ident-test"
+    model_dir: Path,
+    tmp: Path,
+    *,
+    pod: str = "src-0",
+    identity: str = "ident-test",
+    checksum: ChecksumSetting = "auto",
 ) -> Iterator[tuple[Proc, PeerCandidate]]:
-    plan = make_plan(model_dir, pod=pod, identity=identity)
+    plan = make_plan(model_dir, pod=pod, identity=identity, checksum=checksum)
     path = tmp / f"{pod}-plan.json"
     path.write_text(plan.model_dump_json())
     proc = Proc(["serve", "--plan", str(path)])

@@ -215,6 +215,19 @@ def check_plan(observed: Observed, result: Plan, spec: ModelDeploymentSpec) -> N
         assert source.model_identity == identity == pod.identity
     assert result.status.ready_sources == len(result.status.sources)
     assert result.requeue_after > 0 or observed.previous is not None
+    # The Service's label goes to surviving serving pods handed their weights; the readiness
+    # gate turns True for probed replicas only, and only where the pod shows otherwise.
+    after = existing - set(result.delete)
+    assert result.serve <= after, "labels a missing pod"
+    for pod in (by_name[n] for n in result.serve):
+        assert not pod.spare or pod.name in result.unspare, f"{pod.name}: a spare in the Service"
+        handed = pod.name in result.handoff or (pod.handoff is not None and pod.handoff.given)
+        assert handed and not pod.serving_labelled, f"{pod.name}: labelled waiting or twice"
+    assert set(result.gates) <= after, "sets the gate of a missing pod"
+    for name, passed in result.gates.items():
+        pod = by_name[name]
+        assert pod.probe_gate is not None and pod.probe_gate != passed, f"{name}: no transition"
+        assert passed == pod.inference_ready, f"{name}: gate {passed} for an unprobed replica"
 
 
 def _identities(observed: Observed, names: set[str]) -> list[str]:
@@ -259,6 +272,10 @@ class Cluster:
             self.pods[name] = dataclasses.replace(self.pods[name], handoff=handoff)
         for name in result.unspare:
             self.pods[name] = dataclasses.replace(self.pods[name], spare=False)
+        for name in result.serve:
+            self.pods[name] = dataclasses.replace(self.pods[name], serving_labelled=True)
+        for name, passed in result.gates.items():
+            self.pods[name] = dataclasses.replace(self.pods[name], probe_gate=passed)
         for desired in result.create:
             peers = [PeerCandidate(pod=s.pod, address=s.address) for s in desired.peers]
             self.pods[desired.name] = ObservedPod(
@@ -268,6 +285,9 @@ class Cluster:
                 role=desired.role,
                 handoff=PeerHandoff(peers=peers) if peers else None,
                 spare=desired.spare,
+                # As pods.render_pod: the gate on every pod, the Service's label once handed.
+                probe_gate=False,
+                serving_labelled=not desired.spare and (desired.role == Role.SOURCE or bool(peers)),
             )
         self.previous = result.status
         self.plans.append(result)
@@ -353,7 +373,12 @@ class RecordedApi:
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.patches: list[tuple[str, dict[str, Any]]] = []
         self.created: list[dict[str, Any]] = []
+        self.gates: list[tuple[str, str]] = []  # (pod, the gate condition's status)
+        self.services: list[dict[str, Any]] = []
         monkeypatch.setattr(kube, "patch_pod_metadata", self._patch)
+        monkeypatch.setattr(kube, "set_pod_condition", self._condition)
+        monkeypatch.setattr(kube, "apply_service", lambda core, ns, svc: self.services.append(svc))
+        monkeypatch.setattr(kube, "delete_service", lambda *a: None)
         monkeypatch.setattr(kube, "create_pod", self._create)
         monkeypatch.setattr(kube, "create_configmap", lambda *a: None)
         monkeypatch.setattr(kube, "ensure_owned_secret", lambda *a: None)
@@ -364,6 +389,9 @@ class RecordedApi:
 
     def _patch(self, core: Any, namespace: str, name: str, metadata: dict[str, Any]) -> None:
         self.patches.append((name, metadata))
+
+    def _condition(self, core: Any, namespace: str, name: str, condition: dict[str, Any]) -> None:
+        self.gates.append((name, condition["status"]))
 
     def _create(self, core: Any, namespace: str, manifest: dict[str, Any]) -> bool:
         self.created.append(manifest)

@@ -318,12 +318,14 @@ def build_crd() -> dict[str, Any]:
         ("Spares", "integer", ".status.spares", "Warm spares waiting in Standby"),
         ("Standby", "integer", ".status.standby", "Targets waiting in Standby for peers"),
         ("Identity", "string", ".status.modelIdentity", "Model identity hash"),
+        ("Service", "string", ".status.service.name", "Service of the serving replicas"),
+        ("Ports", "string", ".status.service.ports", "The Service's ports"),
     ]
     printer: list[dict[str, Any]] = [
         {"name": name, "type": typ, "jsonPath": path, "description": desc}
         for name, typ, path, desc in columns
     ]
-    for column in printer[-2:]:
+    for column in printer[-4:]:
         column["priority"] = 1  # only with -o wide
     printer.append({"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"})
     return {

@@ -10,6 +10,14 @@ PEERS_ANNOTATION = "weightlift.dev/peers"
 # On a warm spare while it waits (value "true"); the operator removes it when it hands the spare
 # peers or storage. The scale subresource's selector leaves pods with it out.
 SPARE_LABEL = "weightlift.dev/spare"
+# On a worker pod once it is a serving replica: handed its weights (a Source, or a Target handed
+# peers or storage), not a warm spare. The ModelDeployment's Service selects it (with the
+# deployment label); the readiness gate below keeps it out of the ready endpoints until probed.
+SERVING_LABEL = "weightlift.dev/serving"
+# The readiness gate of every worker pod (spec.readinessGates, KEP-580): the operator sets the pod
+# condition of this type True once the replica's inference probe passed, False when it stops
+# passing, so the pod's Ready (and a Service's ready endpoints) means "probed", not "loaded".
+INFERENCE_PROBE_GATE = "weightlift.dev/inference-probe"
 # Set with the label's removal: when the spare was woken (RFC 3339). Its time to Ready counts
 # from then, not from the pod's creation (a spare may wait for hours, by design).
 WOKEN_ANNOTATION = "weightlift.dev/woken-at"

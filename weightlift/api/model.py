@@ -564,7 +564,12 @@ class PodTemplate(ApiModel):
 
 
 class PreloadOptions(ApiModel):
-    threads: int = Field(8, ge=1, le=128, description="Parallel file readers.")
+    threads: int | None = Field(
+        None,
+        ge=1,
+        le=128,
+        description="Parallel file readers (unset: the pod's CPU limit, at least 4, at most 64).",
+    )
     chunk_mib: int = Field(64, ge=1, le=4096, description="Read and copy chunk size in MiB.")
     host_memory_fraction: float = Field(
         0.8,
@@ -575,14 +580,23 @@ class PreloadOptions(ApiModel):
     pinned: bool = Field(True, description="Use pinned host memory when the device is CUDA.")
 
 
+# auto: dev64 where the weights are on a GPU, else xxh3 (worker/p2p/manifest.resolve_kind).
+ChecksumSetting = Literal["auto", "xxh3", "crc32", "dev64"]
+
+
 class PeerToPeerOptions(ApiModel):
     backend: Literal["UCX"] = Field("UCX", description="NIXL backend plugin.")
     transfer_timeout_seconds: int = Field(
         30, ge=1, le=3600, description="Deadline of one batch of READs before the peer is dropped."
     )
     max_in_flight: int = Field(8, ge=1, le=256, description="Transfer requests in flight.")
-    checksum: Literal["xxh3", "crc32"] = Field(
-        "xxh3", description="Per-tensor checksum the target verifies before serving."
+    checksum: ChecksumSetting = Field(
+        "auto",
+        description=(
+            "Per-tensor checksum the source publishes and the target verifies before serving. "
+            "dev64: computed on the device holding the bytes (a GPU kernel, no host copy; the "
+            "same digest on CPU). auto: dev64 where the weights are on a GPU, else xxh3."
+        ),
     )
 
 
@@ -1022,6 +1036,35 @@ class Rollout(ApiModel):
     )
 
 
+class ServiceType(StrEnum):
+    CLUSTER_IP = "ClusterIP"
+    NODE_PORT = "NodePort"
+    LOAD_BALANCER = "LoadBalancer"
+
+
+class ServiceSpec(ApiModel):
+    enabled: bool = Field(
+        True,
+        description="Create a Service named after the ModelDeployment (owned by it) that "
+        "selects its serving replicas only: never warm spares, targets still waiting for "
+        "their weights, or retired revisions. Worker pods carry the readiness gate "
+        "weightlift.dev/inference-probe, so an endpoint is ready only once its replica passed "
+        "the inference probe.",
+    )
+    type: ServiceType = Field(
+        ServiceType.CLUSTER_IP,
+        description="The Service's type: ClusterIP, NodePort or LoadBalancer.",
+    )
+    port: int = Field(
+        80,
+        ge=1,
+        le=65535,
+        description="The Service's port (named http) for the worker's HTTP API (KServe v2, "
+        "OpenAI /v1); it targets runtime.port. With runtime.engine Triton, Triton's HTTP and "
+        "gRPC ports are exposed too, on their own numbers.",
+    )
+
+
 class ModelDeploymentSpec(ApiModel):
     model: ModelSource = Field(description="The model to load and serve.")
     replicas: int = Field(1, ge=0, le=1024, description="Number of model replicas.")
@@ -1057,6 +1100,10 @@ class ModelDeploymentSpec(ApiModel):
         description="Inference probe; a replica counts as Ready only after it passes.",
     )
     rollout: Rollout = Field(default_factory=Rollout, description="Rollover between identities.")
+    service: ServiceSpec = Field(
+        default_factory=ServiceSpec,
+        description="The Service in front of the serving replicas (on by default).",
+    )
 
     @model_validator(mode="after")
     def _format_fits_runtime(self) -> ModelDeploymentSpec:
@@ -1148,6 +1195,23 @@ class ProbeResult(ApiModel):
     latency_ms: float | None = Field(None, description="Latency of the last probe request.")
 
 
+class RankTransport(ApiModel):
+    """How one rank's weights moved from its peer, as UCX itself named it."""
+
+    rank: int = Field(ge=0, description="Rank (tensor x pipeline index).")
+    transport: str = Field(
+        description="The transport and protocol UCX chose for this rank's peer READs, in its own "
+        "words: cma/memory (zero-copy) between processes of one host, cuda_ipc/cuda (zero-copy) "
+        "between GPUs of one node, rc_mlx5/mlx5_0:1 (zero-copy) over RDMA, tcp/lo (software "
+        "emulation) when nothing faster carries this memory; unknown (...) when UCX recorded none."
+    )
+    note: str = Field(
+        "",
+        description="Why the rank gave the peer up for storage (UCX moved GPU memory only by "
+        "software emulation, slower than loading from storage) or pulled on regardless.",
+    )
+
+
 class GroupPodStatus(ApiModel):
     """One pod of a multi-pod replica (a LeaderWorkerSet group): its ranks and their load."""
 
@@ -1196,6 +1260,11 @@ class ReplicaStatus(ApiModel):
         "(no compilation).",
     )
     hooks_run: bool | None = Field(None, description="Whether init hooks ran.")
+    transports: list[RankTransport] | None = Field(
+        None,
+        max_length=limits.TENSOR_MAX * limits.PIPELINE_MAX,
+        description="Per rank that pulled (or tried to) from a peer: the transport UCX used.",
+    )
     engine_ports: dict[str, int] | None = Field(
         None, description="The engine's own ports by protocol (Triton: http, grpc, metrics)."
     )
@@ -1217,6 +1286,14 @@ class SourceEndpoint(ApiModel):
     address: str = Field(description="host:port of the worker's HTTP endpoint.")
     model_identity: str = Field(description="Identity of the weights it serves.")
     ranks: list[int] = Field(default_factory=list, description="Tensor-parallel ranks served.")
+
+
+class ServiceStatus(ApiModel):
+    name: str = Field(description="The Service selecting this deployment's serving replicas.")
+    type: ServiceType = Field(description="ClusterIP, NodePort or LoadBalancer.")
+    ports: str = Field(
+        description="Its ports as name:port/protocol, comma-separated (kubectl get svc's form)."
+    )
 
 
 class ModelDeploymentStatus(ApiModel):
@@ -1264,4 +1341,7 @@ class ModelDeploymentStatus(ApiModel):
     )
     replica_statuses: list[ReplicaStatus] = Field(
         default_factory=list, description="One entry per worker pod."
+    )
+    service: ServiceStatus | None = Field(
+        None, description="The Service in front of the serving replicas (spec.service)."
     )

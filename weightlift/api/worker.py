@@ -23,6 +23,7 @@ from weightlift.api.model import (
     LoadingSpec,
     LoadStrategy,
     ModelSource,
+    RankTransport,
     Role,
     RuntimeSpec,
 )
@@ -135,7 +136,8 @@ class SharedPlan(ApiModel):
     # Pipeline stages, when more than one (None: 1). A multi-pod replica's worker refuses more
     # than one (it runs tensor-parallel blocks only), so it must know.
     pipeline_parallel: int | None = None
-    # "cpu", or "cuda" (rank r uses cuda:r) ; the operator writes "auto" and the worker decides.
+    # "cpu", or "cuda" (the pod's i-th rank drives pod-local device i, whatever its rank
+    # number); the operator writes "auto" and the worker decides.
     device: str = "auto"
     loading: LoadingSpec = Field(default_factory=LoadingSpec)
     init_hooks: InitHooks | None = None
@@ -232,6 +234,9 @@ class WorkerReport(ApiModel):
     bytes_total: int = 0
     gbps: float | None = None
     load_seconds: float | None = None
+    # Per rank that pulled (or tried to) from a peer: the transport UCX named, and why it was
+    # given up for storage (software emulation of GPU memory), if it was.
+    transports: list[RankTransport] = Field(default_factory=list)
     # The engine's compiled program: hit (peer) | hit (store) | miss (<reason>) | none ("" before
     # the engine says).
     compile_cache: str = ""

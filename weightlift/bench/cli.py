@@ -16,6 +16,7 @@ BENCHMARKS = {
     "fuzz": "weightlift.bench.fuzz:fuzz_command",
     "oip": "weightlift.bench.oip:oip_command",
     "scale-out": "weightlift.bench.scaleout:scale_out_command",
+    "gpu": "weightlift.bench.gpu:gpu_command",
 }
 
 
@@ -34,4 +35,4 @@ class _LazyBench(click.Group):
 @click.group(cls=_LazyBench)
 def bench_group() -> None:
     """Benchmarks (tables, JSON and PNG): load, p2p, operator, vllm, triton, chaos, fuzz, oip,
-    scale-out."""
+    scale-out, gpu."""

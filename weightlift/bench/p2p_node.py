@@ -13,10 +13,10 @@ which cannot see each other's processes, it has to go through the pod network.
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any
 
+from weightlift.bench.ucxinfo import read_transports
 from weightlift.local.nodekind import NodeKindName
 from weightlift.local.observe import Observer
 from weightlift.local.stack import LocalStack, make_demo_model, model_deployment
@@ -24,30 +24,6 @@ from weightlift.local.stack import LocalStack, make_demo_model, model_deployment
 JSON = dict[str, Any]
 NAME = "p2p-node"
 NODE_KINDS: tuple[NodeKindName, ...] = ("kubelet", "process")
-_READ_HEADER = "remote memory read by ucp_get"
-# A table row of UCX's protocol info: "| 0..inf | zero-copy | cma/memory |".
-_ROW = re.compile(r"\|\s*[0-9]+\.\.(?:inf|[0-9]+)\s*\|\s*([^|]+?)\s*\|\s*([^|]+?)\s*\|")
-
-
-def read_transports(log: str) -> list[str]:
-    """The transports UCX chose for remote reads (ucp_get) in a process's output, in order of
-    first appearance, e.g. ["cma/memory"] or ["tcp/eth0"]. A multi-lane choice ("50% on
-    tcp/eth0 and 50% on ...") is kept whole."""
-    found: list[str] = []
-    in_read = False
-    for line in log.splitlines():
-        if "|" not in line:
-            continue
-        if _READ_HEADER in line:
-            in_read = True
-            continue
-        if in_read and (match := _ROW.search(line)):
-            transport = match.group(2)
-            if transport not in found:
-                found.append(transport)
-        elif in_read and "cfg#" in line:  # the next endpoint's table: reads only
-            in_read = False
-    return found
 
 
 def _pod_log(stack: LocalStack, pod: str) -> str:

@@ -86,10 +86,16 @@ def worker_plan(
 
 class WorkerProc:
     """A `weightlift worker` process (with `throttle_s`, this module's entry point running the
-    same worker with small throttled READs); its log is collected in a thread; always killed."""
+    same worker with small throttled READs; `command`: another way to start the worker, e.g.
+    where weightlift is not pip-installed); its log is collected in a thread; always killed."""
 
     def __init__(
-        self, plan: WorkerPlan, workdir: Path, env: dict[str, str], throttle_s: float | None = None
+        self,
+        plan: WorkerPlan,
+        workdir: Path,
+        env: dict[str, str],
+        throttle_s: float | None = None,
+        command: list[str] | None = None,
     ) -> None:
         self.plan = plan
         path = workdir / f"{plan.pod_name}.json"
@@ -97,7 +103,7 @@ class WorkerProc:
         self.url = f"http://127.0.0.1:{plan.runtime.port}"
         self.log_path = workdir / f"{plan.pod_name}.log"
         self.lines: list[str] = []
-        argv = [sys.executable, "-m", "weightlift", "worker", "--plan", str(path)]
+        argv = [*(command or [sys.executable, "-m", "weightlift", "worker"]), "--plan", str(path)]
         if throttle_s is not None:
             argv = [sys.executable, "-m", "weightlift.bench.p2p_worker", "--plan", str(path)]
             argv += ["--batch-mb", str(FAULT_BATCH_MB), "--throttle-s", str(throttle_s)]

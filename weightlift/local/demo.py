@@ -673,14 +673,25 @@ def _print_tables(console: Any, summary: JSON, name: str) -> None:
     for step, _ in TIMELINE_STEPS:
         timeline.add_column(step)
     timeline.add_column("total")
+    timeline.add_column("peer transport (UCX)")
     for r in summary["replicas"]:
         steps = r.get("timeline") or {}
         timeline.add_row(
             r["name"],
             *(f"{steps[s]:.2f}" if s in steps else "-" for s, _ in TIMELINE_STEPS),
             f"{sum(steps.values()):.2f}",
+            transports_text(r.get("transports") or []),
         )
     console.print(timeline)
+
+
+def transports_text(transports: list[JSON]) -> str:
+    """Each rank's peer transport, one per line ("-" for a replica that pulled nothing)."""
+    lines = [
+        f"r{t['rank']}: {t['transport']}" + (f" ({t['note']})" if t.get("note") else "")
+        for t in transports
+    ]
+    return "\n".join(lines) or "-"
 
 
 def _check_endpoints(console: Any, summary: JSON, probe: JSON, name: str) -> None:

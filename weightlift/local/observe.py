@@ -172,6 +172,8 @@ class Observer:
                     else None,
                     **self._moments(t, worker),
                     "timeline": replica_timeline(t, worker) if t is not None and ip else {},
+                    # How each rank's weights moved from its peer, as UCX named it.
+                    "transports": rs.get("transports") or [],
                 }
             )
         return {

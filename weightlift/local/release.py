@@ -89,16 +89,32 @@ class HelmRelease:
         )
         return self.wait_operator(replacing=(wait_for,) if wait_for else ())
 
-    def upgrade(self, values: dict[str, Any], chart: Path | None = None) -> JSON:
+    def upgrade(
+        self, values: dict[str, Any], chart: Path | None = None, flags: tuple[str, ...] = ()
+    ) -> JSON:
         """`helm upgrade` with these values (the chart's defaults beneath them) and this chart
         (default: the release's); waits for the operator pods the new revision rolls out (none
         of the old ones left), or, when the pod template did not change (RBAC only), for the pods
-        that run; returns the leader's."""
+        that run; returns the leader's. `flags`: more of helm's (e.g. --take-ownership)."""
         before = {p["metadata"]["name"] for p in self.operator_pods()}
         generation = self.deployment_generation()
         self.values = values
         chart_dir = str(chart or self.chart)
-        self.helm("upgrade", self.name, chart_dir, "--namespace", self.namespace, values=values)
+        self.helm(
+            "upgrade", self.name, chart_dir, "--namespace", self.namespace, *flags, values=values
+        )
+        return self._wait_rolled(before, generation)
+
+    def rollback(self, revision: int | None = None) -> JSON:
+        """`helm rollback` to `revision` (default: the one before); waits as `upgrade` does.
+        `values` stay what they were: the caller knows what the revision held."""
+        before = {p["metadata"]["name"] for p in self.operator_pods()}
+        generation = self.deployment_generation()
+        to = [str(revision)] if revision is not None else []
+        self.helm("rollback", self.name, *to, "--namespace", self.namespace)
+        return self._wait_rolled(before, generation)
+
+    def _wait_rolled(self, before: set[str], generation: int) -> JSON:
         if not before or self.deployment_generation() == generation:
             return self.wait_operator()
         return self.wait_operator(replacing=before)

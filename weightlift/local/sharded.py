@@ -7,7 +7,13 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from weightlift.api.model import LoadingSpec, ModelSource, PeerToPeerOptions, Role
+from weightlift.api.model import (
+    ChecksumSetting,
+    LoadingSpec,
+    ModelSource,
+    PeerToPeerOptions,
+    Role,
+)
 from weightlift.api.worker import PeerCandidate, WorkerPlan
 
 
@@ -57,6 +63,7 @@ def make_plan(
     peers: list[PeerCandidate] | None = None,
     transfer_timeout_seconds: int = 10,
     max_in_flight: int = 8,
+    checksum: ChecksumSetting = "auto",
 ) -> WorkerPlan:
     return WorkerPlan(
         deployment="demo",
@@ -72,7 +79,9 @@ def make_plan(
         peers=peers or [],
         loading=LoadingSpec(
             peer_to_peer=PeerToPeerOptions(
-                transfer_timeout_seconds=transfer_timeout_seconds, max_in_flight=max_in_flight
+                transfer_timeout_seconds=transfer_timeout_seconds,
+                max_in_flight=max_in_flight,
+                checksum=checksum,
             )
         ),
     )

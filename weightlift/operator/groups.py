@@ -75,6 +75,9 @@ def render_lws(
     # recreates its whole group (RecreateGroupOnPodRestart). A permanent failure does not exit
     # (the worker reports it and waits), so it shows in status instead of a crash loop.
     pod_spec["restartPolicy"] = "Always"
+    # Groups are probed through their leader and stay out of the Service in this version: no
+    # pod of theirs waits for the inference-probe gate.
+    pod_spec.pop("readinessGates")
     container = pod_spec["containers"][0]
     container["ports"].append(
         {"name": GROUP_PORT_NAME, "containerPort": GROUP_PORT, "protocol": "TCP"}

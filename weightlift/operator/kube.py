@@ -145,6 +145,50 @@ def patch_pod_metadata(core: client.CoreV1Api, namespace: str, name: str, metada
     )
 
 
+def set_pod_condition(core: client.CoreV1Api, namespace: str, name: str, condition: Obj) -> None:
+    """Set one condition of the pod's status (its readiness gate's): a strategic merge patch of
+    pods/status merges conditions by type, leaving the kubelet's own untouched."""
+    body = {"status": {"conditions": [condition]}}
+    _done(
+        core.patch_namespaced_pod_status(
+            name,
+            namespace,
+            body,
+            _content_type="application/strategic-merge-patch+json",
+            **_WIRE,
+        )
+    )
+
+
+# Server-side apply's field manager: the fields of the Service this operator owns.
+FIELD_MANAGER = "weightlift-operator"
+
+
+def apply_service(core: client.CoreV1Api, namespace: str, manifest: Obj) -> None:
+    """Create or update the Service (server-side apply: one request either way; fields others
+    set, such as a clusterIP or a LoadBalancer's annotations, stay theirs). Not forced: a
+    Service of that name that someone else made with another selector is a conflict (409),
+    never taken over."""
+    _done(
+        core.patch_namespaced_service(
+            manifest["metadata"]["name"],
+            namespace,
+            manifest,
+            field_manager=FIELD_MANAGER,
+            _content_type="application/apply-patch+yaml",
+            **_WIRE,
+        )
+    )
+
+
+def delete_service(core: client.CoreV1Api, namespace: str, name: str) -> None:
+    try:
+        _done(core.delete_namespaced_service(name, namespace, **_WIRE))
+    except ApiException as exc:
+        if exc.status != 404:
+            raise
+
+
 def max_node_gpus(core: client.CoreV1Api, resource: str) -> int | None:
     """The most `resource` any node offers, or None when nodes cannot be listed."""
     try:

@@ -21,6 +21,7 @@ from weightlift.api.model import (
     ModelDeploymentStatus,
     Phase,
     ProbeResult,
+    RankTransport,
     ReplicaStatus,
     Role,
     RuntimeType,
@@ -37,6 +38,7 @@ from weightlift.api.uri import (
 )
 from weightlift.api.worker import PeerCandidate, PeerHandoff, WorkerPhase, WorkerReport
 from weightlift.operator.identity import model_identity
+from weightlift.operator.service import service_status
 
 # How soon to look again while something is in motion (seconds).
 POLL_WHILE_LOADING = 2.0
@@ -64,7 +66,9 @@ class ObservedPod:
     node: str | None = None
     pod_ip: str | None = None
     terminating: bool = False
-    pod_ready: bool = False  # the worker's readiness probe passed: hooks ran, weights bound
+    # The worker container's readiness probe passed (ContainersReady): hooks ran, weights bound.
+    # Not the pod's Ready, which waits for the inference-probe gate this operator sets.
+    pod_ready: bool = False
     unschedulable: str | None = None  # the scheduler's message while PodScheduled is False
     stuck: str | None = None  # why its container cannot start (an image pull, its config)
     failure: str | None = None  # why the container terminated, if it did
@@ -74,6 +78,10 @@ class ObservedPod:
     # What the weightlift.dev/peers annotation hands this pod (None: nothing yet).
     handoff: PeerHandoff | None = None
     spare: bool = False  # a warm spare (the weightlift.dev/spare label): not serving, waiting
+    serving_labelled: bool = False  # carries the weightlift.dev/serving label (its Service's)
+    # Its weightlift.dev/inference-probe readiness gate condition: True or False (absent is
+    # False, as the kubelet reads it); None for a pod without the gate (made by an older version).
+    probe_gate: bool | None = None
     # A multi-pod replica (a LeaderWorkerSet group) is observed as its leader, the fields above
     # summing up the group (groups.py); `members` are all its pods, leader first.
     members: tuple[ObservedPod, ...] = ()
@@ -178,6 +186,12 @@ class Plan:
     fallbacks: dict[str, str] = field(default_factory=dict)
     # Warm spares a scale-up turns into serving replicas: their spare label comes off.
     unspare: set[str] = field(default_factory=set)
+    # Pods that get the weightlift.dev/serving label (their Service selects them): serving
+    # replicas, handed their weights, that do not carry it yet.
+    serve: set[str] = field(default_factory=set)
+    # pod -> the status its inference-probe gate condition turns to (True: probed; False: it
+    # stopped passing), only where that differs from what the pod shows.
+    gates: dict[str, bool] = field(default_factory=dict)
     status: ModelDeploymentStatus = field(default_factory=ModelDeploymentStatus)
     events: list[Event] = field(default_factory=list)
     requeue_after: float = POLL_STEADY
@@ -317,6 +331,7 @@ def plan(spec: ModelDeploymentSpec | SpecError, observed: Observed) -> Plan:
             spec, observed, current, result.status, "InvalidSpec"
         )
         result.events.extend(_invalid_spec_event(observed, problem))
+        _serving(live, result)
         return result
 
     current = [p for p in live if p.identity == identity]
@@ -367,6 +382,7 @@ def plan(spec: ModelDeploymentSpec | SpecError, observed: Observed) -> Plan:
     by_name = {p.name: p for p in woken}
     live = [by_name.get(p.name, p) for p in live]
 
+    _serving(live, result)
     phase, message = _phase(spec, current, old, waiting, result)
     if backing_off and phase != Phase.FAILED:
         pod, left = backing_off[0]
@@ -392,6 +408,23 @@ def plan(spec: ModelDeploymentSpec | SpecError, observed: Observed) -> Plan:
         # Wake up when the wait runs out, but never spin: at least a short pause.
         result.requeue_after = max(0.5, min(result.requeue_after, _wait_left(spec, observed)))
     return result
+
+
+def _serving(live: list[ObservedPod], result: Plan) -> None:
+    """The Service's label and the readiness gate. A replica joins its Service (the label) once
+    handed its weights, storage or peers, not while it waits for a source nor as a warm spare;
+    an older revision's replica stays in it until the rollover retires (deletes) it, so a
+    rollout never empties the Service. Its endpoint turns ready when the gate does: True once
+    its inference probe passed, False when it stops passing. Pods being deleted get neither;
+    groups (LeaderWorkerSet pods, rendered from one template) neither, in this version."""
+    for pod in live:
+        if pod.members or pod.name in result.delete:
+            continue
+        handed = pod.name in result.handoff or (pod.handoff is not None and pod.handoff.given)
+        if handed and not pod.spare and not pod.serving_labelled:  # woken spares: spare=False
+            result.serve.add(pod.name)
+        if pod.probe_gate is not None and pod.probe_gate != pod.inference_ready:
+            result.gates[pod.name] = pod.inference_ready
 
 
 def _invalid_spec_event(observed: Observed, problem: str) -> list[Event]:
@@ -908,6 +941,7 @@ def _status(
         # An HPA on the scale subresource counts (and reads metrics of) serving pods only.
         selector=f"{DEPLOYMENT_LABEL}={observed.name},!{SPARE_LABEL}",
         sources=own_sources,
+        service=service_status(observed.name, spec),
         replica_statuses=[
             _replica_status(p)
             for p in sorted(live, key=lambda p: (p.identity != identity, p.replica))
@@ -967,6 +1001,13 @@ def _pod_message(pod: ObservedPod) -> str:
     return pod.unschedulable or pod.stuck or ""
 
 
+def _transports(pod: ObservedPod) -> list[RankTransport] | None:
+    """Every rank's P2P transport: a group's from each of its pods, else the pod's own."""
+    reports = [m.worker for m in pod.members] if pod.members else [pod.worker]
+    found = sorted((t for r in reports if r for t in r.transports), key=lambda t: t.rank)
+    return found or None
+
+
 def _replica_status(pod: ObservedPod) -> ReplicaStatus:
     report = pod.worker
     phase = _pod_phase(pod)
@@ -986,6 +1027,7 @@ def _replica_status(pod: ObservedPod) -> ReplicaStatus:
         load_seconds=report.load_seconds if report else None,
         compile_cache=(report.compile_cache or None) if report else None,
         hooks_run=report.hooks_run if report else None,
+        transports=_transports(pod),
         engine_ports=(report.engine_ports or None) if report else None,
         ready=pod.inference_ready,
         spare=pod.spare or None,

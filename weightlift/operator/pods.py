@@ -7,10 +7,12 @@ from typing import Any
 from weightlift.api.labels import (
     DEPLOYMENT_LABEL,
     IDENTITY_LABEL,
+    INFERENCE_PROBE_GATE,
     PEERS_ANNOTATION,
     PLAN_LABEL,
     REPLICA_LABEL,
     ROLE_LABEL,
+    SERVING_LABEL,
     SPARE_LABEL,
     WORKER_LABELS,
 )
@@ -271,6 +273,12 @@ def handoff_volume() -> dict[str, Any]:
     return {"name": "peers", "downwardAPI": {"items": [item]}}
 
 
+def image_pull_secrets(settings: Settings | None) -> dict[str, Any]:
+    """The operator's default pull secrets (the chart's workerImagePullSecrets); none: no key."""
+    names = settings.worker_image_pull_secrets if settings is not None else ()
+    return {"imagePullSecrets": [{"name": n} for n in names]} if names else {}
+
+
 def container_ports(spec: ModelDeploymentSpec) -> list[dict[str, Any]]:
     """The worker's port, and Triton's own (HTTP, gRPC, metrics) with runtime.engine Triton."""
     rt = spec.runtime
@@ -374,6 +382,7 @@ def render_pod(
         ],
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
+    handoff = handoff_annotation(desired)
     labels = {
         **WORKER_LABELS,
         DEPLOYMENT_LABEL: name,
@@ -383,6 +392,9 @@ def render_pod(
         PLAN_LABEL: plan.label,
         # Off when a scale-up wakes the spare: the scale subresource's selector leaves it out.
         **({SPARE_LABEL: "true"} if desired.spare else {}),
+        # Its Service's (service.py) once handed its weights; a standby Target gets it with its
+        # hand-off (planning._serving).
+        **({SERVING_LABEL: "true"} if handoff and not desired.spare else {}),
     }
     pod = {
         "apiVersion": "v1",
@@ -391,7 +403,7 @@ def render_pod(
             "name": desired.name,
             "namespace": namespace,
             "labels": labels,
-            "annotations": {PEERS_ANNOTATION: handoff_annotation(desired)},
+            "annotations": {PEERS_ANNOTATION: handoff},
             "ownerReferences": [
                 {
                     "apiVersion": f"{GROUP}/{VERSION}",
@@ -405,12 +417,16 @@ def render_pod(
         },
         "spec": {
             "restartPolicy": "Never",
+            **image_pull_secrets(settings),
             **(
                 {"serviceAccountName": template.service_account_name}
                 if template.service_account_name
                 else {"automountServiceAccountToken": False}
             ),
             "terminationGracePeriodSeconds": 30,
+            # The pod is Ready only once the operator set this condition True: its replica
+            # passed the inference probe (KEP-580), so Services route to probed replicas only.
+            "readinessGates": [{"conditionType": INFERENCE_PROBE_GATE}],
             "nodeSelector": dict(template.node_selector),
             "tolerations": [t.wire() for t in template.tolerations],
             "securityContext": {

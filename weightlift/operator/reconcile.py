@@ -16,12 +16,14 @@ from pydantic import ValidationError
 
 from weightlift.api.labels import (
     IDENTITY_LABEL,
+    INFERENCE_PROBE_GATE,
     LWS_GROUP_INDEX_LABEL,
     LWS_WORKER_INDEX_LABEL,
     PEERS_ANNOTATION,
     PLAN_LABEL,
     REPLICA_LABEL,
     ROLE_LABEL,
+    SERVING_LABEL,
     SPARE_LABEL,
     WOKEN_ANNOTATION,
     published_sources_selector,
@@ -37,7 +39,7 @@ from weightlift.api.model import (
 )
 from weightlift.api.times import parse_rfc3339, rfc3339
 from weightlift.api.worker import PeerHandoff, WorkerPhase, WorkerReport
-from weightlift.operator import applygate, kube, podsecurity
+from weightlift.operator import applygate, kube, podsecurity, serving
 from weightlift.operator.groups import (
     collapse,
     group_actions,
@@ -85,9 +87,25 @@ PROBE_TIME_REFRESH_SECONDS = 120.0
 REPORT_REFRESH_SECONDS = 60.0
 
 
-def _pod_ready(pod: dict[str, Any]) -> bool:
-    conditions = pod.get("status", {}).get("conditions", [])
-    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+def _pod_ready(pod: Mapping[str, Any]) -> bool:
+    """The worker container is ready (the kubelet's ContainersReady): hooks ran, weights bound.
+    Not the pod's Ready, which also waits for the inference-probe gate this operator sets after
+    probing (probing only Ready pods would wait forever)."""
+    conditions = {
+        c.get("type"): c.get("status") for c in pod.get("status", {}).get("conditions", [])
+    }
+    return conditions.get("ContainersReady", conditions.get("Ready")) == "True"
+
+
+def _probe_gate(pod: Mapping[str, Any]) -> bool | None:
+    """The inference-probe gate's condition (absent: False); None when the pod has no such gate."""
+    gates = (pod.get("spec") or {}).get("readinessGates") or []
+    if not any(g.get("conditionType") == INFERENCE_PROBE_GATE for g in gates):
+        return None
+    return any(
+        c.get("type") == INFERENCE_PROBE_GATE and c.get("status") == "True"
+        for c in pod.get("status", {}).get("conditions", [])
+    )
 
 
 def _unschedulable(pod: dict[str, Any]) -> str | None:
@@ -176,6 +194,8 @@ async def observe_pod(
         probe=probe,
         handoff=PeerHandoff.parse((meta.get("annotations") or {}).get(PEERS_ANNOTATION)),
         spare=labels.get(SPARE_LABEL) == "true",
+        serving_labelled=labels.get(SERVING_LABEL) == "true",
+        probe_gate=_probe_gate(pod),
     )
     if observed.failed:
         record = state.pod(meta["uid"])
@@ -319,12 +339,13 @@ def pod_essentials(pod: Mapping[str, Any]) -> dict[str, Any]:
         for cs in status.get("containerStatuses") or []
         if ((cs.get("state") or {}).get("waiting") or {}).get("reason") in STUCK_REASONS
     ]
-    # Only the conditions a pass reads (Ready, PodScheduled), only the fields it reads: the
-    # probe and transition times kubelets rewrite are most of a condition's bytes.
+    # Only the conditions a pass reads (Ready, ContainersReady, PodScheduled, the gate), only
+    # the fields it reads: the probe and transition times kubelets rewrite are most of a
+    # condition's bytes.
     conditions = [
         {key: c[key] for key in ("type", "status", "reason", "message") if c.get(key)}
         for c in status.get("conditions") or []
-        if c.get("type") in ("Ready", "PodScheduled")
+        if c.get("type") in ("Ready", "ContainersReady", "PodScheduled", INFERENCE_PROBE_GATE)
     ]
     labels = meta.get("labels") or {}
     annotations = meta.get("annotations") or {}
@@ -342,7 +363,10 @@ def pod_essentials(pod: Mapping[str, Any]) -> dict[str, Any]:
                 else {}
             ),
         },
-        "spec": {"nodeName": spec.get("nodeName")},
+        "spec": {
+            "nodeName": spec.get("nodeName"),
+            **({"readinessGates": spec["readinessGates"]} if spec.get("readinessGates") else {}),
+        },
         "status": {
             "phase": status.get("phase", "Pending"),
             "podIP": status.get("podIP"),
@@ -359,6 +383,7 @@ POD_LABELS_READ = (
     ROLE_LABEL,
     PLAN_LABEL,
     SPARE_LABEL,
+    SERVING_LABEL,
     LWS_GROUP_INDEX_LABEL,
     LWS_WORKER_INDEX_LABEL,
 )
@@ -514,6 +539,8 @@ async def _patch_pods(
         patches.setdefault(pod, {}).setdefault("annotations", {})[PEERS_ANNOTATION] = (
             handoff.to_text()
         )
+    for pod in result.serve:  # mostly with its hand-off: the same patch
+        patches.setdefault(pod, {}).setdefault("labels", {})[SERVING_LABEL] = "true"
 
     async def patch(pod: str, metadata: dict[str, Any]) -> None:
         if not state.should_patch(uids.get(pod), metadata):
@@ -786,6 +813,10 @@ async def apply(
         rejected += await _apply_groups(state, meta, spec, result, list(groups.values()), logger)
     uids = {p["metadata"]["name"]: p["metadata"].get("uid") for p in pods or []}
     await _patch_pods(state, namespace, result, logger, uids)
+    await serving.set_gates(state, namespace, result, uids, logger)
+    if isinstance(spec, ModelDeploymentSpec):
+        refused = await serving.ensure_service(state, meta, spec, logger)
+        rejected += [refused] if refused else []
     state.woke_spares(uid, result.unspare)
     if result.create:
         assert not isinstance(spec, SpecError)  # plan creates nothing from an unparsable spec

@@ -24,11 +24,13 @@ from weightlift.operator.settings import (
     DEFAULT_LEASE_NAME,
     MODEL_PATH_PREFIXES_ENV,
     PROBE_NETWORKS_ENV,
+    WORKER_IMAGE_PULL_SECRETS_ENV,
     LeaderElection,
     default_identity,
     default_lease_namespace,
     parse_networks,
     parse_path_prefixes,
+    parse_secret_names,
     parse_store_path,
     parse_store_uri,
 )
@@ -110,6 +112,13 @@ GLOB_CHARS = set("*?[!")
     f"AWS_SECRET_ACCESS_KEY sign it [${COMPILE_STORE_SECRET_ENV}].",
 )
 @click.option(
+    "--worker-image-pull-secret",
+    "worker_pull_secrets",
+    multiple=True,
+    help="A Secret every worker pod pulls its images with (repeat) "
+    f"[${WORKER_IMAGE_PULL_SECRETS_ENV}, comma separated].",
+)
+@click.option(
     "--leader-elect/--no-leader-elect",
     default=False,
     envvar="WEIGHTLIFT_LEADER_ELECT",
@@ -156,6 +165,7 @@ def operator_command(
     compile_store_uri: str | None,
     compile_store_s3_endpoint: str | None,
     compile_store_secret: str | None,
+    worker_pull_secrets: tuple[str, ...],
     leader_elect: bool,
     lease_name: str,
     lease_namespace: str | None,
@@ -186,6 +196,7 @@ def operator_command(
         parse_path_prefixes(os.environ.get(MODEL_PATH_PREFIXES_ENV, ""))
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--model-path-prefix") from exc
+    _pull_secret_settings(worker_pull_secrets)
     if compile_cache_max_bytes is not None:
         os.environ[COMPILE_CACHE_MAX_BYTES_ENV] = str(compile_cache_max_bytes)
     _store_settings(
@@ -238,6 +249,16 @@ def operator_command(
         # kopf has stopped (asyncio.run waited for its API threads): hand the Lease on.
         if elector is not None:
             elector.release()
+
+
+def _pull_secret_settings(names: tuple[str, ...]) -> None:
+    """The workers' pull secrets into the env the handlers' Settings read (flags win)."""
+    if names:
+        os.environ[WORKER_IMAGE_PULL_SECRETS_ENV] = ",".join(names)
+    try:
+        parse_secret_names(os.environ.get(WORKER_IMAGE_PULL_SECRETS_ENV, ""))
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--worker-image-pull-secret") from exc
 
 
 def _store_settings(

@@ -9,10 +9,12 @@ from __future__ import annotations
 import ipaddress
 import os
 import posixpath
+import re
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from weightlift.api.limits import DNS_SUBDOMAIN, DNS_SUBDOMAIN_MAX
 from weightlift.api.worker import (
     COMPILE_CACHE_MAX_BYTES_ENV,
     COMPILE_STORE_ENV,
@@ -30,6 +32,8 @@ METRICS_PORT_ENV = "WEIGHTLIFT_METRICS_PORT"
 # The Secret with the cluster compile store's S3 credentials (the operator names it to pods).
 COMPILE_STORE_SECRET_ENV = "WEIGHTLIFT_COMPILE_STORE_SECRET"
 METRICS_HOST_ENV = "WEIGHTLIFT_METRICS_HOST"
+# Pull secrets (names, comma separated) every worker pod gets: the chart's workerImagePullSecrets.
+WORKER_IMAGE_PULL_SECRETS_ENV = "WEIGHTLIFT_WORKER_IMAGE_PULL_SECRETS"
 # Leader election (the chart sets the pod's name and namespace from the downward API).
 POD_NAME_ENV = "POD_NAME"
 POD_NAMESPACE_ENV = "POD_NAMESPACE"
@@ -53,6 +57,17 @@ def parse_path_prefixes(raw: str) -> tuple[str, ...]:
                 "other than /"
             )
     return prefixes
+
+
+def parse_secret_names(raw: str) -> tuple[str, ...]:
+    """Secret names, comma separated, each a DNS subdomain (ValueError naming the variable)."""
+    names = tuple(dict.fromkeys(_split(raw)))  # in order, once each
+    for name in names:
+        if len(name) > DNS_SUBDOMAIN_MAX or not re.match(DNS_SUBDOMAIN, name):
+            raise ValueError(
+                f"{WORKER_IMAGE_PULL_SECRETS_ENV}: {name!r} is not a Secret name (a DNS subdomain)"
+            )
+    return names
 
 
 def parse_networks(raw: str) -> tuple[Network, ...] | None:
@@ -135,6 +150,8 @@ class Settings:
     # Where /metrics is served (metrics.serve); None: nowhere.
     metrics_port: int | None = None
     metrics_host: str = "0.0.0.0"
+    # imagePullSecrets of every worker pod (Secrets in its namespace), before the template's own.
+    worker_image_pull_secrets: tuple[str, ...] = ()
 
     @classmethod
     def from_environment(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -153,6 +170,9 @@ class Settings:
             compile_store_secret=env.get(COMPILE_STORE_SECRET_ENV, "").strip(),
             metrics_port=parse_port(env.get(METRICS_PORT_ENV, "")),
             metrics_host=env.get(METRICS_HOST_ENV, "").strip() or "0.0.0.0",
+            worker_image_pull_secrets=parse_secret_names(
+                env.get(WORKER_IMAGE_PULL_SECRETS_ENV, "")
+            ),
         )
 
     def may_contact(self, pod_ip: str) -> bool:

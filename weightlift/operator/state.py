@@ -70,6 +70,9 @@ class DeploymentRecord:
     generation: int | None = None  # metadata.generation the last pass planned for
     # LeaderWorkerSets (multi-pod replicas) this operator made or scaled: name -> replicas.
     lws: dict[str, int] = field(default_factory=dict)
+    # The Service manifest this operator last applied (JSON), once per operator life and on
+    # each change of it; None: none applied (spec.service off, or not yet).
+    service: str | None = None
 
 
 @dataclass
@@ -93,6 +96,9 @@ class PodRecord:
     # hands the same peers again (a second patch per Target in `bench operator`). Cleared once
     # the index shows the patch, so a later, real change to the same values is sent.
     sent: tuple[str, float] | None = None
+    # The inference-probe gate status last written and until when a pass may not write it again
+    # (the index lags our writes as it does for `sent`).
+    gate_sent: tuple[bool, float] | None = None
 
 
 def _sameness(metadata: Mapping[str, Any]) -> Any:

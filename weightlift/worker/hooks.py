@@ -6,7 +6,10 @@ handle. On shutdown call the optional `void triton_pytorch_model_release(void*)`
 handle, then dlclose. Fail closed: a missing/unloadable library or a missing init symbol is a
 HookError naming the library, the symbol and the model dir (permanent: retrying cannot help).
 A NULL handle is a valid result (a library with no per-device state); release gets it back.
-The device index is the rank (rank r drives cuda:r; on CPU it is the rank number).
+The device index is pod-local: the index among the GPUs the pod sees of the device the rank
+drives, not the rank's number (a pod holding ranks 2 and 3 of a group calls init with 0 and 1;
+a pod holding every rank, its i-th rank drives device i). vLLM and Triton rank processes pass
+the device their rank process drives (`local_device_index`).
 """
 
 from __future__ import annotations
@@ -96,6 +99,16 @@ class InitHookSession:
             return True
         except AttributeError:
             return False
+
+
+def local_device_index(rank: int) -> int:
+    """The pod-local device index of a rank process (vLLM, Triton): the CUDA device it drives
+    where CUDA is up in it (vLLM sets it before loading), else the rank's number (CPU)."""
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        return torch.cuda.current_device()
+    return rank
 
 
 def run_init_hooks(hooks: InitHooks, model_dir: str, device_indices: list[int]) -> InitHookSession:

@@ -170,6 +170,16 @@ class Worker:
                 "pod %d of a %d-pod replica: ranks %s", place.index, place.size, self.plan.ranks
             )
 
+    def prepare_staging(self) -> threading.Thread | None:
+        """An engine that loads weights in this process (builtin) onto CUDA: allocate the
+        pinned staging pool now, in a thread, beside the download and the init hooks, not
+        inside the first load (loaders/staging.py). The thread, or None when not needed."""
+        if not getattr(self.engine, "loads_in_process", False):
+            return None
+        from weightlift.worker.loaders.staging import prepare_staging
+
+        return prepare_staging(self.plan)
+
     async def shutdown(self) -> None:
         self.state.ready = False
         if self.state.report.phase != WorkerPhase.FAILED:
@@ -202,6 +212,7 @@ class Worker:
             app = await self.start_server()
             self.take_group_place()
             self.engine = self.state.engine = create_engine(self.plan)
+            self.prepare_staging()
             work = asyncio.ensure_future(self._bring_up(app))
             done, _ = await asyncio.wait({work, stop_task}, return_when=asyncio.FIRST_COMPLETED)
             if work not in done:

@@ -31,7 +31,7 @@ from weightlift.api.model import (
 ROOT = Path(__file__).resolve().parents[3]
 COMMITTED = [
     ROOT / "crds" / "modeldeployment.yaml",
-    ROOT / "helm/weightlift/crds/modeldeployment.yaml",
+    ROOT / "helm/weightlift/files/crds/modeldeployment.yaml",
 ]
 HINT = "the committed CRD is stale: run `make crd` (weightlift crd > crds/modeldeployment.yaml)"
 
@@ -124,7 +124,7 @@ def test_check_crds_script_fails_on_drift(tmp_path: Path) -> None:
     stale = tmp_path / "crds" / "modeldeployment.yaml"
     stale.parent.mkdir()
     stale.write_text(render_crd().replace("Number of model replicas.", "Stale."))
-    helm = tmp_path / "helm" / "weightlift" / "crds" / "modeldeployment.yaml"
+    helm = tmp_path / "helm" / "weightlift" / "files" / "crds" / "modeldeployment.yaml"
     helm.parent.mkdir(parents=True)
     helm.write_text(render_crd())
     done = subprocess.run(
@@ -344,6 +344,7 @@ def test_bounds(path: str, key: str, value: int) -> None:
         ("model.format", ["safetensors", "pt2"]),
         ("runtime.type", ["Builtin", "External"]),
         ("model.dtype", ["auto", "float32", "float16", "bfloat16"]),
+        ("loading.peerToPeer.checksum", ["auto", "xxh3", "crc32", "dev64"]),
     ],
 )
 def test_enums(path: str, values: list[str]) -> None:
@@ -364,6 +365,7 @@ def test_defaults_match_the_pydantic_model() -> None:
     assert field("loading.waitForSourceSeconds")["default"] == spec.loading.wait_for_source_seconds
     assert field("rollout.maxSurge")["default"] == spec.rollout.max_surge
     assert field("model.format")["default"] == spec.model.format
+    assert field("loading.peerToPeer.checksum")["default"] == spec.loading.peer_to_peer.checksum
 
 
 def test_cel_rules_name_their_field() -> None:
@@ -569,3 +571,22 @@ def test_pydantic_mirrors_the_parallelism_rule(
     with pytest.raises(ValidationError) as caught:
         ModelDeploymentSpec.model_validate(body)
     assert "spec.parallelism.podsPerReplica" in str(caught.value)
+
+
+def test_service_name_and_ports_show_with_wide_output() -> None:
+    columns = {c["name"]: c for c in VERSION["additionalPrinterColumns"]}
+    service = STATUS["properties"]["service"]["properties"]
+    for name, leaf in (("Service", "name"), ("Ports", "ports")):
+        column = columns[name]
+        assert column["jsonPath"] == f".status.service.{leaf}"
+        assert column["priority"] == 1  # kubectl get md -o wide
+        assert service[leaf]["type"] == column["type"] == "string"
+
+
+def test_service_is_on_by_default_with_its_defaults() -> None:
+    spec = ModelDeploymentSpec.model_validate({"model": {"uri": "hostpath:///m"}})
+    assert spec.service.enabled and spec.service.type == "ClusterIP" and spec.service.port == 80
+    schema = SPEC["properties"]["service"]
+    assert schema["default"] == {}
+    assert schema["properties"]["type"]["enum"] == ["ClusterIP", "NodePort", "LoadBalancer"]
+    assert schema["properties"]["port"]["default"] == 80

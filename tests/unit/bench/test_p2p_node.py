@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from weightlift.bench.p2p_node import read_transports
+from weightlift.bench.ucxinfo import read_transports
 
 # Two endpoints of a worker's output on the process node (UCX 1.23, nixl 1.5), a put table
 # between them that must not count, and a log line of ours.

@@ -46,7 +46,7 @@ def test_helm_lint_passes(helm: Path) -> None:
 
 
 def test_template_renders_crd_deployment_serviceaccounts_and_rbac(helm: Path) -> None:
-    docs = template(helm, "--include-crds")
+    docs = template(helm)
     kinds = {d["kind"] for d in docs}
     assert {
         "CustomResourceDefinition",
@@ -58,7 +58,9 @@ def test_template_renders_crd_deployment_serviceaccounts_and_rbac(helm: Path) ->
         "RoleBinding",
     } <= kinds
     (crd,) = by_kind(docs, "CustomResourceDefinition")
-    assert crd == build_crd(), "helm/weightlift/crds is stale: run `make crd`"
+    generated = build_crd()
+    assert crd["spec"] == generated["spec"], "helm/weightlift/files/crds is stale: run `make crd`"
+    assert crd["metadata"]["name"] == generated["metadata"]["name"]
 
 
 def test_operator_deployment_is_two_replicas_rolling_nonroot(helm: Path) -> None:
@@ -208,11 +210,13 @@ def rules(role: dict[str, Any]) -> dict[tuple[str, str], set[str]]:
 
 def test_operator_rbac_is_least_privilege(helm: Path) -> None:
     roles = {r["metadata"]["name"]: rules(r) for r in by_kind(template(helm), "ClusterRole")}
-    namespaced, cluster = roles["wl-operator"], roles["wl-operator-cluster"]
+    namespaced, cluster = roles["weightlift-wl-operator"], roles["weightlift-wl-operator-cluster"]
     assert namespaced == {
         ("weightlift.dev", "modeldeployments"): {"get", "list", "watch", "patch"},
         ("weightlift.dev", "modeldeployments/status"): {"get", "patch"},
         ("", "pods"): {"get", "list", "watch", "create", "delete", "patch"},
+        ("", "pods/status"): {"patch"},  # the inference-probe readiness gate's condition
+        ("", "services"): {"create", "patch", "delete"},  # spec.service, never read back
         ("", "events"): {"create"},
         ("", "configmaps"): {"create", "deletecollection"},
         ("", "secrets"): {"create", "patch"},
@@ -237,11 +241,13 @@ def test_watch_namespaces_bind_per_namespace(helm: Path) -> None:
     docs = template(helm, "--set", "watchNamespaces={models,staging}")
     bindings = by_kind(docs, "RoleBinding")
     operator_bindings = {
-        b["metadata"]["namespace"] for b in bindings if b["roleRef"]["name"] == "wl-operator"
+        b["metadata"]["namespace"]
+        for b in bindings
+        if b["roleRef"]["name"] == "weightlift-wl-operator"
     }
     assert operator_bindings == {"models", "staging"}
     cluster_bindings = {b["roleRef"]["name"] for b in by_kind(docs, "ClusterRoleBinding")}
-    assert cluster_bindings == {"wl-operator-cluster"}  # no cluster-wide pod access
+    assert cluster_bindings == {"weightlift-wl-operator-cluster"}  # no cluster-wide pod access
     args = by_kind(docs, "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]["args"]
     assert [a for a in args if a.startswith("--namespace")] == [
         "--namespace=models",
@@ -249,7 +255,9 @@ def test_watch_namespaces_bind_per_namespace(helm: Path) -> None:
     ]
     assert "--all-namespaces" not in args
     cluster_role = next(
-        r for r in by_kind(docs, "ClusterRole") if r["metadata"]["name"] == "wl-operator-cluster"
+        r
+        for r in by_kind(docs, "ClusterRole")
+        if r["metadata"]["name"] == "weightlift-wl-operator-cluster"
     )
     assert rules(cluster_role) == {("", "nodes"): {"list"}}  # no namespace or CRD scanning
 
@@ -262,7 +270,7 @@ def test_worker_role_only_reads_modeldeployments(helm: Path) -> None:
     accounts = {
         (a["metadata"]["namespace"], a["metadata"]["name"]) for a in by_kind(docs, "ServiceAccount")
     }
-    assert ("models", "weightlift-worker") in accounts
+    assert ("models", "wl-worker") in accounts
 
 
 @pytest.mark.parametrize(
@@ -346,7 +354,7 @@ def test_values_schema_refuses_bad_prefixes(helm: Path, prefix: str) -> None:
 
 def test_operator_writes_plans_and_tokens_but_never_reads_them(helm: Path) -> None:
     roles = {r["metadata"]["name"]: rules(r) for r in by_kind(template(helm), "ClusterRole")}
-    namespaced = roles["wl-operator"]
+    namespaced = roles["weightlift-wl-operator"]
     assert namespaced[("", "configmaps")] == {"create", "deletecollection"}
     assert namespaced[("", "secrets")] == {"create", "patch"}
 

@@ -14,7 +14,7 @@ from weightlift.api.labels import (
     LWS_WORKER_INDEX_LABEL,
     REPLICA_LABEL,
 )
-from weightlift.api.model import ModelDeploymentSpec, Role
+from weightlift.api.model import ModelDeploymentSpec, RankTransport, Role
 from weightlift.api.worker import GROUP_PORT, PeerHandoff, WorkerPhase, WorkerReport
 from weightlift.operator.groups import (
     collapse,
@@ -182,3 +182,34 @@ def test_the_lws_template_waits_for_its_role_and_carries_the_owner_uid() -> None
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert '"role":"Target"' in env["WEIGHTLIFT_ASSIGNMENT"]
     assert lws["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
+
+
+def test_each_ranks_transport_reaches_the_replica_status() -> None:
+    """A group's ranks live in several pods' reports; the replica lists every rank's transport
+    (the one path: planning._transports), as a single pod's replica lists its own."""
+    spec = group_spec(1)
+    pods = group_pods(spec, 0, "ready", Role.SOURCE)
+    for i, (labels, pod) in enumerate(pods):
+        assert pod.worker is not None
+        said = RankTransport(rank=i, transport="cuda_ipc/cuda (zero-copy)")
+        pods[i] = (
+            labels,
+            dataclasses.replace(pod, worker=pod.worker.model_copy(update={"transports": [said]})),
+        )
+    result = plan(spec, observe(collapse(pods, 2)))
+    (entry,) = result.status.replica_statuses
+    assert entry.transports is not None
+    assert [(t.rank, t.transport) for t in entry.transports] == [
+        (0, "cuda_ipc/cuda (zero-copy)"),
+        (1, "cuda_ipc/cuda (zero-copy)"),
+    ]
+    single = make_spec(1)
+    pod = mkpod(single, 0, Role.TARGET, state="ready")
+    assert pod.worker is not None
+    note = "UCX moves GPU memory (VRAM to VRAM) only by tcp/lo (software emulation): ..."
+    said = RankTransport(rank=0, transport="tcp/lo (software emulation)", note=note)
+    pod = dataclasses.replace(pod, worker=pod.worker.model_copy(update={"transports": [said]}))
+    (entry,) = plan(single, observe([pod])).status.replica_statuses
+    assert entry.transports == [said]
+    wire = entry.model_dump(by_alias=True, exclude_none=True)
+    assert wire["transports"] == [{"rank": 0, "transport": said.transport, "note": note}]

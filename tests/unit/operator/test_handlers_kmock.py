@@ -80,6 +80,15 @@ class Emulator(kmock.KubernetesEmulator):
             meta.setdefault("creationTimestamp", datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
             meta.setdefault("generation", 1)
             meta["resourceVersion"] = str(next(self._counter))
+        if (
+            request.action == kmock.action.UPDATE
+            and "apply-patch" in request.headers.get("Content-Type", "")
+            and request.resource is not None
+            and isinstance(request.data, dict)
+        ):  # server-side apply creates what does not exist yet (the operator's Service)
+            key = (request.resource, request.namespace, request.name)
+            if key not in self.objects or self.objects[key].deleted:
+                self.objects[key] = request.data
         return await super()._handle(request)
 
     async def _serve_list(self, request: kmock.Request) -> Any:
@@ -243,6 +252,9 @@ async def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncItera
     )
     emulator.resources["v1/pods"] = kmock.ResourceInfo(
         kind="Pod", singular="pod", namespaced=True, verbs={"list", "watch", "create", "delete"}
+    )
+    emulator.resources["v1/services"] = kmock.ResourceInfo(
+        kind="Service", singular="service", namespaced=True, verbs={"patch", "delete"}
     )
     emulator.resources["v1/events"] = kmock.ResourceInfo(
         kind="Event", singular="event", namespaced=True, verbs={"create"}

@@ -42,6 +42,8 @@ def test_cold_start_settles_ready_with_the_right_roles(replicas: int, strategy: 
         assert roles[0] == Role.SOURCE
         assert all(roles[i] == Role.TARGET for i in range(1, replicas))
     assert [c.status for c in final.status.conditions] == ["True"] * 4
+    # Ready all the way to the Service: every replica labelled for it, its gate True.
+    assert all(p.serving_labelled and p.probe_gate for p in live)
 
 
 def test_cold_start_creates_every_replica_at_once_targets_standby_until_a_source() -> None:
@@ -166,6 +168,9 @@ def test_rollover_never_drops_below_the_ready_count(field: str, replicas: int, s
         assert c.ready_count() >= min(replicas, ready_before)
         assert len(c.live()) <= replicas + surge
         assert c.previous is not None and c.previous.ready_replicas >= min(replicas, ready_before)
+        # ...nor does the Service: its ready endpoints (labelled, gate True, not terminating).
+        endpoints = [p for p in c.pods.values() if p.serving_labelled and p.probe_gate]
+        assert sum(not p.terminating for p in endpoints) >= min(replicas, ready_before)
 
     final = cluster.settle(on_step=invariant)
     assert {p.identity for p in cluster.live()} == {new_identity}

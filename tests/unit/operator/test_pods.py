@@ -531,6 +531,32 @@ def test_named_service_account_is_used_with_its_token() -> None:
     assert "automountServiceAccountToken" not in spec
 
 
+def test_the_operators_pull_secrets_reach_every_worker_pod_in_order() -> None:
+    from weightlift.operator.settings import WORKER_IMAGE_PULL_SECRETS_ENV, Settings
+
+    spec = make_spec()
+    assert "imagePullSecrets" not in render(spec)["spec"], "none configured: no key"
+    settings = Settings.from_environment({WORKER_IMAGE_PULL_SECRETS_ENV: "regcred, mirror,regcred"})
+    pod = render_pod(NAME, NAMESPACE, UID, spec, desired(spec), None, settings)
+    assert pod["spec"]["imagePullSecrets"] == [{"name": "regcred"}, {"name": "mirror"}]
+    assert _roundtrip(pod) == pod
+    with pytest.raises(ValueError, match=f"{WORKER_IMAGE_PULL_SECRETS_ENV}: 'Bad_Name'"):
+        Settings.from_environment({WORKER_IMAGE_PULL_SECRETS_ENV: "ok,Bad_Name"})
+
+
+def test_a_bad_pull_secret_flag_is_refused_naming_the_flag(monkeypatch: pytest.MonkeyPatch) -> None:
+    from click.testing import CliRunner
+
+    from weightlift.operator.run import operator_command
+    from weightlift.operator.settings import WORKER_IMAGE_PULL_SECRETS_ENV
+
+    monkeypatch.setenv(WORKER_IMAGE_PULL_SECRETS_ENV, "")  # restored after: the flag sets it
+    argv = ["-n", "ml", "--worker-image-pull-secret", "ok", "--worker-image-pull-secret", "Bad_X"]
+    result = CliRunner().invoke(operator_command, argv)
+    assert result.exit_code == 2, result.output
+    assert "--worker-image-pull-secret" in result.output and "'Bad_X'" in result.output
+
+
 def test_the_operators_compile_cache_bound_reaches_its_workers() -> None:
     from weightlift.api.worker import COMPILE_CACHE_MAX_BYTES_ENV
     from weightlift.operator.settings import Settings

@@ -17,7 +17,7 @@ import pytest
 from aiohttp import web
 
 from tests.support.planning import no_sources
-from weightlift.api.labels import REPLICA_LABEL, ROLE_LABEL
+from weightlift.api.labels import INFERENCE_PROBE_GATE, REPLICA_LABEL, ROLE_LABEL
 from weightlift.api.model import ProbeResult
 from weightlift.operator import kube, reconcile
 from weightlift.operator import state as operator_state
@@ -171,6 +171,7 @@ def test_the_pod_index_keeps_only_what_a_pass_reads() -> None:
     kept = reconcile.pod_essentials(pod)["metadata"]["annotations"]
     assert kept == {"weightlift.dev/peers": '{"storage":true}'}
     assert slim["status"]["conditions"] == [
+        {"type": "ContainersReady", "status": "True"},
         {"type": "Ready", "status": "True"},
         {"type": "PodScheduled", "status": "True"},
     ]
@@ -178,6 +179,14 @@ def test_the_pod_index_keeps_only_what_a_pass_reads() -> None:
     assert len(json.dumps(slim)) * 5 < len(json.dumps(pod))
     # What a pass concludes from the slim copy is what it concludes from the whole pod.
     assert reconcile._pod_ready(slim) and reconcile._pod_ready(pod)
+    assert reconcile._probe_gate(slim) is reconcile._probe_gate(pod) is None  # an older pod
+    # The inference-probe readiness gate and its condition are kept too.
+    pod["spec"]["readinessGates"] = [{"conditionType": INFERENCE_PROBE_GATE}]
+    gate = {"type": INFERENCE_PROBE_GATE, "status": "True", "lastTransitionTime": "2026"}
+    pod["status"]["conditions"].append(gate)
+    gated = reconcile.pod_essentials(pod)
+    assert gated["spec"]["readinessGates"] == [{"conditionType": INFERENCE_PROBE_GATE}]
+    assert reconcile._probe_gate(gated) is reconcile._probe_gate(pod) is True
     unschedulable = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}
     pod["status"]["conditions"] = [{**unschedulable, "message": "0/4 nodes", "lastProbeTime": 1}]
     pod["metadata"]["deletionTimestamp"] = "2026-01-01T00:01:00Z"

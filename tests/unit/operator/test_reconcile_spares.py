@@ -17,6 +17,7 @@ from weightlift.api.labels import (
     PEERS_ANNOTATION,
     REPLICA_LABEL,
     ROLE_LABEL,
+    SERVING_LABEL,
     SPARE_LABEL,
     WOKEN_ANNOTATION,
 )
@@ -93,11 +94,13 @@ async def test_scale_up_from_zero_wakes_the_spare_once_then_restores_it(
     name = spare["metadata"]["name"]
     ((patched, woken),) = api.patches
     assert patched == name
-    assert woken["labels"] == {ROLE_LABEL: "Source", SPARE_LABEL: None}
+    # Woken and handed storage in one patch, which also puts it in its Service.
+    assert woken["labels"] == {ROLE_LABEL: "Source", SPARE_LABEL: None, SERVING_LABEL: "true"}
     assert woken["annotations"][PEERS_ANNOTATION] == '{"storage":true}'
     assert WOKEN_ANNOTATION in woken["annotations"]
     (created,) = api.created
     assert created["metadata"]["labels"][SPARE_LABEL] == "true"
+    assert SERVING_LABEL not in created["metadata"]["labels"]  # a spare serves nobody
     env = {e["name"]: e.get("value") for e in created["spec"]["containers"][0]["env"]}
     assignment = Assignment.model_validate_json(env[ASSIGNMENT_ENV])
     assert assignment.spare is True and assignment.peers == []

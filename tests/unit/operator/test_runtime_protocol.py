@@ -346,9 +346,11 @@ def test_an_old_manifest_renders_the_same_pod_as_before(case: str) -> None:
     """The golden pods were rendered by the operator before runtime.protocol existed (commit
     3b16418, with test_pods' name, namespace, uid and replica 0 as Source), from each manifest
     as that CRD stored it (its defaults filled in): the same pod, plan digest included, so an
-    upgrade replaces no replica. One deliberate difference: an External server's pod gained a
-    startupProbe (a stock vLLM opens its port only once loaded); it is no part of the plan, so
-    running pods are kept and only new ones carry it."""
+    upgrade replaces no replica. Deliberate differences, none part of the plan or the identity
+    (running pods are kept, only new ones carry them): an External server's pod gained a
+    startupProbe (a stock vLLM opens its port only once loaded), and every pod the
+    inference-probe readiness gate and, handed its weights (replica 0 is a Source), the serving
+    label (issue 45)."""
     golden = _pods_before()[case]
     pod = render(spec_of(golden["stored"]))
     startup = container(pod).pop("startupProbe", None)

@@ -56,6 +56,9 @@ def test_standby_then_peers_from_the_file(
             st = target.wait_phase({"Serving", "Failed"})
             assert st["phase"] == "Serving", st
             assert st["loadedFrom"] == "peer:demo-0" and st["strategy"] == "p2p"
+            # The transport UCX named for rank 0's READs (cma or tcp on one host).
+            (said,) = st["transports"]
+            assert said["rank"] == 0 and said["transport"].split("/")[0] in ("cma", "tcp"), said
             assert st["timeline"]["standby"] <= st["timeline"]["peers"] <= st["timeline"]["load"]
             assert httpx.get(target.url + "/v2/health/ready", timeout=5).status_code == 200
 

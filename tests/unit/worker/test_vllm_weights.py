@@ -166,6 +166,7 @@ def test_target_rank_pulls_only_its_parameters_then_falls_back(hf_dir: Path) -> 
         target, tgt_params, calls = load_as(hf_dir, "tgt", peers, tp, rank)
         assert target.strategy == "p2p" and calls == []
         assert target.progress.loaded_from == "peer:src"
+        assert target.progress.transport and "unknown" not in target.progress.transport
         assert all_bit_equal(tgt_params, expected)  # the pre-processing values, not the zeros
         assert all_bit_equal(target.published, expected)  # and it publishes what it pulled
         # Only this rank's parameters moved: half of q_proj, not the checkpoint.

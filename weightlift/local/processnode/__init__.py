@@ -18,7 +18,8 @@ real scheduler binds to it, and runs each container's command as a local process
   written as they are: the worker checks their digest);
 - probes: readiness/liveness (httpGet, tcpSocket, exec) as the pod declares them;
 - status: phase, podIP(s), hostIP, containerStatuses (waiting/running/terminated, exit code and a
-  log-tail message, ready, restartCount), Initialized/ContainersReady/Ready conditions;
+  log-tail message, ready, restartCount), Initialized/ContainersReady/Ready conditions, Ready
+  only while every spec.readinessGates condition (set by a controller) is True, as the kubelet;
 - restarts per restartPolicy with a capped backoff;
 - deletion: SIGTERM to the process group, SIGKILL after the grace period, then the final delete
   with grace 0 (what the kubelet does);

@@ -53,6 +53,8 @@ from weightlift.worker.p2p import faultgate
 IMAGE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 log = logging.getLogger("weightlift.processnode")
+# The kubelet's reason for a pod whose containers are ready but a readiness gate is not.
+GATES_NOT_READY = "ReadinessGatesNotReady"
 
 
 class PodRunner(threading.Thread):
@@ -814,11 +816,14 @@ class PodRunner(threading.Thread):
                 out["reason"] = reason
             return out
 
+        # As the kubelet: Ready needs every readiness gate's condition True too (KEP-580), as a
+        # controller set it on the pod (ours: the operator's inference probe).
+        gated = _readiness_gates_true(pod)
         conditions = [
             cond("PodReadyToStartContainers", self._config_error is None),
             cond("Initialized", self._config_error is None, "ContainersNotInitialized"),
             cond("ContainersReady", ready, "ContainersNotReady"),
-            cond("Ready", ready, "ContainersNotReady"),
+            cond("Ready", ready and gated, "ContainersNotReady" if not ready else GATES_NOT_READY),
         ]
         status: JSON = {
             "phase": phase,
@@ -855,3 +860,11 @@ class PodRunner(threading.Thread):
                 self.gone()
             else:
                 log.warning("pod %s: status update failed: %s", self.pod_name, describe(exc))
+
+
+def _readiness_gates_true(pod: JSON) -> bool:
+    """Every condition the pod's spec.readinessGates name is True in its status (a missing one
+    is False), as the kubelet computes Ready."""
+    gates = [g.get("conditionType") for g in pod["spec"].get("readinessGates") or []]
+    shown = {c.get("type"): c.get("status") for c in pod.get("status", {}).get("conditions") or []}
+    return all(shown.get(gate) == "True" for gate in gates)

@@ -15,7 +15,13 @@ from typing import TYPE_CHECKING
 from weightlift.worker.p2p.expected import ExpectedTensor, expected_for_rank
 from weightlift.worker.p2p.nixl_compat import NixlUnavailable
 from weightlift.worker.p2p.rendezvous import rendezvous_order
-from weightlift.worker.p2p.target import PeerFailed, PullOptions, PullResult, pull_from_peer
+from weightlift.worker.p2p.target import (
+    PeerFailed,
+    PullOptions,
+    PullResult,
+    forget_pull,
+    pull_from_peer,
+)
 from weightlift.worker.weights.progress import LoadError, LoadProgress
 
 if TYPE_CHECKING:
@@ -98,21 +104,31 @@ class PeerToPeerLoader:
                     on_batch=self.on_batch,
                 )
             except PeerFailed as exc:
-                log.warning("rank %d: %s; trying the next candidate", rank, exc)
+                forget_pull(exc, device)  # its buffer freed before the next one is allocated
                 self.failures.append(exc)
+                if exc.kind == "emulated":
+                    # This node's UCX, not the peer, lacks a GPU transport: every candidate
+                    # would be emulated the same way. The note goes to the status.
+                    progress.transport = exc.transport
+                    progress.transport_note = str(exc).removeprefix(f"peer {exc.peer}: ")
+                    break
+                log.warning("rank %d: %s; trying the next candidate", rank, exc)
                 continue
             except NixlUnavailable as exc:
                 raise LoadError(f"rank {rank}: {exc}") from exc
             self.last_result = result
             progress.loaded_from = f"peer:{cand.pod}"
+            progress.transport = result.transport
+            progress.transport_note = result.transport_note
             progress.phases = {**result.phases(), **result.overlapped()}
             progress.finish()
             log.info(
-                "rank %d: %d bytes from peer %s in %.3fs (%.2f GB/s), %d checksums verified; "
-                "phases since start: %s",
+                "rank %d: %d bytes from peer %s over %s in %.3fs (%.2f GB/s), %d checksums "
+                "verified; phases since start: %s",
                 rank,
                 result.nbytes,
                 cand.pod,
+                result.transport,
                 result.seconds,
                 result.nbytes / result.seconds / 1e9 if result.seconds else 0.0,
                 len(result.tensors),

@@ -35,37 +35,42 @@ Where the time goes (CPU; `weightlift bench load --size-mb 256 --repeat 5`, 4 fi
    and writable). The page cache is shared: ranks/pods on one node mapping the same files use
    one copy of host memory.
 
-CUDA target (`_load_staged`): read big chunks (one fd per chunk, so each has its own readahead)
-with a pool of reader threads into a ring of pinned staging buffers; as each read completes its
-buffer is copied to one device buffer on a side stream (non_blocking), and an event tells when
-the buffer is free again; so disk/page-cache reads and host->device copies overlap, and pinned
-memory stays at (threads + 2) chunks however big the model. Tensors are views of the device
-buffer. The same code runs on CPU (pageable staging, synchronous copies) so tests cover it.
+CUDA target (staged.py): chunks read by as many threads as the pod has CPUs into slots of the
+process's staging pool (staging.py: pinned, allocated once, early), or, warm, registered
+page-cache windows with no CPU copy (registered.py); cold chunks are read with O_DIRECT
+(pagecache.py). Each chunk is copied to one device buffer on a side stream as it lands (a copy
+engine, copyengine.py), so reads and host->device copies overlap; a slot is reused only when its
+copy is done, and a failed load waits for every queued copy before any slot goes back. Tensors
+are views of the device buffer, each at its canonical placement (layout.py), none held twice.
+The same code runs on CPU (pageable slots, synchronous copies) so tests cover it.
 """
 
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import errno
 import mmap
 import os
 import sys
 import threading
-from collections import deque
-from collections.abc import Iterator
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from contextlib import contextmanager
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
+from weightlift.worker.loaders.copyengine import CopyEngine, copy_engine_for
+from weightlift.worker.loaders.libc import MAP_FAILED
+from weightlift.worker.loaders.libc import get_libc as _get_libc
+from weightlift.worker.loaders.pagecache import open_all as _open_all
+from weightlift.worker.loaders.podlimits import reader_threads
+from weightlift.worker.loaders.staged import DirectIO, StagedStats, load_staged
+from weightlift.worker.loaders.staging import StagingPool
 from weightlift.worker.weights.files import ShardIndex, shard_index
 from weightlift.worker.weights.progress import LoadError, LoadProgress
 from weightlift.worker.weights.tensors import (
-    canonical_residue,
     file_residues,
     place,
     view_tensor,
@@ -87,40 +92,10 @@ def _round_up(n: int, to: int) -> int:
     return -(-n // to) * to
 
 
-# ---------------------------------------------------------------------------------------------
 # libc: mmap with MAP_FIXED (Python's mmap module cannot place a mapping) and madvise by address.
-
-
-class _Libc:
-    def __init__(self) -> None:
-        lib = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
-        self.mmap = lib.mmap
-        self.mmap.restype = ctypes.c_void_p
-        self.mmap.argtypes = [
-            ctypes.c_void_p,
-            ctypes.c_size_t,
-            ctypes.c_int,
-            ctypes.c_int,
-            ctypes.c_int,
-            ctypes.c_int64,
-        ]
-        self.munmap = lib.munmap
-        self.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-        self.madvise = lib.madvise
-        self.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-
-
-_libc: _Libc | None = None
-_MAP_FAILED = ctypes.c_void_p(-1).value
+_MAP_FAILED = MAP_FAILED
 # Set once a kernel answered EINVAL to MADV_POPULATE_READ (older than 5.14): touch pages instead.
 _populate_unsupported = False
-
-
-def _get_libc() -> _Libc:
-    global _libc
-    if _libc is None:
-        _libc = _Libc()
-    return _libc
 
 
 class _Region:
@@ -242,30 +217,6 @@ def _ranges(
     return out
 
 
-@contextmanager
-def _open_all(index: ShardIndex) -> Iterator[list[int]]:
-    """Open every file, failing fast (naming the file) before any work starts; check each is
-    still as long as its header says (mapping past EOF would SIGBUS at first touch)."""
-    fds: list[int] = []
-    try:
-        for h in index.files:
-            try:
-                fd = os.open(h.path, os.O_RDONLY)
-            except OSError as exc:
-                raise LoadError(f"{h.path}: cannot open: {exc.strerror or exc}") from None
-            fds.append(fd)
-            size = os.fstat(fd).st_size
-            if size < h.file_size:
-                raise LoadError(
-                    f"{h.path}: truncated while reading (file is {size} bytes, its header "
-                    f"needs {h.file_size})"
-                )
-        yield fds
-    finally:
-        for fd in fds:
-            os.close(fd)
-
-
 def _views(
     index: ShardIndex, buf: torch.Tensor, data_offsets: list[int]
 ) -> dict[str, torch.Tensor]:
@@ -336,131 +287,15 @@ def _load_mapped(
     return out
 
 
-# ---------------------------------------------------------------------------------------------
-# CUDA target: read into a ring of pinned staging buffers, copy each to the device as it lands.
-
-
-@dataclass(frozen=True)
-class _Chunk:
-    file_no: int
-    file_offset: int
-    buf_offset: int
-    length: int
-
-
-def _read_chunk(path: str, view: memoryview, file_offset: int) -> int:
-    # One fd per chunk: readahead state lives in the open file, and concurrent streams at
-    # different offsets of one fd look random to the kernel (cold reads shrink to single pages).
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError as exc:
-        raise LoadError(f"{path}: cannot open: {exc.strerror or exc}") from None
-    try:
-        os.posix_fadvise(fd, file_offset, len(view), os.POSIX_FADV_SEQUENTIAL)
-        done = 0
-        n = len(view)
-        while done < n:
-            try:
-                got = os.preadv(fd, [view[done:]], file_offset + done)
-            except OSError as exc:
-                at = file_offset + done
-                raise LoadError(f"{path}: read failed at offset {at}: {exc}") from None
-            if got == 0:
-                at = file_offset + done
-                raise LoadError(f"{path}: truncated while reading (file shrank at offset {at})")
-            done += got
-    finally:
-        os.close(fd)
-    return n
-
-
-def _load_staged(
-    index: ShardIndex,
-    device: torch.device,
-    progress: LoadProgress,
-    threads: int,
-    chunk_bytes: int,
-    pinned: bool,
-) -> dict[str, torch.Tensor]:
-    cuda = device.type == "cuda"
-    files = index.files
-    # File i's data lands at bases[i]: a page boundary plus its canonical residue, so on the
-    # host every tensor sits where a mapping would put it (mod 64) and nothing is copied again.
-    bases: list[int] = []
-    total = 0
-    for h in files:
-        bases.append(_round_up(total, _ALIGN) + canonical_residue(device, h.data_start, 1))
-        total = bases[-1] + h.data_bytes
-    chunks: list[_Chunk] = []
-    for i, h in enumerate(files):
-        off = 0
-        while off < h.data_bytes:
-            n = min(chunk_bytes, h.data_bytes - off)
-            chunks.append(_Chunk(i, h.data_start + off, bases[i] + off, n))
-            off += n
-    # Interleave files so several stream at once.
-    chunks.sort(key=lambda c: (c.file_offset, c.file_no))
-    dev_buf = torch.empty(total, dtype=torch.uint8, device=device)
-    threads = max(1, min(threads, len(chunks) or 1))
-    slot_bytes = max((c.length for c in chunks), default=0)
-    nslots = min(len(chunks), threads + 2)
-    pin = cuda and pinned and torch.cuda.is_available()
-    slots = [torch.empty(slot_bytes, dtype=torch.uint8, pin_memory=pin) for _ in range(nslots)]
-    views = [memoryview(s.numpy()) for s in slots]  # type: ignore[arg-type]
-    stream = torch.cuda.Stream(device) if cuda else None
-    events: list[Any] = [None] * nslots
-    if stream is not None:  # dev_buf was allocated on the current stream: order after it
-        stream.wait_stream(torch.cuda.current_stream(device))
-    free = deque(range(nslots))  # FIFO: the oldest freed slot's copy is likeliest done
-    with _open_all(index), ThreadPoolExecutor(threads, thread_name_prefix="wl-preload") as pool:
-
-        def work(c: _Chunk, slot: int) -> tuple[_Chunk, int]:
-            _read_chunk(files[c.file_no].path, views[slot][: c.length], c.file_offset)
-            return c, slot
-
-        todo = iter(chunks)
-        pending: set[Future[tuple[_Chunk, int]]] = set()
-        try:
-            while True:
-                while free:
-                    c = next(todo, None)
-                    if c is None:
-                        break
-                    slot = free.popleft()
-                    if events[slot] is not None:  # its last H2D copy must be done first
-                        events[slot].synchronize()
-                    pending.add(pool.submit(work, c, slot))
-                if not pending:
-                    break
-                done, pending = wait(pending, return_when=FIRST_COMPLETED)
-                for fut in done:
-                    c, slot = fut.result()
-                    dst = dev_buf[c.buf_offset : c.buf_offset + c.length]
-                    if stream is not None:
-                        with torch.cuda.stream(stream):
-                            dst.copy_(slots[slot][: c.length], non_blocking=True)
-                            events[slot] = torch.cuda.Event()
-                            events[slot].record(stream)
-                    else:
-                        dst.copy_(slots[slot][: c.length])
-                    progress.add(c.length)
-                    free.append(slot)
-        except BaseException:
-            for fut in pending:
-                fut.cancel()
-            raise
-    if stream is not None:
-        stream.synchronize()
-    # On CUDA tensors off a 64-byte boundary are copied once more on the device (the rule there).
-    out, _ = place(_views(index, dev_buf, bases), _residues(index, device))
-    progress.finish()
-    return out
-
-
 class PreloadLoader:
-    """Loader "preload"; `threads`, `chunk_mib`, `pinned` default to the plan's preload options.
+    """Loader "preload"; `threads`, `chunk_mib`, `pinned` default to the plan's preload options
+    (threads unset: the pod's CPU limit, podlimits.reader_threads).
 
-    `staged=True` forces the read-into-staging-buffers path on CPU too (tests, comparisons)."""
+    `staged=True` forces the staged path on CPU too (tests, comparisons). `pool`,
+    `copy_engine`, `register` and `direct_io` tune the staged path (staged.py): the staging
+    pool (default: the process's), how copies are queued and waited for, whether warm chunks
+    are registered page-cache windows (CUDA only), and O_DIRECT ("auto": for chunks not in the
+    page cache). `stats` counts how the last staged load's chunks arrived."""
 
     name = "preload"
 
@@ -471,11 +306,20 @@ class PreloadLoader:
         pinned: bool | None = None,
         *,
         staged: bool = False,
+        pool: StagingPool | None = None,
+        copy_engine: Callable[[torch.device], CopyEngine] = copy_engine_for,
+        register: bool = True,
+        direct_io: DirectIO = "auto",
     ) -> None:
         self.threads = threads
         self.chunk_mib = chunk_mib
         self.pinned = pinned
         self.staged = staged
+        self.pool = pool
+        self.copy_engine = copy_engine
+        self.register = register
+        self.direct_io: DirectIO = direct_io
+        self.stats = StagedStats()
 
     def load(
         self, plan: WorkerPlan, rank: int, device: torch.device, progress: LoadProgress
@@ -494,15 +338,30 @@ class PreloadLoader:
     def load_index(
         self,
         index: ShardIndex,
-        device: torch.device,
-        progress: LoadProgress,
+        device: torch.device | str,
+        progress: LoadProgress | None = None,
         *,
-        threads: int = 8,
+        threads: int | None = None,
         chunk_bytes: int = 64 << 20,
         pinned: bool = True,
     ) -> dict[str, torch.Tensor]:
         device = torch.device(device)
+        progress = progress if progress is not None else LoadProgress()
         progress.set_total(index.data_bytes)
+        readers = max(1, threads or reader_threads())
         if device.type == "cpu" and not self.staged and sys.platform != "win32":
-            return _load_mapped(index, progress, max(1, threads), chunk_bytes)
-        return _load_staged(index, device, progress, max(1, threads), chunk_bytes, pinned)
+            return _load_mapped(index, progress, readers, chunk_bytes)
+        self.stats = StagedStats()
+        return load_staged(
+            index,
+            device,
+            progress,
+            threads=readers,
+            chunk_bytes=chunk_bytes,
+            pinned=pinned,
+            pool=self.pool,
+            copy_engine=self.copy_engine,
+            register=self.register,
+            direct_io=self.direct_io,
+            stats=self.stats,
+        )

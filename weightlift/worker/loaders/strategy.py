@@ -48,12 +48,21 @@ def available_host_memory() -> int:
     return avail
 
 
-def host_bytes_needed(plan: WorkerPlan, devices: dict[int, torch.device]) -> int:
+def host_bytes_needed(
+    plan: WorkerPlan, devices: dict[int, torch.device], *, memory_limit: int | None = None
+) -> int:
     """Host memory the preload holds: on CPU every local shard stays resident in the page cache
-    (mapped, populated); on CUDA the files stream through a bounded ring of pinned buffers, but
-    we still ask for the shards to fit so the page cache can hold them for the next load."""
-    del devices  # same need either way today; kept so a smarter policy can tell them apart
-    return sum(shard_index(plan.model_dir, r, plan.tensor_parallel).data_bytes for r in plan.ranks)
+    (mapped, populated); on CUDA the files stream through the process's staging pool (pinned,
+    held for the worker's life: counted unless this process already holds it, when it is out
+    of the available memory already), and we still ask for the shards to fit so the page cache
+    can hold them for the next load. `memory_limit` sizes the pool (default: the pod's)."""
+    need = sum(shard_index(plan.model_dir, r, plan.tensor_parallel).data_bytes for r in plan.ranks)
+    if any(d.type == "cuda" for d in devices.values()):
+        from weightlift.worker.loaders.staging import claimed, staging_geometry
+
+        if not claimed(plan.loading.preload.pinned):
+            need += staging_geometry(plan, memory_limit).nbytes
+    return need
 
 
 def choose_storage_loader(

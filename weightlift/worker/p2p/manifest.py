@@ -5,6 +5,11 @@ large regions (address, length) and, per tensor, its name, dtype, shape, byte si
 offset it lives at, and a checksum of its bytes. The target reads the bytes with one-sided READs
 and recomputes every checksum before it hands the tensors to the runtime. Dtypes travel as
 safetensors names (weights/header.py's table).
+
+Checksum kinds: xxh3 and crc32 hash on the host (CUDA bytes are staged through pinned memory);
+dev64 (`devsum.py`) is computed on the device that holds the bytes, with a CPU implementation
+that gives the same digest, so a GPU source's manifest verifies on a CPU target and back. The
+manifest names its kind; the plan's `auto` resolves by the device of the weights published.
 """
 
 from __future__ import annotations
@@ -12,16 +17,19 @@ from __future__ import annotations
 import base64
 import zlib
 from collections.abc import Iterable
-from typing import Literal
+from typing import Literal, get_args
 
 import torch
 import xxhash
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from weightlift.api.model import ChecksumSetting
+from weightlift.worker.p2p.devsum import dev64, hexdigest
 from weightlift.worker.weights.header import DTYPE_SIZES
 
 MANIFEST_VERSION = 1
-ChecksumKind = Literal["xxh3", "crc32"]
+ChecksumKind = Literal["xxh3", "crc32", "dev64"]
+CHECKSUM_KINDS: tuple[ChecksumKind, ...] = get_args(ChecksumKind)
 
 # Hashing in slices keeps a device-to-host staging buffer small and lets other threads run.
 _HASH_SLICE = 64 << 20
@@ -40,8 +48,22 @@ def tensor_bytes(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.reshape(-1).view(torch.uint8)
 
 
+def resolve_kind(setting: ChecksumSetting, device: torch.device) -> ChecksumKind:
+    """The kind a source publishes: the plan's setting, `auto` resolved by where the weights
+    are (dev64 on CUDA, hashed there with no host copy; xxh3 on the CPU, faster there)."""
+    if setting == "auto":
+        return "dev64" if device.type == "cuda" else "xxh3"
+    for kind in CHECKSUM_KINDS:
+        if setting == kind:
+            return kind
+    raise ValueError(f"unknown checksum setting {setting!r}")
+
+
 def checksum(tensor: torch.Tensor, kind: ChecksumKind = "xxh3") -> str:
-    """Hex digest of a tensor's bytes. CUDA tensors are hashed through host memory in slices."""
+    """Hex digest of a tensor's bytes. xxh3 and crc32 hash CUDA tensors through host memory in
+    slices; dev64 hashes them on their device."""
+    if kind == "dev64":
+        return hexdigest(dev64(tensor))
     flat = tensor_bytes(tensor)
     if kind == "xxh3":
         h = xxhash.xxh3_64()

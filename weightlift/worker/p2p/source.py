@@ -33,17 +33,18 @@ from aiohttp import web
 
 from weightlift.worker.p2p import P2P_PREFIX
 from weightlift.worker.p2p.manifest import (
-    ChecksumKind,
     RankManifest,
     Region,
     TensorEntry,
     checksum,
+    resolve_kind,
 )
-from weightlift.worker.p2p.nixl_compat import nixl
+from weightlift.worker.p2p.nixl_compat import new_agent
 from weightlift.worker.peer_auth import peer_token, refusal
 from weightlift.worker.weights.tensors import canonical_residue, dtype_name, pack
 
 if TYPE_CHECKING:
+    from weightlift.api.model import ChecksumSetting
     from weightlift.api.worker import WorkerPlan
 
 log = logging.getLogger(__name__)
@@ -78,7 +79,7 @@ class RankSource:
         identity: str,
         rank: int,
         tensors: dict[str, torch.Tensor],
-        checksum_kind: ChecksumKind,
+        checksum_setting: ChecksumSetting,
         pool: ThreadPoolExecutor,
         busy: Callable[[], bool] = lambda: True,
     ) -> None:
@@ -91,6 +92,8 @@ class RankSource:
         self.placed: dict[str, torch.Tensor] = {name: t for name, (_, _, t) in placed.items()}
         device = next(iter(tensors.values())).device
         self.mem_type: Literal["DRAM", "VRAM"] = "VRAM" if device.type == "cuda" else "DRAM"
+        # The plan's setting, `auto` resolved by where the weights are (dev64 on the device).
+        checksum_kind = resolve_kind(checksum_setting, device)
 
         digests = dict(
             zip(
@@ -112,13 +115,11 @@ class RankSource:
             for name, (region, offset, t) in placed.items()
         ]
 
-        mod = nixl()
         self.agent_name = f"wl-src-{pod}-r{rank}-{uuid.uuid4().hex[:8]}"
-        # No NIXL progress thread: it spins a core per agent even when idle (measured ~30% of a
-        # core each here). Our own poller below progresses the agent, fast while readers are
-        # active and slowly when idle.
-        config = mod.nixl_agent_config(enable_prog_thread=False, backends=["UCX"])
-        self.agent: Any = mod.nixl_agent(self.agent_name, config)
+        # No NIXL progress thread (new_agent): it spins a core per agent even when idle
+        # (measured ~30% of a core each here). Our own poller below progresses the agent, fast
+        # while readers are active and slowly when idle.
+        self.agent: Any = new_agent(self.agent_name)
         self._reg = self.agent.register_memory(
             [(r.addr, r.nbytes, r.device_id, "") for r in regions], self.mem_type
         )
@@ -231,7 +232,7 @@ class SourcePublisher:
     ) -> None:
         self.identity = plan.model_identity
         self.pod = plan.pod_name
-        kind: ChecksumKind = plan.loading.peer_to_peer.checksum
+        setting = plan.loading.peer_to_peer.checksum
         self._lock = threading.Lock()
         self._sessions: dict[str, Session] = {}
         self.completed_reads = 0
@@ -245,7 +246,7 @@ class SourcePublisher:
                     identity=self.identity,
                     rank=rank,
                     tensors=tensors,
-                    checksum_kind=kind,
+                    checksum_setting=setting,
                     pool=pool,
                     busy=lambda: bool(self._sessions),
                 )

@@ -20,6 +20,7 @@ import logging
 import os
 import threading
 import time
+import traceback
 import uuid
 from collections import deque
 from collections.abc import Callable
@@ -33,7 +34,9 @@ import torch
 from weightlift.worker.p2p import P2P_PREFIX, faultgate, reserve
 from weightlift.worker.p2p.expected import ExpectedTensor, ShapeMismatch, check_manifest
 from weightlift.worker.p2p.manifest import RankManifest, checksum, element_size
-from weightlift.worker.p2p.nixl_compat import nixl
+from weightlift.worker.p2p.nixl_compat import new_agent, proto_dir
+from weightlift.worker.p2p.transport import EmulationChoice, choose_on_emulation
+from weightlift.worker.p2p.ucx_proto import read_transports, recorded
 from weightlift.worker.peer_auth import auth_headers, peer_token
 from weightlift.worker.weights.progress import LoadProgress
 from weightlift.worker.weights.tensors import TORCH_DTYPES, canonical_residue, slot_bytes
@@ -54,7 +57,10 @@ class PeerFailed(Exception):
     def __init__(self, peer: str, message: str, *, kind: str = "transfer") -> None:
         super().__init__(f"peer {peer}: {message}")
         self.peer = peer
-        self.kind = kind  # manifest | mismatch | transfer | dead | stall | checksum
+        # manifest | mismatch | transfer | dead | stall | checksum | emulated
+        self.kind = kind
+        # What UCX used for the READs, when it was learnt before the failure.
+        self.transport = ""
 
 
 @dataclass
@@ -77,6 +83,10 @@ class PullOptions:
     prefault_chunk_bytes: int = 16 << 20
     # Test/bench hook: pause this long after posting each batch (simulates a slow link).
     throttle_s: float = 0.0
+    # Storage follows a failed pull: a pull of GPU memory that UCX can only emulate (tens of
+    # times slower than storage) gives up for it as its first READ is posted
+    # (choose_on_emulation).
+    storage_fallback: bool = True
 
 
 @dataclass
@@ -89,6 +99,11 @@ class PullResult:
     batches: int
     peer_pod: str
     timings: dict[str, float] = field(default_factory=dict)
+    # The protocol UCX chose for the READs, in its own words (ucx_proto.py), e.g.
+    # "cma/memory (zero-copy)", "cuda_ipc/cuda (zero-copy)", "tcp/lo (software emulation)".
+    transport: str = ""
+    # Why the pull went on over a software emulation (choose_on_emulation), else "".
+    transport_note: str = ""
 
     def phases(self) -> dict[str, float]:
         """Seconds spent in each step, one after the other: manifest (fetch + check), alloc (the
@@ -291,6 +306,24 @@ class _Liveness:
                 return
 
 
+def forget_pull(exc: PeerFailed, device: torch.device) -> None:
+    """Free a failed pull's buffer before the next candidate or the storage load allocates one.
+
+    Whoever keeps the PeerFailed (to name every failed peer) keeps its traceback, whose frames
+    keep the pull's locals and with them its buffer: a model-sized block held for nothing, on
+    a GPU the one the next attempt needs. So the frames of the exception and of what caused it
+    are cleared (the messages stay), and on CUDA the freed block goes back to the driver."""
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        if cur.__traceback__ is not None:
+            traceback.clear_frames(cur.__traceback__)
+        cur = cur.__cause__ or cur.__context__
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
 def _plan_batches(
     manifest: RankManifest,
     local_offsets: list[int],
@@ -339,6 +372,7 @@ def pull_from_peer(
     transfer_done, verified; then close, whatever happened."""
     pull = _Pull(pod, address, identity, rank, device, opts, progress)
     gate: faultgate.Claim | None = None
+    transfer: _Transfer | None = None
     try:
         pull.reserve_early(expected)
         manifest = pull.fetch_manifest(expected)
@@ -364,11 +398,20 @@ def pull_from_peer(
             batches=len(transfer.batches),
             peer_pod=pod,
             timings=pull.timings,
+            transport=pull.transport,
+            transport_note=pull.transport_note,
         )
+    except PeerFailed as exc:
+        exc.transport = pull.transport
+        raise
     finally:
         if gate is not None:
             gate.close()
         pull.close()
+        if not pull.verified:  # nothing of this pull's may keep its buffer (forget_pull)
+            if transfer is not None:
+                transfer.views.clear()
+            pull.release()
 
 
 class _Pull:
@@ -403,6 +446,10 @@ class _Pull:
         self.offsets: list[int] = []
         self.mem_type = "VRAM" if device.type == "cuda" else "DRAM"
         self.local_dev = (device.index or 0) if device.type == "cuda" else 0
+        self.transport = ""
+        self.transport_note = ""
+        self.recorded_before: set[str] = set()
+        self.quarantined = False
 
     def _new_buffer(self, size: int) -> None:
         if self.prefault is not None:
@@ -475,6 +522,8 @@ class _Pull:
         agent = self.agent = self.agent_future.result()
         region = [(self.buf.data_ptr(), self.buf.numel(), self.local_dev, "")]
         self.reg = agent.register_memory(region, self.mem_type)
+        directory = proto_dir(agent)
+        self.recorded_before = recorded(directory) if directory is not None else set()
         try:
             remote_name = agent.add_remote_agent(manifest.metadata_bytes())
         except Exception as exc:
@@ -512,6 +561,7 @@ class _Pull:
         clean = _cleanup(self.agent, self.handles, self.remote_name, self.reg, self.pod)
         if not clean and self.buf is not None:
             _QUARANTINE.append(self.buf)
+            self.quarantined = True
         if clean and self.verified and self.agent is not None:
             _give_back(self.agent)  # all its state released: the next pull may use it
         if self.session is not None:
@@ -524,6 +574,42 @@ class _Pull:
                     headers=self.headers,
                     timeout=1.0,
                 )
+
+    def release(self) -> None:
+        """A failed pull lets go of its buffer (after close: its READs released, its memory
+        deregistered, so only a quarantined READ could still write into it)."""
+        self.buf = None
+        self.prefault = None
+
+    def learn_transport(self, manifest: RankManifest, nbytes: int) -> None:
+        """What UCX recorded for this pull's READs (ucx_proto.py), once the first was posted:
+        files new since this pull registered its buffer, else (UCX chose for an earlier pull of
+        this agent and keeps its choice) every file of this agent's."""
+        directory = proto_dir(self.agent)
+        if directory is None:
+            self.transport = "unknown (not recorded)"
+            return
+        fresh = recorded(directory) - self.recorded_before
+        found = read_transports(
+            directory,
+            local_mem=self.mem_type,
+            remote_mem=manifest.mem_type,
+            nbytes=nbytes,
+            names=fresh or None,
+        )
+        self.transport = "; ".join(str(t) for t in found) or "unknown (UCX recorded none)"
+        choice = choose_on_emulation(
+            found,
+            local_mem=self.mem_type,
+            remote_mem=manifest.mem_type,
+            storage_fallback=self.opts.storage_fallback,
+        )
+        if choice is None:
+            return
+        log.warning("peer %s: %s", self.pod, choice.reason)
+        self.transport_note = choice.reason
+        if choice.action == EmulationChoice.STORAGE:
+            raise PeerFailed(self.pod, choice.reason, kind="emulated")
 
 
 class _Transfer:
@@ -634,6 +720,10 @@ class _Transfer:
             if agent.transfer(h) == "ERR":
                 raise PeerFailed(self.pod, f"batch {b.index}: READ could not be posted")
             self.inflight.append((h, b, time.monotonic()))
+            if b.index == 0:
+                # UCX chose (and recorded) the READ's protocol as it was posted: a READ of GPU
+                # memory it can only emulate is given up now, with one READ in flight.
+                pull.learn_transport(self.manifest, max(n for _, n, _ in b.local))
             if opts.throttle_s:
                 time.sleep(opts.throttle_s)
 
@@ -775,10 +865,9 @@ def _drop_spare_agents() -> None:
 
 
 def _new_agent(name: str) -> Any:
-    mod = nixl()
-    # No progress thread: our polling loop (check_xfer_state) drives the worker; NIXL's thread
-    # would spin a core that the copy and the checksums need.
-    return mod.nixl_agent(name, mod.nixl_agent_config(enable_prog_thread=False, backends=["UCX"]))
+    # Our polling loop (check_xfer_state) drives the agent; UCX records its READ protocols so
+    # the pull can say which transport moved the bytes.
+    return new_agent(name, record_reads=True)
 
 
 def _cleanup(agent: Any, handles: list[Any], remote_name: str | None, reg: Any, pod: str) -> bool:
@@ -786,22 +875,33 @@ def _cleanup(agent: Any, handles: list[Any], remote_name: str | None, reg: Any, 
     clean = True
     if agent is None:
         return clean
-    for h in handles:
-        try:
-            agent.release_xfer_handle(h)
-        except Exception as exc:  # a READ to a dead peer may refuse to cancel
-            clean = False
-            log.debug("peer %s: releasing a READ handle failed: %s", pod, exc)
+    stuck = _release(agent, handles, pod)
     if remote_name is not None:
         try:
             agent.remove_remote_agent(remote_name)
         except Exception as exc:
             clean = False  # the buffer needs no quarantine, but the agent is not reused
             log.debug("peer %s: remove_remote_agent failed: %s", pod, exc)
+    if stuck:
+        # The peer's endpoint is closed now: UCX has completed what was pending on it (with
+        # an error), so a READ that refused to cancel before may be released.
+        stuck = _release(agent, stuck, pod)
     if reg is not None:
         try:
             agent.deregister_memory(reg)
         except Exception as exc:
             clean = False
             log.debug("peer %s: deregister failed: %s", pod, exc)
-    return clean
+    return clean and not stuck
+
+
+def _release(agent: Any, handles: list[Any], pod: str) -> list[Any]:
+    """Release each READ handle; the ones that refused (a READ to a dead peer may)."""
+    stuck = []
+    for h in handles:
+        try:
+            agent.release_xfer_handle(h)
+        except Exception as exc:
+            stuck.append(h)
+            log.debug("peer %s: releasing a READ handle failed: %s", pod, exc)
+    return stuck

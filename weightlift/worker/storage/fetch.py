@@ -91,7 +91,7 @@ def _download(plan: WorkerPlan, dest: Path, progress: LoadProgress, weights: boo
     uri = ModelUri.parse(plan.model.uri)
     # GETs in flight: at least 8 whatever the preload's thread count (a GET waits on the
     # network, not on a core).
-    gets = max(plan.loading.preload.threads, 8)
+    gets = max(plan.loading.preload.threads or 8, 8)
     if uri.scheme == "s3":
         from weightlift.worker.storage.s3 import S3Store
 

@@ -22,6 +22,11 @@ class LoadProgress:
     loaded_from: str | None = None
     # Seconds per step of the load, when the loader measures them (the P2P pull does).
     phases: dict[str, float] = field(default_factory=dict)
+    # The transport UCX used for a P2P pull, in its words (p2p/ucx_proto.py), and why the pull
+    # gave it up or went on slowly (a software emulation of GPU memory); kept across `reset`:
+    # a storage load after such a pull still says why it happened.
+    transport: str = ""
+    transport_note: str = ""
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def set_total(self, total: int) -> None:

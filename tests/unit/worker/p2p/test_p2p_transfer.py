@@ -1,10 +1,11 @@
 """NIXL between processes on loopback: a source process publishes, this process pulls.
 
-Covers: two-process transfer with every checksum verified (bit-equal to the files), refusal of
-another identity / unknown rank, shape and dtype mismatches against the target's own files,
-checksum mismatch (the source's bytes changed under it), a killed source detected fast and
-reported as LoadError (then the storage fallback), a dead candidate skipped for a live one, and
-a source that keeps serving after its reader was killed mid-transfer (ModelExpress #555).
+Covers: two-process transfer with every checksum verified (bit-equal to the files; xxh3 and
+dev64), refusal of another identity / unknown rank, shape and dtype mismatches against the
+target's own files, checksum mismatch (the source's bytes changed under it; xxh3 and dev64), a
+killed source detected fast and reported as LoadError (then the storage fallback), a dead
+candidate skipped for a live one, and a source that keeps serving after its reader was killed
+mid-transfer (ModelExpress #555).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import torch
 from safetensors.torch import load_file
 
 from tests.support.p2p import ThreadSource, needs_nixl, source_process
+from weightlift.api.model import ChecksumSetting
 from weightlift.api.worker import PeerCandidate
 from weightlift.bench.peer import storage_load
 from weightlift.local.sharded import make_plan, write_sharded_model
@@ -78,6 +80,22 @@ def test_two_process_transfer_verified(model_dir: Path, source: PeerCandidate) -
     assert health["completed_reads"] >= 2 and health["active_sessions"] == 0
 
 
+def test_two_process_transfer_verified_with_dev64(model_dir: Path, tmp_path: Path) -> None:
+    """A source publishing dev64 (the kind CUDA sources use by default, here computed by the
+    CPU implementation on both sides): the manifest says so and the target verifies it."""
+    with source_process(model_dir, tmp_path, pod="dev-0", checksum="dev64") as (_, cand):
+        manifest = httpx.get(
+            f"http://{cand.address}{P2P_PREFIX}/manifest",
+            params={"rank": 1, "identity": "ident-test"},
+        ).json()
+        assert manifest["checksum_kind"] == "dev64"
+        assert all(len(t["checksum"]) == 16 for t in manifest["tensors"])
+        got = PeerToPeerLoader(options=FAST).load(
+            target_plan(model_dir, [cand]), 1, CPU, LoadProgress()
+        )
+        assert_bit_equal(got, reference(model_dir, 1))
+
+
 def test_target_without_files_trusts_manifest_and_verifies(
     model_dir: Path, source: PeerCandidate, tmp_path: Path
 ) -> None:
@@ -128,15 +146,17 @@ def test_shape_or_dtype_mismatch_rejected(
     assert progress.loaded_from is None and progress.bytes_loaded == 0
 
 
-def test_checksum_mismatch_discarded(model_dir: Path) -> None:
+@pytest.mark.parametrize("kind", ["xxh3", "dev64"])
+def test_checksum_mismatch_discarded(model_dir: Path, kind: ChecksumSetting) -> None:
     tensors = {r: reference(model_dir, r) for r in (0, 1)}
-    src = ThreadSource(make_plan(model_dir, pod="liar-0"), tensors)
+    src = ThreadSource(make_plan(model_dir, pod="liar-0", checksum=kind), tensors)
     try:
+        assert src.publisher.ranks[0].manifest.checksum_kind == kind
         # Change one byte of registered memory after the manifest was computed.
         entry = src.publisher.ranks[0].manifest.tensors[3]
         src.publisher.ranks[0].placed[entry.name].reshape(-1).view(torch.uint8)[7] ^= 0xFF
         plan = target_plan(model_dir, [src.candidate])
-        with pytest.raises(LoadError, match=rf"tensor '{entry.name}': xxh3 checksum"):
+        with pytest.raises(LoadError, match=rf"tensor '{entry.name}': {kind} checksum"):
             PeerToPeerLoader(options=FAST).load(plan, 0, CPU, LoadProgress())
         # The other rank is intact and still verifies.
         got = PeerToPeerLoader(options=FAST).load(plan, 1, CPU, LoadProgress())

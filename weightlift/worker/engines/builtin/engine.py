@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from aiohttp import web
 
+from weightlift.api.model import RankTransport
 from weightlift.api.uri import ModelUri
 from weightlift.api.worker import HookReport, WorkerPhase, WorkerPlan
 from weightlift.worker.engines.base import (
@@ -59,8 +60,9 @@ Bound = dict[int, dict[str, torch.Tensor]]
 
 
 def resolve_devices(plan: WorkerPlan) -> dict[int, torch.device]:
-    """rank -> device: "cpu"; "cuda" means the pod's i-th GPU for its i-th rank (cuda:r when the
-    pod holds all ranks); "auto" is cuda when every local rank has a GPU."""
+    """rank -> device: "cpu"; "cuda" means the pod-local device index i (the pod's i-th
+    visible GPU) for the pod's i-th rank, whatever the rank's number (a pod of a group holding
+    ranks 2 and 3 drives its devices 0 and 1); "auto" is cuda when every local rank has a GPU."""
     want = plan.device
     if want == "auto":
         n = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -75,6 +77,8 @@ class BuiltinEngine:
 
     # Opens its program and faults in its pull buffers while it waits for peers (standby).
     prepares_standby = True
+    # Loads the weights in the worker's process: the worker allocates the staging pool early.
+    loads_in_process = True
 
     def __init__(self, plan: WorkerPlan) -> None:
         self.plan = plan
@@ -111,16 +115,23 @@ class BuiltinEngine:
 
     def _prewarm_p2p(self) -> None:
         """The first NIXL agent of a process loads NIXL's libraries (~0.07 s) and UCX's (plus its
-        memory hooks, ~0.4 s, where RDMA devices need them): pay it while the init hooks run, not
-        inside the timed pull."""
+        memory hooks, ~0.4 s, where RDMA devices need them), and the first dev64 on a GPU compiles
+        its kernels: pay both while the init hooks run, not inside the timed pull."""
         standby = self.ctx is not None and self.ctx.handoff_file is not None
         if not (wants_peer_to_peer(self.plan) or standby):
             return
         try:
+            from weightlift.worker.p2p.manifest import resolve_kind
             from weightlift.worker.p2p.target import prewarm_nixl
         except ImportError:
             return
         prewarm_nixl()
+        # A CUDA target verifies dev64 on its GPU: compile the kernels now, not inside the pull.
+        cuda = [d for d in self.devices.values() if d.type == "cuda"]
+        if cuda and resolve_kind(self.plan.loading.peer_to_peer.checksum, cuda[0]) == "dev64":
+            from weightlift.worker.p2p.devsum import prewarm
+
+            prewarm(cuda[0])
 
     async def init_hooks(self, state: WorkerState) -> None:
         rep = state.report
@@ -188,6 +199,11 @@ class BuiltinEngine:
         """(strategy used, tensors) for one rank; runs in a thread."""
         assert self.ctx is not None
         dev = self.devices[rank]
+        if dev.type == "cuda":
+            # Each rank loads in a thread of its own: make its current device the rank's, so
+            # what a loader allocates, pins, streams or launches without naming a device lands
+            # on this rank's GPU, not the pod's first.
+            torch.cuda.set_device(dev)
         from_peer = load_from_peers(
             self.plan, rank, dev, progress, pull_options=self.ctx.pull_options
         )
@@ -266,6 +282,11 @@ class BuiltinEngine:
         rep.loaded_from = ",".join(
             sorted({state.progress[r].loaded_from or self.storage_label for r in self.plan.ranks})
         )
+        rep.transports = [
+            RankTransport(rank=r, transport=p.transport, note=p.transport_note)
+            for r, p in sorted(state.progress.items())
+            if p.transport
+        ]
         tensors_by_rank = {r: t for r, (_, t) in zip(self.plan.ranks, results, strict=True)}
         # A pod of a group binds its own ranks only.
         ranks = list(self.plan.ranks) if ctx.group is not None else None

@@ -33,7 +33,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from weightlift.api.model import Role
+from weightlift.api.model import RankTransport, Role
 from weightlift.api.worker import WorkerPhase, WorkerPlan, WorkerReport
 from weightlift.worker.engines.base import BringUp, not_served
 from weightlift.worker.engines.exposition import relabel, replica_labels
@@ -375,6 +375,11 @@ class VllmEngine:
         rep.load_phases = max((r.load_phases for r in reports), key=lambda p: sum(p.values()))
         rep.strategy = ",".join(sorted({r.strategy for r in reports}))
         rep.loaded_from = ",".join(sorted({r.loaded_from for r in reports}))
+        rep.transports = [
+            RankTransport(rank=r.rank, transport=r.transport, note=r.transport_note)
+            for r in sorted(reports, key=lambda r: r.rank)
+            if r.transport
+        ]
         rep.bytes_loaded = sum(r.bytes_loaded for r in reports)
         rep.bytes_total = sum(r.bytes_total for r in reports)
         seconds = max(r.seconds for r in reports)

@@ -217,6 +217,8 @@ class WeightliftModelLoader(BaseModelLoader):
                     "seconds": p.seconds,
                     "gbps": p.gbps,
                     "peer_failures": loaded.peer_failures,
+                    "transport": p.transport,
+                    "transport_note": p.transport_note,
                     "load_phases": dict(p.phases),
                     "publishing": True,
                 }
@@ -228,11 +230,12 @@ class WeightliftModelLoader(BaseModelLoader):
             target=self._publish, args=(rank, loaded), name="wl-publish", daemon=True
         ).start()
         log.info(
-            "weightlift: rank %d loaded %d bytes from %s (%s) in %.3fs (%.3fs in all)",
+            "weightlift: rank %d loaded %d bytes from %s (%s%s) in %.3fs (%.3fs in all)",
             rank,
             p.bytes_loaded,
             self.report.loaded_from,
             loaded.strategy,
+            f", over {p.transport}" if p.transport else "",
             p.seconds,
             time.perf_counter() - started,
         )

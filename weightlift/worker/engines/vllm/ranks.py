@@ -93,6 +93,9 @@ class EngineRankReport(ApiModel):
     seconds: float = 0.0
     gbps: float = 0.0
     peer_failures: list[str] = Field(default_factory=list)
+    # The transport UCX named for this rank's pull, and why it was given up (LoadProgress).
+    transport: str = ""
+    transport_note: str = ""
     # 127.0.0.1:port of this rank's P2P manifest server; the worker proxies to it.
     manifest_address: str | None = None
     # A Source rank checksums and registers its parameters beside vLLM's post-load processing

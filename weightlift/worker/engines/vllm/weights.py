@@ -33,7 +33,7 @@ import torch
 from weightlift.api.uri import ModelUri
 from weightlift.api.worker import WorkerPlan
 from weightlift.worker.engines.vllm.ranks import has_weights
-from weightlift.worker.hooks import InitHookSession, run_init_hooks
+from weightlift.worker.hooks import InitHookSession, local_device_index, run_init_hooks
 from weightlift.worker.loaders.strategy import choose_storage_loader, wants_peer_to_peer
 from weightlift.worker.p2p.expected import ExpectedTensor
 from weightlift.worker.storage.fetch import Fetched, is_remote, materialize
@@ -51,10 +51,11 @@ def _storage_label(plan: WorkerPlan) -> str:
 
 def run_rank_hooks(plan: WorkerPlan, rank: int) -> InitHookSession | None:
     """The model's init hooks for one vLLM rank, in that rank's process, before its weights
-    load (device index = the rank, as the builtin worker does); HookError fails closed."""
+    load (device index: the pod-local one of the device the rank drives, the rank on CPU);
+    HookError fails closed."""
     if plan.init_hooks is None:
         return None
-    return run_init_hooks(plan.init_hooks, plan.model_dir, [rank])
+    return run_init_hooks(plan.init_hooks, plan.model_dir, [local_device_index(rank)])
 
 
 def checkpoint_plan(plan: WorkerPlan) -> WorkerPlan:
