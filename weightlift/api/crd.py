@@ -14,6 +14,7 @@ from typing import Any
 import yaml
 
 from weightlift.api import limits
+from weightlift.api.kubeschema import schema_of
 from weightlift.api.labels import MAX_NAME_LENGTH, SELECTABLE_FIELDS
 from weightlift.api.model import (
     COMPLETION_PROTOCOL_MESSAGE,
@@ -28,10 +29,12 @@ from weightlift.api.model import (
     SINGULAR,
     VERSION,
     WARM_SPARES_MESSAGE,
+    WORKER_GPU_MESSAGE,
     ModelDeploymentSpec,
     ModelDeploymentStatus,
     gpu_count_message,
 )
+from weightlift.api.podspec import KUBERNETES_SCHEMA, WORKER_CONTAINER
 
 _DROP_KEYS = {"title", "$defs", "discriminator"}
 # How a map-key rule's message names the pattern it enforces.
@@ -110,6 +113,20 @@ _GPU_COUNT_VALIDATIONS = [
     }
     for part in ("limits", "requests")
 ]
+_GPU_COUNT_VALIDATIONS.append(
+    {
+        "rule": "!has(self.template) || !has(self.template.spec) "
+        "|| !has(self.template.spec.containers) || self.template.spec.containers.all(c, "
+        f"c.name != '{WORKER_CONTAINER}' || !has(c.resources) || ("
+        + " && ".join(
+            f"(!has(c.resources.{part}) || !({_GPU} in c.resources.{part}))"
+            for part in ("limits", "requests")
+        )
+        + "))",
+        "message": WORKER_GPU_MESSAGE,
+        "fieldPath": ".template.spec.containers",
+    }
+)
 
 
 def _cel_list(values: Any) -> str:
@@ -147,6 +164,14 @@ def _resolve(node: Any, defs: dict[str, Any]) -> Any:
         return [_resolve(item, defs) for item in node]
     if not isinstance(node, dict):
         return node
+    if KUBERNETES_SCHEMA in node:
+        # A core/v1 type in the Kubernetes API's own schema, already structural.
+        inlined = schema_of(node[KUBERNETES_SCHEMA])
+        own = {k: v for k, v in node.items() if k not in (KUBERNETES_SCHEMA, "title")}
+        rules = inlined.get("x-kubernetes-validations", []) + own.pop(
+            "x-kubernetes-validations", []
+        )
+        return {**inlined, **own, **({"x-kubernetes-validations": rules} if rules else {})}
     if "$ref" in node:
         target = copy.deepcopy(defs[node["$ref"].split("/")[-1]])
         extra = {k: v for k, v in node.items() if k != "$ref"}

@@ -23,7 +23,7 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
-from weightlift.api import limits
+from weightlift.api import limits, podspec
 from weightlift.api.uri import URI_PATTERN
 
 GROUP = "weightlift.dev"
@@ -371,6 +371,89 @@ def gpu_count_message(part: str) -> str:
     )
 
 
+class TemplateMetadata(ApiModel):
+    labels: dict[LabelKey, LabelValue] = Field(
+        default_factory=dict,
+        max_length=podspec.METADATA_ITEMS,
+        json_schema_extra=podspec.metadata_extra("labels"),
+        description="Labels of worker pods (Kueue's queue-name, your own); weightlift.dev/*, "
+        "leaderworkerset.sigs.k8s.io/*, app.kubernetes.io/name and managed-by are the "
+        "operator's.",
+    )
+    annotations: dict[
+        LabelKey, Annotated[str, StringConstraints(max_length=podspec.ANNOTATION_VALUE_MAX)]
+    ] = Field(
+        default_factory=dict,
+        max_length=podspec.METADATA_ITEMS,
+        json_schema_extra=podspec.metadata_extra("annotations"),
+        description="Annotations of worker pods (Multus k8s.v1.cni.cncf.io/networks, Kueue...); "
+        "weightlift.dev/* and leaderworkerset.sigs.k8s.io/* are the operator's.",
+    )
+
+
+class WorkerPodSpec(ApiModel):
+    """A PodSpec subset, in the Kubernetes API's own schema (api/kubeschema.py)."""
+
+    model_config = _rules(*podspec.SPEC_RULES)
+
+    affinity: podspec.Affinity | None = Field(
+        None, description="Node, pod and anti-affinity of worker pods (a core/v1 Affinity)."
+    )
+    priority_class_name: podspec.DnsSubdomain | None = Field(
+        None, description="PriorityClass of worker pods."
+    )
+    scheduler_name: podspec.DnsSubdomain | None = Field(
+        None, description="Scheduler of worker pods (Volcano, a gang scheduler...)."
+    )
+    runtime_class_name: podspec.DnsSubdomain | None = Field(
+        None, description="RuntimeClass of worker pods (e.g. nvidia)."
+    )
+    topology_spread_constraints: list[podspec.SpreadConstraint] = Field(
+        default_factory=list,
+        max_length=podspec.SPREAD_MAX,
+        description="How worker pods spread over zones or nodes.",
+    )
+    image_pull_secrets: list[podspec.PullSecret] = Field(
+        default_factory=list,
+        max_length=podspec.PULL_SECRETS_MAX,
+        description="Secrets of the registry that holds the worker and sidecar images.",
+    )
+    volumes: list[podspec.Volume] = Field(
+        default_factory=list,
+        max_length=podspec.VOLUMES_MAX,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+        description="Volumes added to worker pods, mounted by the worker container's overrides "
+        f"or by sidecars. Names {', '.join(podspec.WORKER_VOLUMES)} are the operator's; "
+        "hostPath is refused.",
+    )
+    init_containers: list[podspec.InitContainer] = Field(
+        default_factory=list,
+        max_length=podspec.INIT_CONTAINERS_MAX,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+        description="Init containers (restartPolicy Always: native sidecars), run before the "
+        "worker.",
+    )
+    containers: list[podspec.Sidecar] = Field(
+        default_factory=list,
+        max_length=podspec.SIDECARS_MAX,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+        description="Sidecars; the container named worker is the worker container's overrides: "
+        f"{', '.join(podspec.WORKER_OVERRIDES[1:])} only (command, args, image, ports and "
+        "probes are the operator's).",
+    )
+    security_context: podspec.PodSecurityContext | None = Field(
+        None,
+        description="Pod security settings over the operator's (non-root uid 1000, "
+        "RuntimeDefault seccomp); they may only tighten them.",
+    )
+
+
+WORKER_GPU_MESSAGE = (
+    "spec.template.spec.containers[name=worker].resources: the GPU resource "
+    "(spec.template.gpuResource) is the operator's, set from parallelism; leave it out here"
+)
+
+
 class PodTemplate(ApiModel):
     image: str = Field(
         DEFAULT_WORKER_IMAGE,
@@ -432,6 +515,19 @@ class PodTemplate(ApiModel):
         pattern=r"^[a-z0-9.-]+/[a-z0-9_.-]+$",
         description="Extended resource for RDMA NICs (e.g. rdma/ib); one is requested per pod.",
     )
+    rdma_resources: list[
+        Annotated[
+            str,
+            StringConstraints(
+                max_length=limits.QUALIFIED_NAME_MAX, pattern=r"^[a-z0-9.-]+/[a-z0-9_.-]+$"
+            ),
+        ]
+    ] = Field(
+        default_factory=list,
+        max_length=8,
+        description="More RDMA extended resources (one per NIC rail, e.g. rdma/rail0, rdma/rail1); "
+        "one of each is requested per pod, with rdmaResource.",
+    )
     shm_size: str = Field(
         "8Gi",
         max_length=32,
@@ -448,6 +544,27 @@ class PodTemplate(ApiModel):
             "may read its ModelDeployment."
         ),
     )
+
+    metadata: TemplateMetadata | None = Field(
+        None, description="Labels and annotations of worker pods, merged under the operator's."
+    )
+    spec: WorkerPodSpec | None = Field(
+        None,
+        description="More of the worker pod's PodSpec: affinity, priority and scheduler, "
+        "pull secrets, volumes, sidecars and init containers, the worker container's "
+        "overrides (a container named worker) and pod security.",
+    )
+
+    @model_validator(mode="after")
+    def _operator_fields_refused(self) -> PodTemplate:
+        # Mirrors the CEL rules (podspec.py), for objects that never passed admission.
+        errors = podspec.template_errors(
+            self.metadata.wire() if self.metadata else None,
+            self.spec.wire() if self.spec else None,
+        )
+        if errors:
+            raise ValueError("; ".join(errors))
+        return self
 
     @field_validator("gpu_resource")
     @classmethod
@@ -1041,6 +1158,12 @@ class ModelDeploymentSpec(ApiModel):
         ):
             if gpu in values and values[gpu] != count:
                 raise ValueError(gpu_count_message(part))
+        for c in self.template.spec.containers if self.template.spec else ():
+            resources = c.get("resources") or {}
+            if c.get("name") == podspec.WORKER_CONTAINER and any(
+                gpu in (resources.get(part) or {}) for part in ("limits", "requests")
+            ):
+                raise ValueError(WORKER_GPU_MESSAGE)
         return self
 
     @model_validator(mode="after")

@@ -36,6 +36,29 @@ HOSTILE_STRINGS = (
     "\u202e\u0000",
 )
 RESERVED_ENV = ("WEIGHTLIFT_PLAN", "WEIGHTLIFT_BIND_HOST", "LD_PRELOAD", "LD_LIBRARY_PATH")
+# spec.template's operator-owned pod fields (api/podspec.py), each a value admission refuses.
+_WORKER = {"name": "worker"}
+OWNED_TEMPLATE: tuple[tuple[tuple[str, ...], Any], ...] = (
+    (("template", "metadata", "labels"), {"weightlift.dev/role": "Source"}),
+    (("template", "metadata", "annotations"), {"weightlift.dev/peers": "{}"}),
+    (("template", "spec", "volumes"), [{"name": "plan", "emptyDir": {}}]),
+    (("template", "spec", "volumes"), [{"name": "h", "hostPath": {"path": "/"}}]),
+    (("template", "spec", "containers"), [{**_WORKER, "command": ["sh"]}]),
+    (("template", "spec", "containers"), [{**_WORKER, "image": "evil:1"}]),
+    (("template", "spec", "containers"), [{**_WORKER, "env": [{"name": "LD_PRELOAD"}]}]),
+    (
+        ("template", "spec", "containers"),
+        [{**_WORKER, "volumeMounts": [{"name": "x", "mountPath": "/etc/weightlift/plan"}]}],
+    ),
+    (
+        ("template", "spec", "containers"),
+        [{"name": "s", "image": "b:1", "securityContext": {"privileged": True}}],
+    ),
+    (("template", "spec", "securityContext"), {"runAsUser": 0}),
+)
+# The pod template's upstream types hold most of the schema's fields: a mutation picks them
+# or the rest with equal odds, so the ModelDeployment's own fields stay well fuzzed.
+POD_TEMPLATE = ("template", "spec")
 
 
 @dataclass(frozen=True)
@@ -168,7 +191,11 @@ def _set(spec: JSON, path: tuple[str, ...], value: Any, remove: bool) -> None:
 
 @st.composite
 def mutation(draw: st.DrawFn, fields: list[Leaf], prefix: str) -> Mutation:
-    kind = draw(st.sampled_from(["valid", "invalid", "invalid", "env", "uri", "remove"]))
+    kinds = ["valid", "invalid", "invalid", "env", "uri", "remove", "owned"]
+    kind = draw(st.sampled_from(kinds))
+    if kind == "owned":
+        path, value = draw(st.sampled_from(OWNED_TEMPLATE))
+        return Mutation(path, value, False)
     if kind == "env":
         name = draw(st.sampled_from(RESERVED_ENV))
         return Mutation(("template", "env"), [{"name": name, "value": "x"}], False)
@@ -178,7 +205,9 @@ def mutation(draw: st.DrawFn, fields: list[Leaf], prefix: str) -> Mutation:
         return Mutation(("model", "uri"), scheme + where, False)
     if kind == "remove":
         return Mutation(("model", draw(st.sampled_from(["uri", "format"]))), None, False, True)
-    leaf = draw(st.sampled_from(fields))
+    pod = [f for f in fields if f.path[:2] == POD_TEMPLATE]
+    rest = [f for f in fields if f.path[:2] != POD_TEMPLATE]
+    leaf = draw(st.sampled_from(draw(st.sampled_from([g for g in (pod, rest) if g]))))
     if kind == "valid":
         return Mutation(leaf.path, draw(_valid(leaf.schema)), True)
     return Mutation(leaf.path, draw(_invalid(leaf.schema)), False)

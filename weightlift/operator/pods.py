@@ -53,6 +53,7 @@ from weightlift.api.worker import (
 )
 from weightlift.operator.inject import inject_worker, injected
 from weightlift.operator.planning import DesiredPod
+from weightlift.operator.podtemplate import merge_template
 from weightlift.operator.settings import Settings
 from weightlift.operator.shared_objects import PlanConfigMap, plan_configmap, token_secret_name
 
@@ -449,7 +450,7 @@ def render_pod(
     if injected(spec):  # the team's own engine image (inject.py)
         s3_store = bool(settings and settings.compile_store_uri.startswith("s3://"))
         inject_worker(pod, spec, settings.worker_bundle_image if settings else None, s3_store)
-    return pod
+    return merge_template(pod, template)
 
 
 def role_of(pod_labels: dict[str, str]) -> Role:

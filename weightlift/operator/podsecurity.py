@@ -34,6 +34,8 @@ def baseline_features(spec: ModelDeploymentSpec) -> list[str]:
         found.append("spec.loading.cache.enabled (the node model cache is a hostPath volume)")
     if spec.template.rdma_resource:
         found.append("spec.template.rdmaResource (RDMA adds the IPC_LOCK capability)")
+    if spec.template.rdma_resources:
+        found.append("spec.template.rdmaResources (RDMA adds the IPC_LOCK capability)")
     return found
 
 

@@ -62,6 +62,7 @@ from weightlift.operator.planning import (
     plan,
 )
 from weightlift.operator.pods import compile_store_volume, plan_for, render_pod, role_of
+from weightlift.operator.podtemplate import TemplateConflict
 from weightlift.operator.probes import (
     fetch_report,
     probe_inference,
@@ -686,6 +687,8 @@ async def _apply_groups(
                 logger.info("LeaderWorkerSet %s: %d group(s)", set_name, replicas)
         except ApiException as exc:
             return [f"LeaderWorkerSet {set_name} was rejected: {kube.api_error(exc)}"]
+        except TemplateConflict as exc:
+            return [f"LeaderWorkerSet {set_name} was not created: {exc}"]
         record.lws[set_name] = replicas
     return []
 
@@ -724,6 +727,9 @@ async def _create_pods(
                     _create_pod, state, name, namespace, uid, spec, desired, plan
                 )
                 break
+            except TemplateConflict as exc:  # a template clash only the render can see
+                rejected.append(f"pod {desired.name} was not created: {exc}")
+                return
             except ApiException as exc:
                 why = kube.api_error(exc)
                 if podsecurity.refused_by_pod_security(why):

@@ -225,8 +225,14 @@ def largest_json(schema: dict[str, Any]) -> int:
 
 
 def test_largest_admissible_spec_fits_a_configmap() -> None:
-    """The worker plan (a subset of the spec) travels in a ConfigMap: at most 1 MiB."""
-    size = largest_json(SPEC)
+    """The worker plan (a subset of the spec) travels in a ConfigMap: at most 1 MiB. The pod
+    template is not in the plan: its upstream pod types (api/kubeschema.py) are bounded for
+    CEL's cost, and the whole object by the API server's request and etcd limits."""
+    plan_part = {
+        **SPEC,
+        "properties": {k: v for k, v in SPEC["properties"].items() if k != "template"},
+    }
+    size = largest_json(plan_part)
     print(f"largest admissible spec: {size} bytes")
     assert size < 1024 * 1024
 

@@ -25,6 +25,10 @@ def test_fields_come_from_the_crd_schema() -> None:
     assert ("model", "uri") in paths
     assert ("template", "env", "[]", "name") in paths
     assert ("loading", "preload", "threads") in paths
+    # The pod template's upstream types (api/kubeschema.py), sidecars' probes included.
+    assert ("template", "spec", "affinity", "nodeAffinity") in paths
+    assert ("template", "spec", "containers", "[]", "readinessProbe", "httpGet", "port") in paths
+    assert ("template", "metadata", "annotations") in paths
     fuzzed = {f.path for f in mutable_fields(spec_schema())}
     assert not any(p[:2] == ("template", "nodeSelector") for p in fuzzed)
 
@@ -63,3 +67,18 @@ def test_mutations_stack_on_earlier_ones() -> None:
     spec = {"probe": {"request": "x"}}
     _set(spec, ("probe", "request", "inputs", "[]", "shape", "[]"), 1, False)
     assert spec["probe"]["request"] == {"inputs": [{"shape": [None]}]}
+
+
+def test_owned_template_mutations_are_refused_by_pydantic_too() -> None:
+    """Each of the fuzzer's operator-owned template values is refused (what the API server's
+    CEL rules refuse, their pydantic mirror refuses too)."""
+    import pytest
+    from pydantic import ValidationError
+
+    from weightlift.bench.fuzz_specs import OWNED_TEMPLATE, _set
+
+    for path, value in OWNED_TEMPLATE:
+        spec = base_spec("/m")
+        _set(spec, path, value, False)
+        with pytest.raises(ValidationError, match=r"spec\.template\."):
+            ModelDeploymentSpec.model_validate(spec)

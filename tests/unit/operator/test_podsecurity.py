@@ -27,6 +27,7 @@ def spec(**wire: Any) -> ModelDeploymentSpec:
         ),
         ({"loading": {"cache": {"enabled": True}}}, []),  # a pvc:// model downloads nothing
         ({"template": {"rdmaResource": "rdma/ib"}}, ["spec.template.rdmaResource"]),
+        ({"template": {"rdmaResources": ["rdma/rail1"]}}, ["spec.template.rdmaResources"]),
         (
             {"model": {"uri": "hostpath:///m"}, "template": {"rdmaResource": "rdma/ib"}},
             ["spec.model.uri", "spec.template.rdmaResource"],
