@@ -71,9 +71,12 @@ def render_lws(
     labels = {k: v for k, v in meta["labels"].items() if k != REPLICA_LABEL}
     # The pods' owner is LWS's StatefulSet: the operator's pod index finds them by this label.
     labels[DEPLOYMENT_UID_LABEL] = uid
-    # StatefulSets take only restartPolicy Always: a rank that fails restarts, and LWS then
-    # recreates its whole group (RecreateGroupOnPodRestart). A permanent failure does not exit
-    # (the worker reports it and waits), so it shows in status instead of a crash loop.
+    # StatefulSets take only restartPolicy Always: a rank that fails restarts in place. LWS's
+    # restartPolicy None leaves the group to the operator, which sees the restart (or the
+    # worker's Failed report), recreates the group by deleting its leader and counts it, up to
+    # spec.parallelism.maxGroupRestarts: LWS's RecreateGroupOnPodRestart would recreate a
+    # broken group forever, uncounted. A permanent failure does not exit (the worker reports
+    # it and waits), so it shows in status instead of a crash loop.
     pod_spec["restartPolicy"] = "Always"
     container = pod_spec["containers"][0]
     container["ports"].append(
@@ -93,7 +96,7 @@ def render_lws(
             "startupPolicy": "LeaderCreated",
             "leaderWorkerTemplate": {
                 "size": spec.parallelism.pods_per_replica,
-                "restartPolicy": "RecreateGroupOnPodRestart",
+                "restartPolicy": "None",
                 "workerTemplate": {
                     "metadata": {"labels": labels, "annotations": meta["annotations"]},
                     "spec": pod_spec,
@@ -135,6 +138,15 @@ def _summed_report(members: tuple[ObservedPod, ...]) -> Any:
                     "permanent_failure": report.permanent_failure,
                 }
             )
+    for member in members:
+        if member.container_restarts:  # restarted in place: its last run failed
+            return summed.model_copy(
+                update={
+                    "phase": WorkerPhase.FAILED,
+                    "message": f"{member.name}: {member.failure_message}",
+                    "permanent_failure": False,
+                }
+            )
     return summed
 
 
@@ -156,6 +168,9 @@ def collapse(pods: Iterable[tuple[Mapping[str, Any], ObservedPod]], size: int) -
             continue
         members = tuple(by_index[i] for i in sorted(by_index))
         broken = next((m for m in members if m.failed and m is not leader), None)
+        # A pod that restarted in place left its group broken (restartPolicy None: the
+        # operator, not LWS, recreates the group, counting it).
+        restarted = any(m.container_restarts for m in members)
         out.append(
             replace(
                 leader,
@@ -163,7 +178,9 @@ def collapse(pods: Iterable[tuple[Mapping[str, Any], ObservedPod]], size: int) -
                 terminating=any(m.terminating for m in members),
                 failure=leader.failure
                 or (f"{broken.name}: {broken.failure_message}" if broken else None),
-                phase="Failed" if broken and broken.phase == "Failed" else leader.phase,
+                phase="Failed"
+                if restarted or (broken and broken.phase == "Failed")
+                else leader.phase,
                 failed_at=leader.failed_at or (broken.failed_at if broken else None),
                 worker=_summed_report(members),
                 members=members,

@@ -125,10 +125,13 @@ def _stuck(pod: Mapping[str, Any]) -> str | None:
     return None
 
 
-def _termination(pod: dict[str, Any]) -> tuple[str | None, WorkerReport | None]:
-    """The container's termination message: a WorkerReport JSON if the worker wrote one."""
+def _termination(
+    pod: dict[str, Any], state: str = "state"
+) -> tuple[str | None, WorkerReport | None]:
+    """The container's termination message: a WorkerReport JSON if the worker wrote one.
+    `state`: "lastState" for the run before a restart in place."""
     for cs in pod.get("status", {}).get("containerStatuses", []):
-        terminated = (cs.get("state") or {}).get("terminated")
+        terminated = (cs.get(state) or {}).get("terminated")
         if not terminated:
             continue
         message = terminated.get("message") or terminated.get("reason") or ""
@@ -148,6 +151,10 @@ async def observe_pod(
     ip = status.get("podIP")
     address = host_port(ip, spec.runtime.port) if ip else None
     failure, report = _termination(pod)
+    # A group's pod restarts in place (restartPolicy Always): its last run says why it failed.
+    restarts = sum(cs.get("restartCount") or 0 for cs in status.get("containerStatuses") or [])
+    if failure is None and restarts:
+        failure = _termination(pod, "lastState")[0]
     pod_ready = _pod_ready(pod)
     state.index_shows(meta["uid"], meta)
     reachable = (
@@ -175,6 +182,7 @@ async def observe_pod(
         probe=probe,
         handoff=PeerHandoff.parse((meta.get("annotations") or {}).get(PEERS_ANNOTATION)),
         spare=labels.get(SPARE_LABEL) == "true",
+        container_restarts=restarts,
     )
     if observed.failed:
         record = state.pod(meta["uid"])
@@ -187,7 +195,10 @@ async def observe_pod(
 
 def _finished_at(pod: dict[str, Any]) -> datetime | None:
     for cs in pod.get("status", {}).get("containerStatuses", []):
-        finished = ((cs.get("state") or {}).get("terminated") or {}).get("finishedAt")
+        ended = (cs.get("state") or {}).get("terminated") or (cs.get("lastState") or {}).get(
+            "terminated"
+        )
+        finished = (ended or {}).get("finishedAt")
         if finished:
             try:
                 return parse_rfc3339(finished)

@@ -170,7 +170,7 @@ def test_the_lws_template_waits_for_its_role_and_carries_the_owner_uid() -> None
     assert lws["metadata"]["name"] == lws_name(NAME, identity)
     assert f"{lws['metadata']['name']}-0" == pod_name(NAME, identity, 0)  # LWS's leader name
     template = lws["spec"]["leaderWorkerTemplate"]
-    assert template["size"] == 2 and template["restartPolicy"] == "RecreateGroupOnPodRestart"
+    assert template["size"] == 2 and template["restartPolicy"] == "None"
     pod = template["workerTemplate"]
     assert pod["metadata"]["labels"][DEPLOYMENT_UID_LABEL] == "uid-1"
     assert REPLICA_LABEL not in pod["metadata"]["labels"]
