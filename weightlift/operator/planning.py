@@ -379,7 +379,7 @@ def plan(spec: ModelDeploymentSpec | SpecError, observed: Observed) -> Plan:
         pod = given_up[0]
         phase = Phase.FAILED
         message = (
-            f"{pod.name} failed {group_restarts[pod.name] + 1} times in a row "
+            f"{pod.name} failed {group_restarts.get(pod.name, 0) + 1} times in a row "
             f"(spec.parallelism.maxGroupRestarts {spec.parallelism.max_group_restarts}), "
             f"not recreated until the spec changes: {pod.failure_message}"
         )

@@ -14,7 +14,13 @@ from weightlift.api.labels import (
     LWS_WORKER_INDEX_LABEL,
     REPLICA_LABEL,
 )
-from weightlift.api.model import ModelDeploymentSpec, RankTransport, Role
+from weightlift.api.model import (
+    ModelDeploymentSpec,
+    ModelDeploymentStatus,
+    Phase,
+    RankTransport,
+    Role,
+)
 from weightlift.api.worker import GROUP_PORT, PeerHandoff, WorkerPhase, WorkerReport
 from weightlift.operator.groups import (
     collapse,
@@ -29,8 +35,9 @@ from weightlift.operator.pods import plan_for
 PORT = 8000
 
 
-def group_spec(replicas: int = 2, **extra: Any) -> ModelDeploymentSpec:
-    return make_spec(replicas, tensor=2, parallelism={"tensor": 2, "podsPerReplica": 2}, **extra)
+def group_spec(replicas: int = 2, restarts: int = 3, **extra: Any) -> ModelDeploymentSpec:
+    parallelism = {"tensor": 2, "podsPerReplica": 2, "maxGroupRestarts": restarts}
+    return make_spec(replicas, tensor=2, parallelism=parallelism, **extra)
 
 
 def raw(index: int, group: int) -> dict[str, Any]:
@@ -213,3 +220,72 @@ def test_each_ranks_transport_reaches_the_replica_status() -> None:
     assert entry.transports == [said]
     wire = entry.model_dump(by_alias=True, exclude_none=True)
     assert wire["transports"] == [{"rank": 0, "transport": said.transport, "note": note}]
+
+
+# ---------------------------------------------------------------- groups that fail in a row
+
+
+def failed_group(spec: ModelDeploymentSpec, group: int = 0) -> ObservedPod:
+    """Group `group` whose rank 1 restarted in place (restartPolicy Always) after exiting."""
+    pods = group_pods(spec, group, "ready", Role.SOURCE)
+    worker = dataclasses.replace(
+        pods[1][1],
+        container_restarts=1,
+        failure="worker exited with code 1: group rank 0 at 10.0.0.1 is gone",
+    )
+    pods[1] = (pods[1][0], worker)
+    (collapsed,) = collapse(pods, 2)
+    return collapsed
+
+
+def after(restarts: dict[str, int], generation: int = 3) -> ModelDeploymentStatus:
+    return ModelDeploymentStatus(observed_generation=generation, group_restarts=restarts)
+
+
+def test_a_pod_restarted_in_place_fails_its_group_naming_it() -> None:
+    group = failed_group(group_spec(1))
+    assert group.failed and not group.inference_ready and group.phase == "Failed"
+    assert group.failure_message == (
+        f"{group.name}-1: worker exited with code 1: group rank 0 at 10.0.0.1 is gone"
+    )
+
+
+def test_a_failed_group_is_recreated_and_counted_up_to_max_group_restarts() -> None:
+    spec = group_spec(1, restarts=2)
+    group = failed_group(spec)
+    # The first failure: recreated (its leader deleted), counted in the status.
+    first = plan(spec, observe([group]))
+    assert first.delete[group.name].startswith("replacing failed replica")
+    assert first.status.group_restarts == {group.name: 1}
+    # The count survives in the status (an operator restart reads it back): the second too.
+    second = plan(spec, observe([group], previous=after({group.name: 1})))
+    assert group.name in second.delete and second.status.group_restarts == {group.name: 2}
+    # The third failure in a row: left Failed, naming the pod and why, nothing recreated.
+    third = plan(spec, observe([group], previous=after({group.name: 2})))
+    assert not third.delete and not third.create
+    assert third.status.phase == Phase.FAILED
+    assert third.status.message == (
+        f"{group.name} failed 3 times in a row (spec.parallelism.maxGroupRestarts 2), not "
+        f"recreated until the spec changes: {group.name}-1: worker exited with code 1: "
+        "group rank 0 at 10.0.0.1 is gone"
+    )
+    assert third.status.group_restarts == {group.name: 2}
+
+
+def test_a_spec_change_or_a_ready_group_starts_the_count_over() -> None:
+    spec = group_spec(1, restarts=2)
+    group = failed_group(spec)
+    changed = plan(spec, observe([group], previous=after({group.name: 2}, generation=2)))
+    assert group.name in changed.delete and changed.status.group_restarts == {group.name: 1}
+    ready = collapse(group_pods(spec, 0, "ready", Role.SOURCE), 2)
+    result = plan(spec, observe(ready, previous=after({group.name: 2})))
+    assert result.status.group_restarts is None
+    # A group being recreated (its pods not observed yet) keeps its count.
+    result = plan(spec, observe([], previous=after({group.name: 2})))
+    assert result.status.group_restarts == {group.name: 2}
+
+
+def test_max_group_restarts_zero_never_recreates() -> None:
+    spec = group_spec(1, restarts=0)
+    result = plan(spec, observe([failed_group(spec)]))
+    assert not result.delete and result.status.phase == Phase.FAILED
