@@ -324,6 +324,19 @@ def pod_essentials(pod: Mapping[str, Any]) -> dict[str, Any]:
         for cs in status.get("containerStatuses") or []
         if (cs.get("state") or {}).get("terminated")
     ]
+    # A group's pod restarts in place: how often, and why its last run ended.
+    restarted = [
+        {
+            "restartCount": cs["restartCount"],
+            "lastState": {
+                "terminated": _slim_termination(
+                    ((cs.get("lastState") or {}).get("terminated")) or {}
+                )
+            },
+        }
+        for cs in status.get("containerStatuses") or []
+        if cs.get("restartCount")
+    ]
     stuck = [
         {"image": cs.get("image"), "state": {"waiting": cs["state"]["waiting"]}}
         for cs in status.get("containerStatuses") or []
@@ -357,7 +370,7 @@ def pod_essentials(pod: Mapping[str, Any]) -> dict[str, Any]:
             "phase": status.get("phase", "Pending"),
             "podIP": status.get("podIP"),
             "conditions": conditions,
-            "containerStatuses": terminated + stuck,
+            "containerStatuses": terminated + restarted + stuck,
         },
     }
 
