@@ -60,20 +60,21 @@ def test_a_group_failing_again_and_again_turns_failed_and_is_not_recreated(
             "the phase Failed",
             tick=stack.check_operator,
         )
-        leader = f"{NAME}-{failed.status['modelIdentity'][:6]}-0"
+        # The group (its LeaderWorkerSet, named as the replica) and its pods (LWS's names).
+        group = f"{NAME}-{failed.status['modelIdentity'][:6]}-0"
+        leader, worker = f"{group}-0", f"{group}-0-1"
         message = str(failed.status.get("message"))
-        assert message.startswith(f"{leader} failed 2 times in a row"), message
+        assert message.startswith(f"{group} failed 2 times in a row"), message
         assert "maxGroupRestarts 1" in message, message
         # The pod and the reason: rank 1's pod found no presharded file of its own.
-        assert f"{leader}-1: " in message, message
+        assert f"{worker}: " in message, message
         assert "no presharded files rank-1-of-2" in message, message
-        assert failed.status.get("groupRestarts") == {leader: 1}, failed.status
+        assert failed.status.get("groupRestarts") == {group: 1}, failed.status
 
         # From Failed on, rank 1 restarts in place twice more (each restart is when LWS's
         # RecreateGroupOnPodRestart would have recreated the group, and the operator sees it),
         # and no pod is made meanwhile: the pods' uids then are those of the group recreated
         # once (two leaders, two rank-1 pods), nothing more.
-        worker = f"{leader}-1"
         at_failed = max(
             (_restarts(v) for v in pod_history.versions() if v.name == worker), default=0
         )

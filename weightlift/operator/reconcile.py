@@ -637,52 +637,43 @@ async def _apply_groups(
     meta: Mapping[str, Any],
     spec: ModelDeploymentSpec,
     result: Plan,
-    groups: list[ObservedPod],
+    groups: Mapping[str, ObservedPod],
     logger: logging.Logger | logging.LoggerAdapter[Any],
 ) -> list[str]:
-    """Multi-pod replicas: the revision's LeaderWorkerSet made or scaled, older ones scaled
-    down or deleted, failed groups' leaders deleted (LWS recreates the group). Planning's
-    creations become the set's replica count, so nothing is left for apply to create. Returns
-    what the API server refused."""
+    """Multi-pod replicas, one LeaderWorkerSet each: planning's creations make sets, its
+    scale-downs and roll-overs delete the sets it chose, its replacements of failed groups
+    delete their leaders (LWS recreates the group). Nothing is left for apply to create.
+    Returns what the API server refused."""
     namespace, name, uid = meta["namespace"], meta["name"], meta["uid"]
-    identity = model_identity(spec)
-    actions = group_actions(name, spec, identity, groups, result)
+    actions = group_actions(groups, result)
     result.create = []
     record = state.deployment(uid)
     for pod, why in actions.delete_pods.items():
         logger.info("deleting group leader %s (LWS recreates its group): %s", pod, why)
         await asyncio.to_thread(kube.delete_pod, state.core, namespace, pod)
-    for set_name, replicas in actions.replicas.items():
-        if record.lws.get(set_name) == replicas:
-            continue
+    for set_name, why in actions.delete_sets.items():
+        logger.info("deleting LeaderWorkerSet %s: %s", set_name, why)
         try:
-            if replicas == 0:
-                await asyncio.to_thread(kube.delete_lws, state.custom, namespace, set_name)
-            elif set_name in record.lws:
-                await asyncio.to_thread(kube.scale_lws, state.custom, namespace, set_name, replicas)
-            else:
-                # The plan (JSON + sha256) only when a set is made, not on every pass.
-                plan = plan_for(name, namespace, spec, identity)
-                await _ensure_beside_pods(state, meta, spec, identity, plan)
-                manifest = render_lws(
-                    name,
-                    namespace,
-                    uid,
-                    spec,
-                    identity,
-                    replicas,
-                    plan,
-                    state.settings_for(namespace),
-                )
-                if not await asyncio.to_thread(kube.create_lws, state.custom, namespace, manifest):
-                    # It exists (an earlier operator made it): set its count.
-                    await asyncio.to_thread(
-                        kube.scale_lws, state.custom, namespace, set_name, replicas
-                    )
-                logger.info("LeaderWorkerSet %s: %d group(s)", set_name, replicas)
+            await asyncio.to_thread(kube.delete_lws, state.custom, namespace, set_name)
+        except ApiException as exc:
+            return [f"deleting LeaderWorkerSet {set_name} was rejected: {kube.api_error(exc)}"]
+        record.lws.pop(set_name, None)
+    for desired in actions.create:
+        # The plan (JSON + sha256) once per set made, not on every pass.
+        plan = plan_for(name, namespace, spec, desired.identity)
+        manifest = render_lws(
+            name, namespace, uid, spec, desired, plan, state.settings_for(namespace)
+        )
+        set_name = manifest["metadata"]["name"]
+        try:
+            await _ensure_beside_pods(state, meta, spec, desired.identity, plan)
+            # A set that exists (made by an earlier pass or operator, its pods not seen yet,
+            # or still being deleted) is left as it is: a later pass sees its group or makes it.
+            if await asyncio.to_thread(kube.create_lws, state.custom, namespace, manifest):
+                logger.info("LeaderWorkerSet %s made", set_name)
         except ApiException as exc:
             return [f"LeaderWorkerSet {set_name} was rejected: {kube.api_error(exc)}"]
-        record.lws[set_name] = replicas
+        record.lws[set_name] = 1
     return []
 
 
@@ -801,7 +792,7 @@ async def apply(
     rejected: list[str] = []
     if isinstance(spec, ModelDeploymentSpec) and (groups or spec.parallelism.pods_per_replica > 1):
         spread_handoffs(result, groups, spec.parallelism.pods_per_replica, spec.runtime.port)
-        rejected += await _apply_groups(state, meta, spec, result, list(groups.values()), logger)
+        rejected += await _apply_groups(state, meta, spec, result, groups, logger)
     uids = {p["metadata"]["name"]: p["metadata"].get("uid") for p in pods or []}
     await _patch_pods(state, namespace, result, logger, uids)
     state.woke_spares(uid, result.unspare)
