@@ -167,20 +167,26 @@ def collapse(pods: Iterable[tuple[Mapping[str, Any], ObservedPod]], size: int) -
     restarted in place), terminating when one is. A group whose leader is gone is left out:
     LWS (or garbage collection) is taking its pods."""
     out: list[ObservedPod] = []
-    groups: dict[str, dict[int, ObservedPod]] = {}
+    groups: dict[str, dict[int, tuple[str, ObservedPod]]] = {}
     for raw, pod in pods:
         index = group_index(raw)
         if index is None:
             out.append(pod)
         else:
-            labels = (raw.get("metadata") or {}).get("labels") or {}
-            set_name = labels.get(LWS_NAME_LABEL) or f"{pod.identity}/{pod.replica}"
-            groups.setdefault(set_name, {})[index] = pod
+            meta = raw.get("metadata") or {}
+            set_name = (meta.get("labels") or {}).get(LWS_NAME_LABEL) or pod.name
+            created = str(meta.get("creationTimestamp") or "")
+            groups.setdefault(set_name, {})[index] = (created, pod)
     for set_name, by_index in groups.items():
-        leader = by_index.get(0)
-        if leader is None:
+        if 0 not in by_index:
             continue
-        members = tuple(by_index[i] for i in sorted(by_index))
+        since, leader = by_index[0]
+        # A pod made before its leader is a previous leader's, not yet garbage-collected
+        # (LWS makes a group's other pods after its leader): it would fail the new group.
+        # RFC 3339 UTC times in one format: their strings order as the times do.
+        members = tuple(
+            pod for i in sorted(by_index) for created, pod in [by_index[i]] if created >= since
+        )
         broken = next((m for m in members if m.failed), None)
         # A pod that restarted in place left its group broken (restartPolicy None: the
         # operator, not LWS, recreates the group, counting it).

@@ -322,3 +322,25 @@ def test_max_group_restarts_zero_never_recreates() -> None:
     spec = group_spec(1, restarts=0)
     result = plan(spec, observe([failed_group(spec)]))
     assert not result.delete and result.status.phase == Phase.FAILED
+
+
+def test_a_previous_leaders_pod_does_not_fail_the_recreated_group() -> None:
+    """Right after a group is recreated, the old leader's rank 1 (restarted, not yet garbage-
+    collected) is older than the new leader: it is not the new group's, which waits for its own
+    rank 1 instead of failing (and being counted) again."""
+    spec = group_spec(1)
+    pods = group_pods(spec, 0, "loading")
+    stale = dataclasses.replace(pods[1][1], container_restarts=1, failure="worker exited")
+    leader_raw = {
+        "metadata": {**pods[0][0]["metadata"], "creationTimestamp": "2026-01-01T00:00:09Z"}
+    }
+    stale_raw = {
+        "metadata": {**pods[1][0]["metadata"], "creationTimestamp": "2026-01-01T00:00:08Z"}
+    }
+    (group,) = collapse([(leader_raw, pods[0][1]), (stale_raw, stale)], 2)
+    assert [m.name for m in group.members] == [member(group.name, 0)]
+    assert not group.failed and not group.pod_ready
+    # Made in the same second as its leader or later: the group's own.
+    stale_raw["metadata"]["creationTimestamp"] = "2026-01-01T00:00:09Z"
+    (group,) = collapse([(leader_raw, pods[0][1]), (stale_raw, stale)], 2)
+    assert len(group.members) == 2 and group.failed
