@@ -118,6 +118,10 @@ class ObservedPod:
 
     @property
     def failure_message(self) -> str:
+        restarted = self.container_restarts and self.failure
+        worker_failed = self.worker is not None and self.worker.phase == WorkerPhase.FAILED
+        if restarted and not worker_failed:
+            return str(self.failure)  # its last run's end, not what the new run says so far
         if self.worker is not None and self.worker.message:
             return self.worker.message
         return self.failure or f"pod phase {self.phase}"

@@ -344,3 +344,14 @@ def test_a_previous_leaders_pod_does_not_fail_the_recreated_group() -> None:
     stale_raw["metadata"]["creationTimestamp"] = "2026-01-01T00:00:09Z"
     (group,) = collapse([(leader_raw, pods[0][1]), (stale_raw, stale)], 2)
     assert len(group.members) == 2 and group.failed
+
+
+def test_a_restarted_pods_last_run_names_the_failure_not_its_new_run() -> None:
+    spec = group_spec(1)
+    (_, pod) = group_pods(spec, 0, "loading")[1]
+    assert pod.worker is not None
+    running_again = pod.worker.model_copy(update={"message": "loading 1/2 files"})
+    pod = dataclasses.replace(
+        pod, worker=running_again, container_restarts=1, failure="worker exited with code 1: x"
+    )
+    assert pod.failed and pod.failure_message == "worker exited with code 1: x"
