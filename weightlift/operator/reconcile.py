@@ -17,6 +17,7 @@ from pydantic import ValidationError
 from weightlift.api.labels import (
     IDENTITY_LABEL,
     LWS_GROUP_INDEX_LABEL,
+    LWS_NAME_LABEL,
     LWS_WORKER_INDEX_LABEL,
     PEERS_ANNOTATION,
     PLAN_LABEL,
@@ -384,6 +385,7 @@ POD_LABELS_READ = (
     SPARE_LABEL,
     LWS_GROUP_INDEX_LABEL,
     LWS_WORKER_INDEX_LABEL,
+    LWS_NAME_LABEL,  # a group's set: groups.collapse names the group by it
 )
 POD_ANNOTATIONS_READ = (PEERS_ANNOTATION, WOKEN_ANNOTATION)
 

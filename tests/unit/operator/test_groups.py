@@ -32,6 +32,7 @@ from weightlift.operator.groups import (
 )
 from weightlift.operator.planning import ObservedPod, Plan, plan, pod_name
 from weightlift.operator.pods import plan_for
+from weightlift.operator.reconcile import pod_essentials
 
 PORT = 8000
 
@@ -42,13 +43,15 @@ def group_spec(replicas: int = 2, restarts: int = 3, **extra: Any) -> ModelDeplo
 
 
 def raw(index: int, set_name: str) -> dict[str, Any]:
-    """A group pod's labels: LWS's (one set per group: group index 0) and the set's name."""
+    """A group pod's labels: LWS's (one set per group: group index 0) and the set's name, as
+    the operator's pod index keeps them (pod_essentials)."""
     labels = {
         LWS_WORKER_INDEX_LABEL: str(index),
         LWS_GROUP_INDEX_LABEL: "0",
         LWS_NAME_LABEL: set_name,
+        "controller-revision-hash": "dropped",
     }
-    return {"metadata": {"labels": labels}}
+    return pod_essentials({"metadata": {"name": member(set_name, index), "labels": labels}})
 
 
 def member(group: str, index: int) -> str:
