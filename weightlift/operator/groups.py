@@ -266,10 +266,19 @@ class GroupActions:
     delete_pods: dict[str, str]  # leader pod -> why (its group failed: LWS recreates it)
 
 
-def group_actions(groups: Mapping[str, ObservedPod], result: Plan) -> GroupActions:
+def group_actions(
+    groups: Mapping[str, ObservedPod],
+    result: Plan,
+    existing: Iterable[str] = (),
+    replicas: int | None = None,
+    prefix: str = "",
+) -> GroupActions:
     """Planning creates and deletes replicas by name, and a group's LeaderWorkerSet has its
     replica's name: a creation makes the set, a scale-down or roll-over deletes the set planning
-    chose, and a failed group is recreated by deleting its leader pod."""
+    chose, and a failed group is recreated by deleting its leader pod. `existing`: the sets
+    known to exist (their pods seen, or just made); while a failed group is being recreated
+    planning does not see it and would add another: the sets named `prefix...` (the current
+    identity's) are kept at most `replicas`."""
     delete_sets: dict[str, str] = {}
     delete_pods: dict[str, str] = {}
     for name, why in result.delete.items():
@@ -280,4 +289,9 @@ def group_actions(groups: Mapping[str, ObservedPod], result: Plan) -> GroupActio
             delete_sets[name] = why
         else:
             delete_pods[group.members[0].name] = why
-    return GroupActions(list(result.create), delete_sets, delete_pods)
+    create = list(result.create)
+    if replicas is not None:
+        current = {s for s in existing if s.startswith(prefix)} - set(delete_sets)
+        room = max(0, replicas - len(current))
+        create = [d for d in create if d.name not in current][:room]
+    return GroupActions(create, delete_sets, delete_pods)

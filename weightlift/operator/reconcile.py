@@ -58,6 +58,7 @@ from weightlift.operator.planning import (
     SpecError,
     host_port,
     plan,
+    pod_name,
 )
 from weightlift.operator.pods import compile_store_volume, plan_for, render_pod, role_of
 from weightlift.operator.probes import (
@@ -634,6 +635,10 @@ async def _sweep_plans(
         logger.warning("sweeping old plan ConfigMaps: %s", kube.api_error(exc))
 
 
+# A set just made counts as existing this long, before its pods reach the pod index.
+LWS_JUST_MADE_SECONDS = 30.0
+
+
 async def _apply_groups(
     state: OperatorState,
     meta: Mapping[str, Any],
@@ -641,15 +646,24 @@ async def _apply_groups(
     result: Plan,
     groups: Mapping[str, ObservedPod],
     logger: logging.Logger | logging.LoggerAdapter[Any],
+    pods: list[dict[str, Any]],
 ) -> list[str]:
     """Multi-pod replicas, one LeaderWorkerSet each: planning's creations make sets, its
     scale-downs and roll-overs delete the sets it chose, its replacements of failed groups
     delete their leaders (LWS recreates the group). Nothing is left for apply to create.
     Returns what the API server refused."""
     namespace, name, uid = meta["namespace"], meta["name"], meta["uid"]
-    actions = group_actions(groups, result)
-    result.create = []
     record = state.deployment(uid)
+    # Sets that exist: their pods' label (terminating ones too), or made a moment ago.
+    now = time.monotonic()
+    existing = {
+        str(labels[LWS_NAME_LABEL])
+        for raw in pods
+        if LWS_NAME_LABEL in (labels := (raw.get("metadata") or {}).get("labels") or {})
+    } | {s for s, made in record.lws.items() if now - made < LWS_JUST_MADE_SECONDS}
+    prefix = pod_name(name, model_identity(spec), 0)[:-1]
+    actions = group_actions(groups, result, existing, spec.replicas, prefix)
+    result.create = []
     for pod, why in actions.delete_pods.items():
         logger.info("deleting group leader %s (LWS recreates its group): %s", pod, why)
         await asyncio.to_thread(kube.delete_pod, state.core, namespace, pod)
@@ -675,7 +689,7 @@ async def _apply_groups(
                 logger.info("LeaderWorkerSet %s made", set_name)
         except ApiException as exc:
             return [f"LeaderWorkerSet {set_name} was rejected: {kube.api_error(exc)}"]
-        record.lws[set_name] = 1
+        record.lws[set_name] = time.monotonic()
     return []
 
 
@@ -794,7 +808,7 @@ async def apply(
     rejected: list[str] = []
     if isinstance(spec, ModelDeploymentSpec) and (groups or spec.parallelism.pods_per_replica > 1):
         spread_handoffs(result, groups, spec.parallelism.pods_per_replica, spec.runtime.port)
-        rejected += await _apply_groups(state, meta, spec, result, groups, logger)
+        rejected += await _apply_groups(state, meta, spec, result, groups, logger, pods or [])
     uids = {p["metadata"]["name"]: p["metadata"].get("uid") for p in pods or []}
     await _patch_pods(state, namespace, result, logger, uids)
     state.woke_spares(uid, result.unspare)

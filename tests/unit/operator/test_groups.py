@@ -358,3 +358,19 @@ def test_a_restarted_pods_last_run_names_the_failure_not_its_new_run() -> None:
         pod, worker=running_again, container_restarts=1, failure="worker exited with code 1: x"
     )
     assert pod.failed and pod.failure_message == "worker exited with code 1: x"
+
+
+def test_a_group_being_recreated_is_not_replaced_by_another() -> None:
+    """Its leader deleted, a failed group is out of planning's sight, which asks for another
+    replica; its set still exists (its pods say so), so none is made beside it."""
+    spec = group_spec(1)
+    identity = ident(spec)
+    result = plan(spec, observe([]))
+    g0, g1 = lws_name(NAME, identity, 0), lws_name(NAME, identity, 1)
+    prefix = g0[:-1]
+    made = group_actions({}, result, {g0}, spec.replicas, prefix)
+    assert made.create == []
+    # Another identity's sets (a roll-over) do not count; a set not there yet is made.
+    result.create = [dataclasses.replace(result.create[0], name=g1, replica=1)]
+    made = group_actions({}, result, {"llm-ffffff-0"}, spec.replicas, prefix)
+    assert [d.name for d in made.create] == [g1]
