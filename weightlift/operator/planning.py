@@ -84,7 +84,10 @@ class ObservedPod:
     @property
     def failed(self) -> bool:
         worker_failed = self.worker is not None and self.worker.phase == WorkerPhase.FAILED
-        return self.phase in ("Failed", "Succeeded") or worker_failed or self.container_restarts > 0
+        # A terminated container (`failure`) of a Running pod: a group's pod between its exit
+        # and its restart in place.
+        ended = self.failure is not None or self.container_restarts > 0
+        return self.phase in ("Failed", "Succeeded") or worker_failed or ended
 
     @property
     def permanent_failure(self) -> bool:

@@ -374,3 +374,11 @@ def test_a_group_being_recreated_is_not_replaced_by_another() -> None:
     result.create = [dataclasses.replace(result.create[0], name=g1, replica=1)]
     made = group_actions({}, result, {"llm-ffffff-0"}, spec.replicas, prefix)
     assert [d.name for d in made.create] == [g1]
+
+
+def test_a_pod_between_its_exit_and_its_restart_still_fails_its_group() -> None:
+    spec = group_spec(1)
+    pods = group_pods(spec, 0, "loading")
+    exited = dataclasses.replace(pods[1][1], worker=None, failure="worker exited with code 1: x")
+    (group,) = collapse([pods[0], (pods[1][0], exited)], 2)
+    assert group.failed and group.failure_message.endswith("worker exited with code 1: x")
