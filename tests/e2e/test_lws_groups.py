@@ -19,7 +19,9 @@ import httpx
 import pytest
 from kubernetes import watch
 
+from weightlift.api.labels import LWS_API_VERSION, LWS_GROUP, LWS_PLURAL
 from weightlift.api.model import GROUP, PLURAL, VERSION
+from weightlift.local.kube import call
 from weightlift.local.lws import LwsController
 from weightlift.local.observe import Observer, infer
 from weightlift.local.stack import LocalStack, make_demo_model
@@ -129,7 +131,8 @@ def test_two_groups_of_two_pods_load_rank_matched_and_compute_across_their_pods(
     for group in (source, target):
         pods = group["pods"]
         assert [p["index"] for p in pods] == [0, 1]
-        assert pods[0]["name"] == group["name"] and pods[1]["name"] == f"{group['name']}-1"
+        # One LeaderWorkerSet per group, named as the replica: LWS's leader is `<set>-0`.
+        assert [p["name"] for p in pods] == [f"{group['name']}-0", f"{group['name']}-0-1"]
         for index, pod in enumerate(pods):
             # Each pod holds its own rank, and loaded exactly that rank's shard.
             assert pod["ranks"] == [index]
@@ -196,3 +199,25 @@ def test_two_groups_of_two_pods_load_rank_matched_and_compute_across_their_pods(
         infer(f"http://{ip}:8000", model, probe["request"])["outputs"][0]["data"] for ip in leaders
     ]
     assert outs[0] == outs[1] == answers[0]
+
+    # Scaled to 1: planning keeps the Source (Targets go first) and the operator deletes the
+    # Target's own LeaderWorkerSet; one set is left, the Source's.
+    sources = [g["name"] for g in groups.values() if g["role"] == "Source"]
+    stack.kube.custom.patch_namespaced_custom_object(
+        GROUP, VERSION, stack.namespace, PLURAL, NAME, {"spec": {"replicas": 1}}
+    )
+
+    def one_group_left() -> list[str] | None:
+        listed = call(
+            stack.kube.custom.list_namespaced_custom_object,
+            LWS_GROUP,
+            LWS_API_VERSION,
+            stack.namespace,
+            LWS_PLURAL,
+        )
+        sets: list[JSON] = listed["items"]
+        names = sorted(s["metadata"]["name"] for s in sets)
+        rows = _groups(obs)
+        return names if len(names) == 1 and list(rows) == names else None
+
+    assert _until("one group left", one_group_left, READY_TIMEOUT, stack) == sources

@@ -92,7 +92,24 @@ BAD_SPECS: list[tuple[str, dict[str, Any], str]] = [
     ("bad-strategy", {"loading": {"strategy": "Teleport"}}, "spec.loading.strategy"),
     ("bad-port", {"runtime": {"port": 80}}, "spec.runtime.port"),
     ("bad-dtype", {"model": {"uri": "file:///m", "dtype": "int3"}}, "spec.model.dtype"),
+    (
+        "negative-group-restarts",
+        {"parallelism": {"maxGroupRestarts": -1}},
+        "spec.parallelism.maxGroupRestarts",
+    ),
 ]
+
+
+def test_warm_spares_for_groups_are_refused_saying_why(
+    crd: str, kubectl: Kubectl, namespace: str
+) -> None:
+    spec = {"warmSpares": 1, "parallelism": {"tensor": 2, "podsPerReplica": 2}}
+    code, out = dry_run(kubectl, namespace, md("groupspares", **spec))
+    assert code != 0, "the API server admitted warm spares for multi-pod replicas"
+    assert "spec.warmSpares needs spec.parallelism.podsPerReplica 1" in out, out
+    one_pod = {"warmSpares": 1, "parallelism": {"tensor": 2}}
+    code, out = dry_run(kubectl, namespace, md("podspares", **one_pod))
+    assert code == 0, out
 
 
 @pytest.mark.parametrize(("name", "spec", "field"), BAD_SPECS, ids=[b[0] for b in BAD_SPECS])

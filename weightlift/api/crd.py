@@ -20,6 +20,7 @@ from weightlift.api.model import (
     COMPLETION_PROTOCOL_MESSAGE,
     DEFAULT_GPU_RESOURCE,
     GROUP,
+    GROUP_SPARES_MESSAGE,
     INJECTED_WORKER_MESSAGE,
     KIND,
     PLURAL,
@@ -87,6 +88,12 @@ _SPEC_VALIDATIONS = [
         "&& has(self.runtime.engine) && self.runtime.engine == 'vLLM')",
         "message": INJECTED_WORKER_MESSAGE,
         "fieldPath": ".template.worker",
+    },
+    {
+        "rule": "!has(self.warmSpares) || self.warmSpares == 0 || !has(self.parallelism) "
+        "|| !has(self.parallelism.podsPerReplica) || self.parallelism.podsPerReplica == 1",
+        "message": GROUP_SPARES_MESSAGE,
+        "fieldPath": ".warmSpares",
     },
 ]
 
@@ -324,6 +331,12 @@ def build_crd() -> dict[str, Any]:
         ("Ready", "string", ".status.ready", "Replicas that passed inference probes / desired"),
         ("Sources", "integer", ".status.readySources", "Ready P2P sources"),
         ("Loaded", "string", ".status.loaded", "Percent of weight bytes loaded"),
+        (
+            "Pods/Replica",
+            "integer",
+            ".spec.parallelism.podsPerReplica",
+            "Pods per replica (a LeaderWorkerSet group when more than 1)",
+        ),
         ("Spares", "integer", ".status.spares", "Warm spares waiting in Standby"),
         ("Standby", "integer", ".status.standby", "Targets waiting in Standby for peers"),
         ("Identity", "string", ".status.modelIdentity", "Model identity hash"),

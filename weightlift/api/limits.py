@@ -59,6 +59,8 @@ NAME_MAX = 256
 TENSOR_MAX = 64
 PIPELINE_MAX = 64
 PODS_PER_REPLICA_MAX = 64
+# spec.parallelism.maxGroupRestarts: a group recreated more often in a row is broken, not unlucky.
+GROUP_RESTARTS_MAX = 100
 # spec.warmSpares: each spare is a GPU pod held idle; more than this is a mistake, not a pool.
 WARM_SPARES_MAX = 64
 # probe.request: its JSON text, nesting depth, inputs/outputs/parameters, values per input.

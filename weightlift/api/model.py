@@ -274,6 +274,15 @@ class Parallelism(ApiModel):
         "divide tensor x pipeline, each pod holding (tensor x pipeline) / podsPerReplica ranks, "
         "one GPU each. 1 (the default): a replica is one pod. Part of the model identity.",
     )
+    max_group_restarts: int = Field(
+        3,
+        ge=0,
+        le=limits.GROUP_RESTARTS_MAX,
+        description="Times in a row a failed multi-pod replica (a LeaderWorkerSet group) is "
+        "recreated; its next failure leaves it Failed, its pod and reason in the status, not "
+        "recreated until the spec changes. A group that turns Ready starts over. Not part of "
+        "the model identity.",
+    )
 
     @model_validator(mode="after")
     def _ranks_divide_over_pods(self) -> Parallelism:
@@ -868,6 +877,14 @@ WARM_SPARES_MESSAGE = (
 )
 
 
+# A spare is one pod relabelled into service; a group's pods share one LeaderWorkerSet template
+# and count, so no group can be held aside or woken alone.
+GROUP_SPARES_MESSAGE = (
+    "spec.warmSpares needs spec.parallelism.podsPerReplica 1: a warm spare is one pod woken by "
+    "relabelling it, and a LeaderWorkerSet group's pods cannot be held aside or woken alone"
+)
+
+
 class ExpectedTensor(ApiModel):
     name: str = Field(
         min_length=1,
@@ -1354,6 +1371,12 @@ class ModelDeploymentStatus(ApiModel):
     conditions: list[Condition] = Field(default_factory=list, description="Conditions.")
     restarts: int = Field(
         0, ge=0, description="Failed replicas replaced since the deployment was last Ready."
+    )
+    group_restarts: dict[str, int] | None = Field(
+        None,
+        description="Per multi-pod replica (by leader pod): times in a row its group failed and "
+        "was recreated, since it was last Ready or the spec changed "
+        "(spec.parallelism.maxGroupRestarts bounds it).",
     )
     sources: list[SourceEndpoint] = Field(
         default_factory=list, description="Ready replicas other replicas can pull weights from."

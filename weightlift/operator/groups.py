@@ -1,14 +1,21 @@
 """Multi-pod replicas (spec.parallelism.podsPerReplica > 1) as LeaderWorkerSet groups.
 
-One LeaderWorkerSet per revision (model identity) runs every group of it from one template, so a
-group's role cannot be in its pods' env: its pods start waiting (a Target with no peers) and the
-hand-off annotation tells each pod its role, its rank-matched peers and its group's leader.
-Planning (planning.py) sees a group as one replica: `collapse` sums a group's pods up into its
-leader's ObservedPod (members kept), and what planning decides for a leader is spread here over
-the group's pods (`spread_handoffs`) and over the LeaderWorkerSets (`lws_replicas`).
+One LeaderWorkerSet per group (replicas: 1), named as planning names the replica
+(planning.pod_name: `<deployment>-<identity6>-<replica>`), so the operator creates and deletes
+exactly the groups planning chooses: a scale-down removes planning's victims (not-Ready and
+Targets first), where one set per revision could only drop its highest groups. LWS names the
+set's leader pod `<set>-0` and its other pods `<set>-0-<index>`.
+A group's role is not in its pods' env (the template is made before planning hands roles): its
+pods start waiting (a Target with no peers) and the hand-off annotation tells each pod its role,
+its rank-matched peers and its group's leader.
+Planning (planning.py) sees a group as one replica: `collapse` sums a group's pods up into an
+ObservedPod named as the set (members kept), and what planning decides for a group is spread
+here over the group's pods (`spread_handoffs`) and the sets (`group_actions`).
 
-LWS names group g's leader pod `<set>-g` and its other pods `<set>-g-<index>`; with the set
-named `<deployment>-<identity6>`, a leader's name is planning.pod_name(deployment, identity, g).
+LWS's restartPolicy is None: a pod that fails restarts in place (StatefulSets know only
+restartPolicy Always) and the operator, seeing it, recreates the group by deleting its leader
+and counts it (spec.parallelism.maxGroupRestarts, planning.py), where LWS's
+RecreateGroupOnPodRestart would recreate a broken group forever, uncounted.
 The leader's address travels in the hand-off rather than LWS_LEADER_ADDRESS (a DNS name), so
 groups need no cluster DNS: the operator knows the leader's pod IP when it hands a role.
 """
@@ -25,6 +32,7 @@ from weightlift.api.labels import (
     IDENTITY_LABEL,
     LWS_API_VERSION,
     LWS_GROUP,
+    LWS_NAME_LABEL,
     LWS_WORKER_INDEX_LABEL,
     MANAGED_BY,
     REPLICA_LABEL,
@@ -37,19 +45,20 @@ from weightlift.api.worker import (
     PeerHandoff,
     WorkerPhase,
 )
-from weightlift.operator.planning import DesiredPod, ObservedPod, Plan, host_port
+from weightlift.operator.planning import DesiredPod, ObservedPod, Plan, host_port, pod_name
 from weightlift.operator.pods import render_pod
 from weightlift.operator.settings import Settings
 from weightlift.operator.shared_objects import PlanConfigMap
 
 LWS_KIND = "LeaderWorkerSet"
-# Planning's reasons for deleting a replica that LeaderWorkerSets carry out by their replica
-# count (they remove the highest groups) rather than by deleting a leader pod.
+# Planning's reasons for deleting a replica that delete its group's LeaderWorkerSet, rather
+# than its leader pod (a failed group: LWS recreates it).
 SHRINK_REASONS = ("scaled down", "superseded by a new model identity", "rolled over")
 
 
-def lws_name(deployment: str, identity: str) -> str:
-    return f"{deployment}-{identity[:6]}"
+def lws_name(deployment: str, identity: str, replica: int) -> str:
+    """A group's LeaderWorkerSet: named as planning names the replica."""
+    return pod_name(deployment, identity, replica)
 
 
 def render_lws(
@@ -57,23 +66,23 @@ def render_lws(
     namespace: str,
     uid: str,
     spec: ModelDeploymentSpec,
-    identity: str,
-    replicas: int,
+    desired: DesiredPod,
     plan: PlanConfigMap,
     settings: Settings | None = None,
 ) -> dict[str, Any]:
-    """The revision's LeaderWorkerSet: the worker pod of render_pod (waiting for its hand-off)
-    as the template of every pod of every group."""
-    set_name = lws_name(name, identity)
-    waiting = DesiredPod(set_name, 0, Role.TARGET, identity, [])
+    """One group's LeaderWorkerSet: the worker pod of render_pod (waiting for its hand-off)
+    as the template of each of its pods."""
+    set_name = lws_name(name, desired.identity, desired.replica)
+    waiting = DesiredPod(set_name, desired.replica, Role.TARGET, desired.identity, [])
     pod = render_pod(name, namespace, uid, spec, waiting, plan, settings)
     meta, pod_spec = pod["metadata"], pod["spec"]
-    labels = {k: v for k, v in meta["labels"].items() if k != REPLICA_LABEL}
+    labels = dict(meta["labels"])  # the replica label included: one set, one replica
     # The pods' owner is LWS's StatefulSet: the operator's pod index finds them by this label.
     labels[DEPLOYMENT_UID_LABEL] = uid
-    # StatefulSets take only restartPolicy Always: a rank that fails restarts, and LWS then
-    # recreates its whole group (RecreateGroupOnPodRestart). A permanent failure does not exit
-    # (the worker reports it and waits), so it shows in status instead of a crash loop.
+    # StatefulSets take only restartPolicy Always: a rank that fails restarts in place, and
+    # the operator recreates its group (restartPolicy None below: see the module's doc). A
+    # permanent failure does not exit (the worker reports it and waits), so it shows in
+    # status instead of a crash loop.
     pod_spec["restartPolicy"] = "Always"
     # Groups are probed through their leader and stay out of the Service in this version: no
     # pod of theirs waits for the inference-probe gate.
@@ -88,15 +97,20 @@ def render_lws(
         "metadata": {
             "name": set_name,
             "namespace": namespace,
-            "labels": {**MANAGED_BY, DEPLOYMENT_LABEL: name, IDENTITY_LABEL: identity},
+            "labels": {
+                **MANAGED_BY,
+                DEPLOYMENT_LABEL: name,
+                IDENTITY_LABEL: desired.identity,
+                REPLICA_LABEL: str(desired.replica),
+            },
             "ownerReferences": meta["ownerReferences"],
         },
         "spec": {
-            "replicas": replicas,
+            "replicas": 1,
             "startupPolicy": "LeaderCreated",
             "leaderWorkerTemplate": {
                 "size": spec.parallelism.pods_per_replica,
-                "restartPolicy": "RecreateGroupOnPodRestart",
+                "restartPolicy": "None",
                 "workerTemplate": {
                     "metadata": {"labels": labels, "annotations": meta["annotations"]},
                     "spec": pod_spec,
@@ -138,36 +152,59 @@ def _summed_report(members: tuple[ObservedPod, ...]) -> Any:
                     "permanent_failure": report.permanent_failure,
                 }
             )
+    for member in members:
+        if member.container_restarts:  # restarted in place: its last run failed
+            return summed.model_copy(
+                update={
+                    "phase": WorkerPhase.FAILED,
+                    "message": f"{member.name}: {member.failure_message}",
+                    "permanent_failure": False,
+                }
+            )
     return summed
 
 
 def collapse(pods: Iterable[tuple[Mapping[str, Any], ObservedPod]], size: int) -> list[ObservedPod]:
-    """Single-pod replicas as they are; each group as its leader, summing up its pods: Ready
-    only with all `size` pods Ready, failed when one failed, terminating when one is. A group
-    whose leader is gone is left out: LWS (or garbage collection) is taking its pods."""
+    """Single-pod replicas as they are; each group as one replica named as its LeaderWorkerSet,
+    summing up its pods: Ready only with all `size` pods Ready, failed when one failed (or
+    restarted in place), terminating when one is. A group whose leader is gone is left out:
+    LWS (or garbage collection) is taking its pods."""
     out: list[ObservedPod] = []
-    groups: dict[tuple[str, int], dict[int, ObservedPod]] = {}
+    groups: dict[str, dict[int, tuple[str, ObservedPod]]] = {}
     for raw, pod in pods:
         index = group_index(raw)
         if index is None:
             out.append(pod)
         else:
-            groups.setdefault((pod.identity, pod.replica), {})[index] = pod
-    for by_index in groups.values():
-        leader = by_index.get(0)
-        if leader is None:
+            meta = raw.get("metadata") or {}
+            set_name = (meta.get("labels") or {}).get(LWS_NAME_LABEL) or pod.name
+            created = str(meta.get("creationTimestamp") or "")
+            groups.setdefault(set_name, {})[index] = (created, pod)
+    for set_name, by_index in groups.items():
+        if 0 not in by_index:
             continue
-        members = tuple(by_index[i] for i in sorted(by_index))
-        broken = next((m for m in members if m.failed and m is not leader), None)
+        since, leader = by_index[0]
+        # A pod made before its leader is a previous leader's, not yet garbage-collected
+        # (LWS makes a group's other pods after its leader): it would fail the new group.
+        # RFC 3339 UTC times in one format: their strings order as the times do.
+        members = tuple(
+            pod for i in sorted(by_index) for created, pod in [by_index[i]] if created >= since
+        )
+        broken = next((m for m in members if m.failed), None)
+        # A pod that restarted in place left its group broken (restartPolicy None: the
+        # operator, not LWS, recreates the group, counting it).
+        restarted = any(m.container_restarts for m in members)
         out.append(
             replace(
                 leader,
+                name=set_name,
                 pod_ready=len(members) >= size and all(m.pod_ready for m in members),
                 terminating=any(m.terminating for m in members),
-                failure=leader.failure
-                or (f"{broken.name}: {broken.failure_message}" if broken else None),
-                phase="Failed" if broken and broken.phase == "Failed" else leader.phase,
-                failed_at=leader.failed_at or (broken.failed_at if broken else None),
+                failure=f"{broken.name}: {broken.failure_message}" if broken else None,
+                phase="Failed"
+                if restarted or (broken and broken.phase == "Failed")
+                else leader.phase,
+                failed_at=broken.failed_at if broken else None,
                 worker=_summed_report(members),
                 members=members,
             )
@@ -227,35 +264,37 @@ def spread_handoffs(result: Plan, groups: Mapping[str, ObservedPod], size: int, 
 class GroupActions:
     """What the LeaderWorkerSets and group pods need for a plan."""
 
-    replicas: dict[str, int]  # LeaderWorkerSet name -> replicas (0: delete it)
-    delete_pods: dict[str, str]  # leader pod -> why (its group is recreated by LWS)
+    create: list[DesiredPod]  # a LeaderWorkerSet each
+    delete_sets: dict[str, str]  # LeaderWorkerSet -> why (planning's victims, old revisions)
+    delete_pods: dict[str, str]  # leader pod -> why (its group failed: LWS recreates it)
 
 
 def group_actions(
-    deployment: str,
-    spec: ModelDeploymentSpec,
-    identity: str,
-    groups: list[ObservedPod],
+    groups: Mapping[str, ObservedPod],
     result: Plan,
+    existing: Iterable[str] = (),
+    replicas: int | None = None,
+    prefix: str = "",
 ) -> GroupActions:
-    """Planning creates and deletes replicas by name; LWS keeps groups 0..replicas-1. So a
-    scale-down or a roll-over sets the count (the highest groups go), a failed group is
-    replaced by deleting its leader (LWS recreates it), and creations raise the count."""
-    current = {g.replica for g in groups if g.identity == identity}
-    created = {d.replica for d in result.create}
-    old_left = [
-        g
-        for g in groups
-        if g.identity != identity and not result.delete.get(g.name, "").startswith(SHRINK_REASONS)
-    ]
-    want = spec.replicas if not old_left else min(spec.replicas, len(current | created))
-    replicas = {lws_name(deployment, identity): want}
-    for old in {g.identity for g in groups if g.identity != identity}:
-        replicas[lws_name(deployment, old)] = sum(g.identity == old for g in old_left)
-    delete_pods = {
-        pod: why
-        for pod, why in result.delete.items()
-        if not why.startswith(SHRINK_REASONS)
-        and any(g.name == pod and g.identity == identity for g in groups)
-    }
-    return GroupActions(replicas, delete_pods)
+    """Planning creates and deletes replicas by name, and a group's LeaderWorkerSet has its
+    replica's name: a creation makes the set, a scale-down or roll-over deletes the set planning
+    chose, and a failed group is recreated by deleting its leader pod. `existing`: the sets
+    known to exist (their pods seen, or just made); while a failed group is being recreated
+    planning does not see it and would add another: the sets named `prefix...` (the current
+    identity's) are kept at most `replicas`."""
+    delete_sets: dict[str, str] = {}
+    delete_pods: dict[str, str] = {}
+    for name, why in result.delete.items():
+        group = groups.get(name)
+        if group is None:
+            continue
+        if why.startswith(SHRINK_REASONS):
+            delete_sets[name] = why
+        else:
+            delete_pods[group.members[0].name] = why
+    create = list(result.create)
+    if replicas is not None:
+        current = {s for s in existing if s.startswith(prefix)} - set(delete_sets)
+        room = max(0, replicas - len(current))
+        create = [d for d in create if d.name not in current][:room]
+    return GroupActions(create, delete_sets, delete_pods)

@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 from weightlift.api.labels import DEPLOYMENT_LABEL, MAX_NAME_LENGTH, SPARE_LABEL
 from weightlift.api.model import (
     DEFAULT_REVISION,
+    GROUP_SPARES_MESSAGE,
     Condition,
     ConditionType,
     Engine,
@@ -82,6 +83,7 @@ class ObservedPod:
     # Its weightlift.dev/inference-probe readiness gate condition: True or False (absent is
     # False, as the kubelet reads it); None for a pod without the gate (made by an older version).
     probe_gate: bool | None = None
+    container_restarts: int = 0  # its container restarted in place (a group's pods only)
     # A multi-pod replica (a LeaderWorkerSet group) is observed as its leader, the fields above
     # summing up the group (groups.py); `members` are all its pods, leader first.
     members: tuple[ObservedPod, ...] = ()
@@ -89,7 +91,10 @@ class ObservedPod:
     @property
     def failed(self) -> bool:
         worker_failed = self.worker is not None and self.worker.phase == WorkerPhase.FAILED
-        return self.phase in ("Failed", "Succeeded") or worker_failed
+        # A terminated container (`failure`) of a Running pod: a group's pod between its exit
+        # and its restart in place.
+        ended = self.failure is not None or self.container_restarts > 0
+        return self.phase in ("Failed", "Succeeded") or worker_failed or ended
 
     @property
     def permanent_failure(self) -> bool:
@@ -123,6 +128,10 @@ class ObservedPod:
 
     @property
     def failure_message(self) -> str:
+        restarted = self.container_restarts and self.failure
+        worker_failed = self.worker is not None and self.worker.phase == WorkerPhase.FAILED
+        if restarted and not worker_failed:
+            return str(self.failure)  # its last run's end, not what the new run says so far
         if self.worker is not None and self.worker.message:
             return self.worker.message
         return self.failure or f"pod phase {self.phase}"
@@ -309,10 +318,7 @@ def _validate_groups(spec: ModelDeploymentSpec) -> str | None:
             "runtime.engine Builtin or vLLM in this version"
         )
     if spec.warm_spares:
-        return (
-            f"spec.warmSpares: {spec.warm_spares}; warm spares are single-pod replicas only "
-            f"in this version (spec.parallelism.podsPerReplica is {par.pods_per_replica})"
-        )
+        return f"spec.warmSpares: {spec.warm_spares}; {GROUP_SPARES_MESSAGE}"
     return None
 
 
@@ -347,9 +353,14 @@ def plan(spec: ModelDeploymentSpec | SpecError, observed: Observed) -> Plan:
     # permanent ones (bad files, missing init symbol) stay so the status and the pod keep
     # saying why, until the spec changes.
     restarts = observed.previous.restarts if observed.previous else 0
+    group_restarts = _group_restarts(observed, identity, current)
     backing_off: list[tuple[ObservedPod, float]] = []
+    given_up: list[ObservedPod] = []  # groups failed too often in a row: left Failed
     for pod in current:
         if not pod.failed or pod.permanent_failure:
+            continue
+        if pod.members and group_restarts.get(pod.name, 0) >= spec.parallelism.max_group_restarts:
+            given_up.append(pod)
             continue
         left = _backoff_left(pod, restarts, observed.now)
         if left > 0:
@@ -357,6 +368,8 @@ def plan(spec: ModelDeploymentSpec | SpecError, observed: Observed) -> Plan:
             continue
         result.delete[pod.name] = f"replacing failed replica: {pod.failure_message}"
         restarts += 1
+        if pod.members:
+            group_restarts[pod.name] = group_restarts.get(pod.name, 0) + 1
         result.events.append(
             Event(
                 "Warning",
@@ -390,20 +403,33 @@ def plan(spec: ModelDeploymentSpec | SpecError, observed: Observed) -> Plan:
 
     _serving(live, result)
     phase, message = _phase(spec, current, old, waiting, result)
-    if backing_off and phase != Phase.FAILED:
+    if given_up and phase != Phase.FAILED:
+        pod = given_up[0]
+        phase = Phase.FAILED
+        message = (
+            f"{pod.name} failed {group_restarts.get(pod.name, 0) + 1} times in a row "
+            f"(spec.parallelism.maxGroupRestarts {spec.parallelism.max_group_restarts}), "
+            f"not recreated until the spec changes: {pod.failure_message}"
+        )
+    elif backing_off and phase != Phase.FAILED:
         pod, left = backing_off[0]
         phase = Phase.DEGRADED if any(p.inference_ready for p in current) else Phase.PENDING
         message = f"{pod.name} failed ({pod.failure_message}); replacing it in {left:.0f}s"
     result.status = _status(spec, observed, identity, live, sources, phase, message)
     # The backoff starts over once the whole deployment is Ready again.
     result.status.restarts = 0 if phase == Phase.READY else restarts
+    result.status.group_restarts = group_restarts or None
     result.status.waiting_since = _waiting_since(observed, waiting)
     result.status.conditions = _conditions(spec, observed, current, result.status, None)
     previous_phase = observed.previous.phase if observed.previous else None
     if previous_phase != phase and phase in EVENT_PHASES:
         kind = "Warning" if phase in (Phase.FAILED, Phase.DEGRADED) else "Normal"
         result.events.append(Event(kind, f"Phase{phase}", message or f"phase is {phase}"))
-    in_motion = [p for p in current if not p.permanent_failure and not p.inference_ready]
+    in_motion = [
+        p
+        for p in current
+        if not p.permanent_failure and not p.inference_ready and p not in given_up
+    ]
     # A spare is in motion until it is warm (its status says when it is).
     in_motion += [p for p in spares if p.loading and not p.in_standby]
     busy = waiting or in_motion or old or result.create or result.delete
@@ -477,6 +503,24 @@ def _unparsable(error: SpecError, observed: Observed) -> Plan:
         events=_invalid_spec_event(observed, error.message),
         requeue_after=POLL_STEADY,
     )
+
+
+def _group_restarts(
+    observed: Observed, identity: str, current: list[ObservedPod]
+) -> dict[str, int]:
+    """Each group's recreations in a row (by leader name, which LWS keeps), carried in the
+    status so an operator restart keeps them: a group Ready now starts over, and so does every
+    group once the spec changes. A group being recreated (not observed now) keeps its count."""
+    previous = observed.previous
+    if previous is None or previous.observed_generation != observed.generation:
+        return {}
+    ready = {p.name for p in current if p.inference_ready}
+    prefix = pod_name(observed.name, identity, 0)[:-1]
+    return {
+        name: count
+        for name, count in (previous.group_restarts or {}).items()
+        if name.startswith(prefix) and name not in ready and count > 0
+    }
 
 
 def backoff_seconds(restarts: int) -> float:

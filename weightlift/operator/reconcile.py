@@ -18,6 +18,7 @@ from weightlift.api.labels import (
     IDENTITY_LABEL,
     INFERENCE_PROBE_GATE,
     LWS_GROUP_INDEX_LABEL,
+    LWS_NAME_LABEL,
     LWS_WORKER_INDEX_LABEL,
     PEERS_ANNOTATION,
     PLAN_LABEL,
@@ -60,6 +61,7 @@ from weightlift.operator.planning import (
     SpecError,
     host_port,
     plan,
+    pod_name,
 )
 from weightlift.operator.pods import compile_store_volume, plan_for, render_pod, role_of
 from weightlift.operator.podtemplate import TemplateConflict
@@ -145,10 +147,13 @@ def _stuck(pod: Mapping[str, Any]) -> str | None:
     return None
 
 
-def _termination(pod: dict[str, Any]) -> tuple[str | None, WorkerReport | None]:
-    """The container's termination message: a WorkerReport JSON if the worker wrote one."""
+def _termination(
+    pod: dict[str, Any], state: str = "state"
+) -> tuple[str | None, WorkerReport | None]:
+    """The container's termination message: a WorkerReport JSON if the worker wrote one.
+    `state`: "lastState" for the run before a restart in place."""
     for cs in pod.get("status", {}).get("containerStatuses", []):
-        terminated = (cs.get("state") or {}).get("terminated")
+        terminated = (cs.get(state) or {}).get("terminated")
         if not terminated:
             continue
         message = terminated.get("message") or terminated.get("reason") or ""
@@ -168,6 +173,10 @@ async def observe_pod(
     ip = status.get("podIP")
     address = host_port(ip, spec.runtime.port) if ip else None
     failure, report = injection_failure(pod) or _termination(pod)
+    # A group's pod restarts in place (restartPolicy None in its set): its last run says why.
+    restarts = sum(cs.get("restartCount") or 0 for cs in status.get("containerStatuses") or [])
+    if failure is None and restarts:
+        failure = _termination(pod, "lastState")[0]
     pod_ready = _pod_ready(pod)
     state.index_shows(meta["uid"], meta)
     reachable = (
@@ -197,6 +206,7 @@ async def observe_pod(
         spare=labels.get(SPARE_LABEL) == "true",
         serving_labelled=labels.get(SERVING_LABEL) == "true",
         probe_gate=_probe_gate(pod),
+        container_restarts=restarts,
     )
     if observed.failed:
         record = state.pod(meta["uid"])
@@ -209,7 +219,10 @@ async def observe_pod(
 
 def _finished_at(pod: dict[str, Any]) -> datetime | None:
     for cs in pod.get("status", {}).get("containerStatuses", []):
-        finished = ((cs.get("state") or {}).get("terminated") or {}).get("finishedAt")
+        ended = (cs.get("state") or {}).get("terminated") or (cs.get("lastState") or {}).get(
+            "terminated"
+        )
+        finished = (ended or {}).get("finishedAt")
         if finished:
             try:
                 return parse_rfc3339(finished)
@@ -335,6 +348,19 @@ def pod_essentials(pod: Mapping[str, Any]) -> dict[str, Any]:
         for cs in status.get("containerStatuses") or []
         if (cs.get("state") or {}).get("terminated")
     ]
+    # A group's pod restarts in place: how often, and why its last run ended.
+    restarted = [
+        {
+            "restartCount": cs["restartCount"],
+            "lastState": {
+                "terminated": _slim_termination(
+                    ((cs.get("lastState") or {}).get("terminated")) or {}
+                )
+            },
+        }
+        for cs in status.get("containerStatuses") or []
+        if cs.get("restartCount")
+    ]
     stuck = [
         {"image": cs.get("image"), "state": {"waiting": cs["state"]["waiting"]}}
         for cs in status.get("containerStatuses") or []
@@ -372,7 +398,7 @@ def pod_essentials(pod: Mapping[str, Any]) -> dict[str, Any]:
             "phase": status.get("phase", "Pending"),
             "podIP": status.get("podIP"),
             "conditions": conditions,
-            "containerStatuses": terminated + stuck,
+            "containerStatuses": terminated + restarted + stuck,
         },
     }
 
@@ -387,6 +413,7 @@ POD_LABELS_READ = (
     SERVING_LABEL,
     LWS_GROUP_INDEX_LABEL,
     LWS_WORKER_INDEX_LABEL,
+    LWS_NAME_LABEL,  # a group's set: groups.collapse names the group by it
 )
 POD_ANNOTATIONS_READ = (PEERS_ANNOTATION, WOKEN_ANNOTATION)
 
@@ -637,59 +664,63 @@ async def _sweep_plans(
         logger.warning("sweeping old plan ConfigMaps: %s", kube.api_error(exc))
 
 
+# A set just made counts as existing this long, before its pods reach the pod index.
+LWS_JUST_MADE_SECONDS = 30.0
+
+
 async def _apply_groups(
     state: OperatorState,
     meta: Mapping[str, Any],
     spec: ModelDeploymentSpec,
     result: Plan,
-    groups: list[ObservedPod],
+    groups: Mapping[str, ObservedPod],
     logger: logging.Logger | logging.LoggerAdapter[Any],
+    pods: list[dict[str, Any]],
 ) -> list[str]:
-    """Multi-pod replicas: the revision's LeaderWorkerSet made or scaled, older ones scaled
-    down or deleted, failed groups' leaders deleted (LWS recreates the group). Planning's
-    creations become the set's replica count, so nothing is left for apply to create. Returns
-    what the API server refused."""
+    """Multi-pod replicas, one LeaderWorkerSet each: planning's creations make sets, its
+    scale-downs and roll-overs delete the sets it chose, its replacements of failed groups
+    delete their leaders (LWS recreates the group). Nothing is left for apply to create.
+    Returns what the API server refused."""
     namespace, name, uid = meta["namespace"], meta["name"], meta["uid"]
-    identity = model_identity(spec)
-    actions = group_actions(name, spec, identity, groups, result)
-    result.create = []
     record = state.deployment(uid)
+    # Sets that exist: their pods' label (terminating ones too), or made a moment ago.
+    now = time.monotonic()
+    existing = {
+        str(labels[LWS_NAME_LABEL])
+        for raw in pods
+        if LWS_NAME_LABEL in (labels := (raw.get("metadata") or {}).get("labels") or {})
+    } | {s for s, made in record.lws.items() if now - made < LWS_JUST_MADE_SECONDS}
+    prefix = pod_name(name, model_identity(spec), 0)[:-1]
+    actions = group_actions(groups, result, existing, spec.replicas, prefix)
+    result.create = []
     for pod, why in actions.delete_pods.items():
         logger.info("deleting group leader %s (LWS recreates its group): %s", pod, why)
         await asyncio.to_thread(kube.delete_pod, state.core, namespace, pod)
-    for set_name, replicas in actions.replicas.items():
-        if record.lws.get(set_name) == replicas:
-            continue
+    for set_name, why in actions.delete_sets.items():
+        logger.info("deleting LeaderWorkerSet %s: %s", set_name, why)
         try:
-            if replicas == 0:
-                await asyncio.to_thread(kube.delete_lws, state.custom, namespace, set_name)
-            elif set_name in record.lws:
-                await asyncio.to_thread(kube.scale_lws, state.custom, namespace, set_name, replicas)
-            else:
-                # The plan (JSON + sha256) only when a set is made, not on every pass.
-                plan = plan_for(name, namespace, spec, identity)
-                await _ensure_beside_pods(state, meta, spec, identity, plan)
-                manifest = render_lws(
-                    name,
-                    namespace,
-                    uid,
-                    spec,
-                    identity,
-                    replicas,
-                    plan,
-                    state.settings_for(namespace),
-                )
-                if not await asyncio.to_thread(kube.create_lws, state.custom, namespace, manifest):
-                    # It exists (an earlier operator made it): set its count.
-                    await asyncio.to_thread(
-                        kube.scale_lws, state.custom, namespace, set_name, replicas
-                    )
-                logger.info("LeaderWorkerSet %s: %d group(s)", set_name, replicas)
+            await asyncio.to_thread(kube.delete_lws, state.custom, namespace, set_name)
+        except ApiException as exc:
+            return [f"deleting LeaderWorkerSet {set_name} was rejected: {kube.api_error(exc)}"]
+        record.lws.pop(set_name, None)
+    for desired in actions.create:
+        # The plan (JSON + sha256) once per set made, not on every pass.
+        plan = plan_for(name, namespace, spec, desired.identity)
+        manifest = render_lws(
+            name, namespace, uid, spec, desired, plan, state.settings_for(namespace)
+        )
+        set_name = manifest["metadata"]["name"]
+        try:
+            await _ensure_beside_pods(state, meta, spec, desired.identity, plan)
+            # A set that exists (made by an earlier pass or operator, its pods not seen yet,
+            # or still being deleted) is left as it is: a later pass sees its group or makes it.
+            if await asyncio.to_thread(kube.create_lws, state.custom, namespace, manifest):
+                logger.info("LeaderWorkerSet %s made", set_name)
         except ApiException as exc:
             return [f"LeaderWorkerSet {set_name} was rejected: {kube.api_error(exc)}"]
         except TemplateConflict as exc:
             return [f"LeaderWorkerSet {set_name} was not created: {exc}"]
-        record.lws[set_name] = replicas
+        record.lws[set_name] = time.monotonic()
     return []
 
 
@@ -811,7 +842,7 @@ async def apply(
     rejected: list[str] = []
     if isinstance(spec, ModelDeploymentSpec) and (groups or spec.parallelism.pods_per_replica > 1):
         spread_handoffs(result, groups, spec.parallelism.pods_per_replica, spec.runtime.port)
-        rejected += await _apply_groups(state, meta, spec, result, list(groups.values()), logger)
+        rejected += await _apply_groups(state, meta, spec, result, groups, logger, pods or [])
     uids = {p["metadata"]["name"]: p["metadata"].get("uid") for p in pods or []}
     await _patch_pods(state, namespace, result, logger, uids)
     await serving.set_gates(state, namespace, result, uids, logger)

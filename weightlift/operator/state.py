@@ -68,8 +68,9 @@ class DeploymentRecord:
     stale_plans: bool = False
     plan_label: str | None = None
     generation: int | None = None  # metadata.generation the last pass planned for
-    # LeaderWorkerSets (multi-pod replicas) this operator made or scaled: name -> replicas.
-    lws: dict[str, int] = field(default_factory=dict)
+    # LeaderWorkerSets (multi-pod replicas, one per group) this operator made: name -> when
+    # (monotonic), until it deletes them.
+    lws: dict[str, float] = field(default_factory=dict)
     # The Service manifest this operator last applied (JSON), once per operator life and on
     # each change of it; None: none applied (spec.service off, or not yet).
     service: str | None = None

@@ -20,7 +20,7 @@ A pod of a multi-pod replica (`podsPerReplica` > 1: a LeaderWorkerSet group, who
 restartPolicy Always) narrows its plan to its own ranks (plan.group_place) and never exits on
 a permanent failure: it keeps answering /weightlift/v1/status (Failed, permanentFailure) until
 stopped, so it is never a silent crash loop. A broken group (a rank gone) exits 1 as above: the
-container restarts and LeaderWorkerSet recreates the group.
+container restarts and the operator recreates the group (counting it: maxGroupRestarts).
 """
 
 from __future__ import annotations

@@ -224,9 +224,8 @@ def test_every_worker_pod_waits_for_the_gate_and_the_handed_ones_join_at_creatio
 def test_group_pods_carry_no_gate() -> None:
     spec = make_spec(2, tensor=2, parallelism={"tensor": 2, "podsPerReplica": 2})
     identity = ident(spec)
-    lws = render_lws(
-        "llm", "models", UID, spec, identity, 2, plan_for("llm", "models", spec, identity)
-    )
+    group = DesiredPod("llm-0", 0, Role.SOURCE, identity, [])
+    lws = render_lws("llm", "models", UID, spec, group, plan_for("llm", "models", spec, identity))
     template = lws["spec"]["leaderWorkerTemplate"]["workerTemplate"]
     assert "readinessGates" not in template["spec"]
     assert SERVING_LABEL not in template["metadata"]["labels"]

@@ -204,6 +204,32 @@ def test_a_terminated_container_keeps_its_message() -> None:
     assert reconcile._termination(slim)[0] == "worker exited with code 3: boom"
 
 
+def test_a_container_restarted_in_place_keeps_its_count_and_last_message() -> None:
+    """A group's pod (restartPolicy Always) running again after a failure: the slim copy keeps
+    how often it restarted and why its last run ended (groups.collapse fails its group)."""
+    pod = _full_pod()
+    last = {"exitCode": 1, "reason": "Error", "message": "no such file", "startedAt": "x"}
+    pod["status"]["containerStatuses"] = [
+        {
+            "name": "worker",
+            "restartCount": 2,
+            "state": {"running": {}},
+            "lastState": {"terminated": last},
+        }
+    ]
+    slim = reconcile.pod_essentials(pod)
+    assert slim["status"]["containerStatuses"] == [
+        {
+            "restartCount": 2,
+            "lastState": {
+                "terminated": {"message": "no such file", "reason": "Error", "exitCode": 1}
+            },
+        }
+    ]
+    assert reconcile._termination(slim) == (None, None)  # running now
+    assert reconcile._termination(slim, "lastState")[0] == "worker exited with code 1: no such file"
+
+
 def test_a_container_that_cannot_start_is_named_with_its_image() -> None:
     """The kubelet's waiting reason survives the slim copy; progress (ContainerCreating) is
     no problem to report."""
