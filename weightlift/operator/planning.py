@@ -322,6 +322,53 @@ def _validate_groups(spec: ModelDeploymentSpec) -> str | None:
     return None
 
 
+@dataclass
+class _Failures:
+    restarts: int  # replacements since the deployment was last Ready (the backoff's count)
+    group_restarts: dict[str, int]  # group -> recreations in a row
+    backing_off: list[tuple[ObservedPod, float]] = field(default_factory=list)
+    given_up: list[ObservedPod] = field(default_factory=list)  # groups left Failed
+
+
+def _replace_failed(
+    spec: ModelDeploymentSpec,
+    observed: Observed,
+    identity: str,
+    current: list[ObservedPod],
+    result: Plan,
+) -> _Failures:
+    """Transient failures are replaced after an exponential backoff (like CrashLoopBackOff);
+    permanent ones (bad files, missing init symbol) stay so the status and the pod keep saying
+    why, until the spec changes; a group recreated maxGroupRestarts times in a row is given up."""
+    out = _Failures(
+        restarts=observed.previous.restarts if observed.previous else 0,
+        group_restarts=_group_restarts(observed, identity, current),
+    )
+    for pod in current:
+        if not pod.failed or pod.permanent_failure:
+            continue
+        recreated = out.group_restarts.get(pod.name, 0)
+        if pod.members and recreated >= spec.parallelism.max_group_restarts:
+            out.given_up.append(pod)
+            continue
+        left = _backoff_left(pod, out.restarts, observed.now)
+        if left > 0:
+            out.backing_off.append((pod, left))
+            continue
+        result.delete[pod.name] = f"replacing failed replica: {pod.failure_message}"
+        out.restarts += 1
+        if pod.members:
+            out.group_restarts[pod.name] = recreated + 1
+        result.events.append(
+            Event(
+                "Warning",
+                "ReplicaRestarted",
+                f"{pod.name} failed ({pod.failure_message}); replacement {out.restarts}",
+            )
+        )
+    return out
+
+
 def plan(spec: ModelDeploymentSpec | SpecError, observed: Observed) -> Plan:
     if observed.now.tzinfo is None:
         observed = replace(observed, now=_aware(observed.now))
@@ -349,34 +396,9 @@ def plan(spec: ModelDeploymentSpec | SpecError, observed: Observed) -> Plan:
     current = [p for p in live if p.identity == identity]
     old = [p for p in live if p.identity != identity]
 
-    # Transient failures are replaced after an exponential backoff (like CrashLoopBackOff);
-    # permanent ones (bad files, missing init symbol) stay so the status and the pod keep
-    # saying why, until the spec changes.
-    restarts = observed.previous.restarts if observed.previous else 0
-    group_restarts = _group_restarts(observed, identity, current)
-    backing_off: list[tuple[ObservedPod, float]] = []
-    given_up: list[ObservedPod] = []  # groups failed too often in a row: left Failed
-    for pod in current:
-        if not pod.failed or pod.permanent_failure:
-            continue
-        if pod.members and group_restarts.get(pod.name, 0) >= spec.parallelism.max_group_restarts:
-            given_up.append(pod)
-            continue
-        left = _backoff_left(pod, restarts, observed.now)
-        if left > 0:
-            backing_off.append((pod, left))
-            continue
-        result.delete[pod.name] = f"replacing failed replica: {pod.failure_message}"
-        restarts += 1
-        if pod.members:
-            group_restarts[pod.name] = group_restarts.get(pod.name, 0) + 1
-        result.events.append(
-            Event(
-                "Warning",
-                "ReplicaRestarted",
-                f"{pod.name} failed ({pod.failure_message}); replacement {restarts}",
-            )
-        )
+    failures = _replace_failed(spec, observed, identity, current, result)
+    restarts, group_restarts = failures.restarts, failures.group_restarts
+    backing_off, given_up = failures.backing_off, failures.given_up
     current = [p for p in current if p.name not in result.delete]
     # Warm spares stand apart: sources, scaling, hand-offs and the phase count serving replicas
     # only, until a scale-up wakes a spare.
