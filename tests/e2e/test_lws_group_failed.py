@@ -86,8 +86,12 @@ def test_a_group_failing_again_and_again_turns_failed_and_is_not_recreated(
         workers = {v.uid for v in versions if v.name == worker}
         assert len(leaders) == len(workers) == 2, (leaders, workers)
         # Every status written meanwhile still says Failed.
-        statuses = {v.status.get("phase") for v in md_history.versions() if v.seen > failed.seen}
-        assert statuses <= {"Failed"}, statuses
+        after = [v for v in md_history.versions() if v.seen > failed.seen]
+        statuses = {v.status.get("phase") for v in after}
+        assert statuses <= {"Failed"}, [
+            (v.status.get("phase"), v.status.get("message"), v.status.get("groupRestarts"))
+            for v in after
+        ]
 
         # A spec change starts over: the group is recreated (a new leader).
         stack.kube.custom.patch_namespaced_custom_object(

@@ -345,10 +345,17 @@ def _replace_failed(
         group_restarts=_group_restarts(observed, identity, current),
     )
     for pod in current:
+        recreated = out.group_restarts.get(pod.name, 0)
+        spent = pod.members and recreated >= spec.parallelism.max_group_restarts
+        if spent and not pod.inference_ready and _given_up_before(observed, pod.name):
+            # Given up stays given up until it is Ready or the spec changes: a pass that sees
+            # none of its pods failed (a rank between its exit and the kubelet noticing it, its
+            # report unreadable) must not turn the phase back to Loading.
+            out.given_up.append(pod)
+            continue
         if not pod.failed or pod.permanent_failure:
             continue
-        recreated = out.group_restarts.get(pod.name, 0)
-        if pod.members and recreated >= spec.parallelism.max_group_restarts:
+        if spent:
             out.given_up.append(pod)
             continue
         left = _backoff_left(pod, out.restarts, observed.now)
@@ -429,10 +436,12 @@ def plan(spec: ModelDeploymentSpec | SpecError, observed: Observed) -> Plan:
         pod = given_up[0]
         phase = Phase.FAILED
         message = (
-            f"{pod.name} failed {group_restarts.get(pod.name, 0) + 1} times in a row "
+            f"{given_up_prefix(pod.name)}{group_restarts.get(pod.name, 0) + 1} times in a row "
             f"(spec.parallelism.maxGroupRestarts {spec.parallelism.max_group_restarts}), "
             f"not recreated until the spec changes: {pod.failure_message}"
         )
+        if not pod.failed and observed.previous is not None:
+            message = observed.previous.message  # why it was given up, not a blank reason
     elif backing_off and phase != Phase.FAILED:
         pod, left = backing_off[0]
         phase = Phase.DEGRADED if any(p.inference_ready for p in current) else Phase.PENDING
@@ -525,6 +534,19 @@ def _unparsable(error: SpecError, observed: Observed) -> Plan:
         events=_invalid_spec_event(observed, error.message),
         requeue_after=POLL_STEADY,
     )
+
+
+def _given_up_before(observed: Observed, group: str) -> bool:
+    previous = observed.previous
+    return (
+        previous is not None
+        and previous.phase == Phase.FAILED
+        and (previous.message or "").startswith(given_up_prefix(group))
+    )
+
+
+def given_up_prefix(group: str) -> str:
+    return f"{group} failed "
 
 
 def _group_restarts(

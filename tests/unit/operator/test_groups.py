@@ -308,6 +308,25 @@ def test_a_failed_group_is_recreated_and_counted_up_to_max_group_restarts() -> N
     assert third.status.group_restarts == {group.name: 2}
 
 
+def test_a_given_up_group_stays_failed_while_none_of_its_pods_shows_failed() -> None:
+    """Seen in e2e: between rank 1's exit and the kubelet noticing it, its report cannot be read
+    and no pod shows failed; the phase stays Failed with why, never back to Loading."""
+    spec = group_spec(1, restarts=1)
+    group = failed_group(spec)
+    given_up = plan(spec, observe([group], previous=after({group.name: 1})))
+    assert given_up.status.phase == Phase.FAILED
+    loading = collapse(group_pods(spec, 0, "loading", Role.SOURCE), 2)
+    assert not loading[0].failed
+    previous = given_up.status.model_copy(update={"observed_generation": 3})
+    result = plan(spec, observe(loading, previous=previous))
+    assert result.status.phase == Phase.FAILED and not result.delete and not result.create
+    assert result.status.message == given_up.status.message
+    assert result.status.group_restarts == {group.name: 1}
+    # Not before it was given up: a group loading with a count below the limit is Loading.
+    result = plan(spec, observe(loading, previous=after({group.name: 1})))
+    assert result.status.phase != Phase.FAILED
+
+
 def test_a_spec_change_or_a_ready_group_starts_the_count_over() -> None:
     spec = group_spec(1, restarts=2)
     group = failed_group(spec)
