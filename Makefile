@@ -97,7 +97,7 @@ unit: venv
 # the worker's torch and dependency layers): buildah's layer cache keeps an unchanged rebuild at
 # seconds.
 node-images:
-	hack/build-images.sh operator worker worker-vllm
+	hack/build-images.sh operator worker worker-vllm worker-bundle vllm-plain
 
 # Only once every Go-built binary is cached (each build script's `.complete` stamp).
 go-scratch-clean:
