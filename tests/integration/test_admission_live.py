@@ -305,7 +305,12 @@ def test_single_pod_defaults_applied_at_admission(
         "create", "-n", namespace, "-f", "-", "-o", "json", input=json.dumps(md("defaults"))
     )
     stored = json.loads(proc.stdout)["spec"]
-    assert stored["parallelism"] == {"tensor": 1, "pipeline": 1, "podsPerReplica": 1}
+    assert stored["parallelism"] == {
+        "tensor": 1,
+        "pipeline": 1,
+        "podsPerReplica": 1,
+        "maxGroupRestarts": 3,  # issue 47: a group recreated 3 times in a row is left Failed
+    }
     # ...and with its Service on (issue 45): a ClusterIP on port 80.
     assert stored["service"] == {"enabled": True, "type": "ClusterIP", "port": 80}
 
