@@ -27,6 +27,7 @@ BUDGET_PER_DEPLOYMENT = {
     "list modeldeployments": 1,  # published sources before a storage load (kopf's index lags)
     "patch pods": 1,  # the target's hand-off, once (not again while the index lags)
     "create events": 1,  # PhaseReady: progress phases post none (planning.EVENT_PHASES)
+    "patch services": 1,  # its Service (issue 45): one server-side apply per operator life
     # One write per state change (Pending, Loading, first source published, Ready), progress
     # within a phase coalesced (statuswrites.py): one write every 5 s at most, so a loaded
     # machine's slower ramp may add some; two on average are allowed.
