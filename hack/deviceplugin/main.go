@@ -5,6 +5,12 @@
 // socket in the kubelet's device-plugins dir, Register with kubelet.sock, and register again
 // whenever the kubelet restarts (it removes every plugin socket when it does).
 //
+// -resource names one or more extended resources, comma-separated, each `name` (-count devices)
+// or `name=count`: `nvidia.com/gpu,nvidia.com/mig-1g.10gb=2` advertises MIG slices beside whole
+// GPUs, as NVIDIA's plugin does with its mixed MIG strategy. Each is a plugin of its own (the API
+// registers one resource per socket): socket weightlift-<last part>.sock, devices
+// fake-<last part>-<i> (nvidia.com/gpu: weightlift-gpu.sock, fake-gpu-0...).
+//
 // With -fault-gate-dir it also hands every container it allocates devices to the local stack's
 // test gate (weightlift/worker/p2p/faultgate.py): that host dir mounted read-write at gateMount,
 // named by WEIGHTLIFT_FAULT_GATE_DIR, with WEIGHTLIFT_LOCAL_NODE saying the gate is honoured here.
@@ -23,6 +29,8 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -100,6 +108,43 @@ func dial(ctx context.Context, path string) (*grpc.ClientConn, error) {
 	return grpc.NewClient("unix://"+path, grpc.WithTransportCredentials(insecure.NewCredentials()))
 }
 
+// resource is one extended resource this command advertises, served on its own socket.
+type resource struct {
+	name  string
+	count int
+	slug  string // the name's last part, [a-z0-9-] only: the socket's and the devices' names
+}
+
+var notSlug = regexp.MustCompile(`[^a-z0-9]+`)
+
+// parseResources reads -resource: `name[=count],...`; a bare name gets defaultCount devices.
+func parseResources(spec string, defaultCount int) ([]resource, error) {
+	var out []resource
+	seen := map[string]string{}
+	for _, item := range strings.Split(spec, ",") {
+		name, countText, hasCount := strings.Cut(strings.TrimSpace(item), "=")
+		count := defaultCount
+		if hasCount {
+			n, err := strconv.Atoi(countText)
+			if err != nil || n < 1 {
+				return nil, fmt.Errorf("-resource %q: count %q is not a positive integer", item, countText)
+			}
+			count = n
+		}
+		domain, part, ok := strings.Cut(name, "/")
+		if !ok || domain == "" || part == "" {
+			return nil, fmt.Errorf("-resource %q: expected an extended resource name such as nvidia.com/gpu", item)
+		}
+		slug := strings.Trim(notSlug.ReplaceAllString(strings.ToLower(part), "-"), "-")
+		if other, dup := seen[slug]; dup {
+			return nil, fmt.Errorf("-resource: %s and %s would share socket weightlift-%s.sock", other, name, slug)
+		}
+		seen[slug] = name
+		out = append(out, resource{name: name, count: count, slug: slug})
+	}
+	return out, nil
+}
+
 // serve starts the plugin's gRPC server on sock and registers it with the kubelet.
 func serve(dir, sock, resource string, p *plugin) (*grpc.Server, error) {
 	_ = os.Remove(sock)
@@ -133,53 +178,69 @@ func serve(dir, sock, resource string, p *plugin) (*grpc.Server, error) {
 
 func main() {
 	dir := flag.String("dir", pluginapi.DevicePluginPath, "the kubelet's device-plugins dir")
-	resource := flag.String("resource", "nvidia.com/gpu", "extended resource name")
-	count := flag.Int("count", 8, "devices to advertise")
+	resource := flag.String("resource", "nvidia.com/gpu",
+		"extended resources to advertise, comma-separated: name (-count devices) or name=count")
+	count := flag.Int("count", 8, "devices to advertise of each resource given without =count")
 	gateDir := flag.String("fault-gate-dir", "", "host dir mounted read-write at "+gateMount+
 		" in each allocated container, named by WEIGHTLIFT_FAULT_GATE_DIR (the local stack's test gate); empty: none")
 	flag.Parse()
 
-	p := &plugin{}
+	resources, err := parseResources(*resource, *count)
+	if err != nil {
+		log.Fatal(err)
+	}
+	gate := ""
 	if *gateDir != "" {
 		abs, err := openGate(*gateDir)
 		if err != nil {
 			log.Fatalf("fault gate dir %s: %v", *gateDir, err)
 		}
-		p.gateDir = abs
+		gate = abs
 	}
-	for i := 0; i < *count; i++ {
-		p.devices = append(p.devices, &pluginapi.Device{ID: fmt.Sprintf("fake-gpu-%d", i), Health: pluginapi.Healthy})
+	plugins := make([]*plugin, len(resources))
+	for r, res := range resources {
+		plugins[r] = &plugin{gateDir: gate}
+		for i := 0; i < res.count; i++ {
+			plugins[r].devices = append(plugins[r].devices, &pluginapi.Device{
+				ID: fmt.Sprintf("fake-%s-%d", res.slug, i), Health: pluginapi.Healthy})
+		}
 	}
-	sock := filepath.Join(*dir, "weightlift-gpu.sock")
 	stop := make(chan os.Signal, 1)
 	signal.Notify(stop, syscall.SIGTERM, syscall.SIGINT)
 
-	var srv *grpc.Server
+	servers := make([]*grpc.Server, len(resources))
 	tick := time.NewTicker(500 * time.Millisecond)
 	defer tick.Stop()
 	for {
-		// (Re-)register when our socket is gone: the kubelet removed it on its (re)start.
-		if _, err := os.Stat(sock); err != nil || srv == nil {
-			if srv != nil {
-				srv.Stop()
-				srv = nil
+		for r, res := range resources {
+			sock := filepath.Join(*dir, "weightlift-"+res.slug+".sock")
+			// (Re-)register when our socket is gone: the kubelet removed it on its (re)start.
+			if _, err := os.Stat(sock); err == nil && servers[r] != nil {
+				continue
 			}
-			if _, err := os.Stat(filepath.Join(*dir, "kubelet.sock")); err == nil {
-				s, err := serve(*dir, sock, *resource, p)
-				if err != nil {
-					log.Printf("register with the kubelet: %v (retrying)", err)
-				} else {
-					srv = s
-					log.Printf("registered %d x %s on %s", *count, *resource, sock)
-				}
+			if servers[r] != nil {
+				servers[r].Stop()
+				servers[r] = nil
 			}
+			if _, err := os.Stat(filepath.Join(*dir, "kubelet.sock")); err != nil {
+				continue
+			}
+			s, err := serve(*dir, sock, res.name, plugins[r])
+			if err != nil {
+				log.Printf("register %s with the kubelet: %v (retrying)", res.name, err)
+				continue
+			}
+			servers[r] = s
+			log.Printf("registered %d x %s on %s", res.count, res.name, sock)
 		}
 		select {
 		case <-stop:
-			if srv != nil {
-				srv.Stop()
+			for r, res := range resources {
+				if servers[r] != nil {
+					servers[r].Stop()
+				}
+				_ = os.Remove(filepath.Join(*dir, "weightlift-"+res.slug+".sock"))
 			}
-			_ = os.Remove(sock)
 			return
 		case <-tick.C:
 		}

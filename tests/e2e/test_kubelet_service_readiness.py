@@ -1,9 +1,12 @@
-"""Ready means probed, all the way to the Service (issue 45), on the real node: the pinned
-kubelet computes the worker pod's Ready from its containers and the operator's inference-probe
-readiness gate (KEP-580), and the real EndpointSlice controller lists the replica as ready only
-while its probe passes (tests/support/endpoints.py holds the moment with a probe that cannot
-pass). The operator runs as a local process of this checkout; one replica of the worker image.
-Needs root, `make node` and `make images`."""
+"""The pod is the user's and Ready means probed, all the way to the Service (issue 45), on the
+real node: the pinned kubelet computes the worker pod's Ready from its containers and the
+operator's inference-probe readiness gate (KEP-580), and the real EndpointSlice controller lists
+the replica as ready only while its probe passes (tests/support/endpoints.py holds the moment
+with a probe that cannot pass). Then a worker pod given what a platform team gives one (node
+affinity, a priority class, a pull secret for a registry that requires it, a ConfigMap volume, a
+Multus annotation, a MIG slice our device plugin advertises) is pulled, run and probed by the
+kubelet and containerd. The operator runs as a local process of this checkout; one replica of
+the worker image at a time. Needs root, `make node` and `make images`."""
 
 from __future__ import annotations
 
@@ -11,19 +14,24 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
+from kubernetes import client
 
 from tests.e2e.test_kubelet_lifecycle import _require_images
 from tests.e2e.test_kubelet_node import _require_node
 from tests.support.e2e import READY_TIMEOUT
-from tests.support.endpoints import check_ready_only_after_probe
-from weightlift.local.kubeletnode import KubeletNode
+from tests.support.endpoints import check_ready_only_after_probe, endpoint_of
+from weightlift.api.labels import INFERENCE_PROBE_GATE
+from weightlift.local.kube import call
+from weightlift.local.kubeletnode import KubeletNode, NodeError
 from weightlift.local.kubeletnode.network import POD_BASE
 from weightlift.local.observe import Observer
 from weightlift.local.stack import LocalStack, make_demo_model, model_deployment
 from weightlift.operator.settings import PROBE_NETWORKS_ENV
 
 JSON = dict[str, Any]
+MIG = "nvidia.com/mig-1g.10gb"
 pytestmark = pytest.mark.timeout(1200)
 
 
@@ -36,6 +44,7 @@ def kstack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalStac
         node_kind="kubelet",
         node_name="kubelet-ready",
         gpus=1,
+        extra_resources={MIG: 1},  # the device plugin's MIG slice, beside the whole GPU
         model_path_prefixes=(str(models),),
         # The tests' safety belt (tests/conftest.py) lets the operator contact loopback only;
         # this node's pods live on its bridge, on this machine too.
@@ -63,3 +72,113 @@ def test_the_endpoint_is_ready_only_while_the_probe_passes(
     # containerd pulls and unpacks the worker image (6.3 GB) first: minutes on a fresh node.
     check_ready_only_after_probe(stack, deploy, "kgated", model_dir, probe, 2 * READY_TIMEOUT)
     stack.delete_md("kgated")
+
+
+def _template(stack: LocalStack, node: KubeletNode) -> JSON:
+    """What a platform team's pod needs, each piece something the node really acts on."""
+    extra = {"name": "extra", "mountPath": "/etc/weightlift-extra", "readOnly": True}
+    return {
+        "image": node.private_registry.ref(stack.node_images()[0]),
+        "imagePullPolicy": "Always",  # the kubelet asks the registry, with the secret, each time
+        "gpuResource": MIG,
+        "metadata": {"annotations": {"k8s.v1.cni.cncf.io/networks": "sriov-rail0"}},
+        "spec": {
+            "affinity": {
+                "nodeAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": {
+                        "nodeSelectorTerms": [
+                            {
+                                "matchExpressions": [
+                                    {
+                                        "key": "kubernetes.io/hostname",
+                                        "operator": "In",
+                                        "values": [node.name],
+                                    }
+                                ]
+                            }
+                        ]
+                    }
+                }
+            },
+            "priorityClassName": "inference-high",
+            "imagePullSecrets": [{"name": "private-registry"}],
+            "volumes": [{"name": "extra", "configMap": {"name": "extra"}}],
+            "containers": [{"name": "worker", "volumeMounts": [extra]}],
+        },
+    }
+
+
+def test_a_worker_pod_with_the_teams_template_is_pulled_run_and_probed(
+    kstack: tuple[LocalStack, Path],
+) -> None:
+    stack, models = kstack
+    node = stack.node
+    assert isinstance(node, KubeletNode)
+    private = node.private_registry
+    ref = private.ref(stack.node_images()[0])
+    # The registry requires auth: anonymous, the API and containerd itself are refused.
+    repository, _, tag = ref.removeprefix(private.address + "/").rpartition(":")
+    refused = httpx.get(f"http://{private.address}/v2/{repository}/manifests/{tag}", timeout=10)
+    assert refused.status_code == 401, refused.text
+    assert refused.headers["www-authenticate"].startswith("Basic"), refused.headers
+    with pytest.raises(NodeError, match="401 Unauthorized"):
+        node.crictl("pull", ref)
+
+    ns = stack.namespace
+    call(
+        client.SchedulingV1Api(stack.kube.api).create_priority_class,
+        {"metadata": {"name": "inference-high"}, "value": 1000},
+    )
+    call(stack.kube.core.create_namespaced_secret, ns, private.pull_secret("private-registry", ns))
+    call(
+        stack.kube.core.create_namespaced_config_map,
+        ns,
+        {"metadata": {"name": "extra"}, "data": {"greeting": "from the team's ConfigMap"}},
+    )
+    model_dir = models / "templated"
+    probe = make_demo_model(model_dir, 8.0)
+    manifest = model_deployment("kteam", model_dir, replicas=1, probe=probe)
+    manifest["spec"]["template"] = {**manifest["spec"]["template"], **_template(stack, node)}
+    stack.apply(manifest)
+    obs = Observer(stack, "kteam")
+    obs.wait_ready(2 * READY_TIMEOUT)
+
+    [pod] = stack.pods("kteam")
+    name, meta, spec = pod["metadata"]["name"], pod["metadata"], pod["spec"]
+    assert meta["annotations"]["k8s.v1.cni.cncf.io/networks"] == "sriov-rail0"
+    assert spec["affinity"] == manifest["spec"]["template"]["spec"]["affinity"]
+    assert spec["nodeName"] == node.name
+    assert (spec["priorityClassName"], spec["priority"]) == ("inference-high", 1000)
+    assert spec["imagePullSecrets"] == [{"name": "private-registry"}]
+    assert {"name": "extra", "configMap": {"name": "extra", "defaultMode": 420}} in spec["volumes"]
+    worker = next(c for c in spec["containers"] if c["name"] == "worker")
+    assert worker["image"] == ref
+    assert {"name": "extra", "mountPath": "/etc/weightlift-extra", "readOnly": True} in (
+        worker["volumeMounts"]
+    )
+    limits = worker["resources"]["limits"]
+    assert limits[MIG] == "1" and "nvidia.com/gpu" not in limits, limits
+    conds = {c["type"]: c["status"] for c in pod["status"]["conditions"]}
+    assert conds[INFERENCE_PROBE_GATE] == "True" and conds["Ready"] == "True", conds
+    endpoint_of(stack.kube, ns, "kteam", name, True, READY_TIMEOUT)
+
+    # The kubelet pulled the image from the private registry, with the pod's secret.
+    pulled = [e["message"] for e in stack.events(name) if e["reason"] == "Pulled"]
+    assert any(f'Successfully pulled image "{ref}"' in m for m in pulled), pulled
+    # Inside the container: the ConfigMap mounted, and a MIG slice the device plugin allocated.
+    [container] = [
+        c
+        for c in node.containers()
+        if (c.get("labels") or {}).get("io.kubernetes.pod.name") == name
+        and c["metadata"]["name"] == "worker"
+    ]
+    seen = node.crictl(
+        "exec",
+        container["id"],
+        "python3",
+        "-c",
+        "import os; print(os.environ['WEIGHTLIFT_FAKE_GPUS']); "
+        "print(open('/etc/weightlift-extra/greeting').read())",
+    ).splitlines()
+    assert seen == ["fake-mig-1g-10gb-0", "from the team's ConfigMap"], seen
+    stack.delete_md("kteam")

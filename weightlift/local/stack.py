@@ -130,6 +130,9 @@ class LocalStack(UpDown):
     images: tuple[str, ...] | None = None
     # The worker image the kubelet node's registry gets by default (engine_image: the engine's).
     worker_image: str = ""
+    # Extended resources the kubelet node's device plugin advertises beside `gpus` x
+    # nvidia.com/gpu, e.g. {"nvidia.com/mig-1g.10gb": 2} (the process node ignores them).
+    extra_resources: dict[str, int] = field(default_factory=dict)
     # Run the LeaderWorkerSet controller (`make lws`): multi-pod replicas need it.
     with_lws: bool = False
 
@@ -390,6 +393,7 @@ class LocalStack(UpDown):
                 self.node_name,
                 self.state_dir / "node",
                 gpus=self.gpus,
+                extra_resources=dict(self.extra_resources),
                 images=self.node_images(),
             )
         else:

@@ -3,7 +3,9 @@ machine kind needs (see local/kubeletnode/). No root, no processes."""
 
 from __future__ import annotations
 
+import base64
 import ipaddress
+import json
 import re
 import tomllib
 from pathlib import Path
@@ -11,7 +13,7 @@ from pathlib import Path
 import yaml
 
 from weightlift.local.cluster import K8S_VERSION, SERVICE_CIDR
-from weightlift.local.kubeletnode import config, paths
+from weightlift.local.kubeletnode import config, paths, registry
 from weightlift.local.kubeletnode.network import NodeNetwork
 
 REPO = Path(__file__).resolve().parents[3]
@@ -60,11 +62,13 @@ def test_containerd_config_for_this_machine_kind(tmp_path: Path) -> None:
 def test_registry_hosts_never_name_an_upstream() -> None:
     net = NodeNetwork(2)
     hosts = config.registry_hosts(net)
-    assert set(hosts) == {f"{net.host_ip}:5000", "ghcr.io"}
-    for body in hosts.values():
+    plain, auth = f"{net.host_ip}:5000", f"{net.host_ip}:5001"
+    assert set(hosts) == {plain, "ghcr.io", auth}
+    for name, body in hosts.items():
         doc = tomllib.loads(body)
-        assert doc["server"] == f"http://{net.host_ip}:5000"
-        assert list(doc["host"]) == [f"http://{net.host_ip}:5000"]
+        served = auth if name == auth else plain  # the private one mirrors nothing
+        assert doc["server"] == f"http://{served}"
+        assert list(doc["host"]) == [f"http://{served}"]
 
 
 def test_kubelet_config(tmp_path: Path) -> None:
@@ -111,3 +115,31 @@ def test_registry_refs_drop_the_source_registry_and_localhost() -> None:
         f"{reg}/weightlift/prometheus:v3.16.0"
     )
     assert config.registry_ref(net, "weightlift/x:1") == f"{reg}/weightlift/x:1"
+
+
+def test_the_private_registry_serves_the_same_storage_read_only_behind_auth(
+    tmp_path: Path,
+) -> None:
+    net = NodeNetwork(4)
+    plain = registry.registry_config(tmp_path / "data", config.registry_address(net))
+    assert "auth" not in plain and "readonly" not in plain["storage"]["maintenance"]
+    private = registry.private_registry(net)
+    doc = registry.registry_config(tmp_path / "data", private.address, tmp_path / "htpasswd")
+    assert doc["storage"]["filesystem"] == plain["storage"]["filesystem"]  # one storage
+    assert doc["storage"]["maintenance"]["readonly"] == {"enabled": True}
+    assert doc["auth"]["htpasswd"]["path"] == str(tmp_path / "htpasswd")
+    assert doc["http"]["addr"] == f"{net.host_ip}:5001"
+    assert private.ref("ghcr.io/weightlift/worker:0.1.0") == (
+        f"{net.host_ip}:5001/weightlift/worker:0.1.0"
+    )
+
+
+def test_the_pull_secret_holds_the_htpasswd_users_credentials() -> None:
+    private = registry.private_registry(NodeNetwork(4))
+    secret = private.pull_secret("creds", "ns")
+    assert secret["type"] == "kubernetes.io/dockerconfigjson"
+    doc = json.loads(base64.b64decode(secret["data"][".dockerconfigjson"]))
+    entry = doc["auths"][private.address]
+    assert base64.b64decode(entry["auth"]).decode() == f"{entry['username']}:{entry['password']}"
+    user, _, digest = registry.htpasswd_line().strip().partition(":")
+    assert user == entry["username"] and digest.startswith("$2b$")  # bcrypt: all it reads

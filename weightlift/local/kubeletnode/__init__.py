@@ -4,6 +4,7 @@ node's own, a device plugin advertising GPUs, images pulled from the stack's reg
 
 - network.py   the node's namespace, its veth to the host, the slots stacks share a machine by
 - config.py    containerd, registry hosts, CNI, kubeconfigs, kubelet and kube-proxy configs
+- registry.py  the stack's registry and its private (htpasswd) view: configs, pull secrets
 - node.py      KubeletNode: start/stop, pids and logs of pods, leftovers
 - teardown.py  processes, mounts, cgroups, sysctls: undone and checked
 """

@@ -20,6 +20,9 @@ from weightlift.local.kubeletnode.paths import CNI_BIN_DIR
 # mirror, as an air-gapped cluster has): the chart's and the CRD's default images live there.
 MIRRORED = ("ghcr.io",)
 REGISTRY_PORT = 5000
+# The same registry's storage served read-only behind htpasswd auth (registry.py): a private
+# registry, as pods pull from one with an imagePullSecret.
+AUTH_REGISTRY_PORT = 5001
 DEVICE_PLUGINS = Path("/var/lib/kubelet/device-plugins")
 # The kubelet's periodic pod sync (KubeletConfiguration syncFrequency; its default is 1 minute).
 # A pod update (the standby hand-off's annotation) is synced at once; failing that, this resync
@@ -94,14 +97,22 @@ def registry_address(net: NodeNetwork) -> str:
     return f"{net.host_ip}:{REGISTRY_PORT}"
 
 
+def auth_registry_address(net: NodeNetwork) -> str:
+    return f"{net.host_ip}:{AUTH_REGISTRY_PORT}"
+
+
 def registry_ref(net: NodeNetwork, image: str) -> str:
     """The image's name in the stack's registry (its path without the registry host, or
     `localhost/`): ghcr.io/weightlift/worker:0.1.0 lands as weightlift/worker:0.1.0, which
     containerd pulls as ghcr.io/... through its mirror; an image only this machine has
     (`localhost/...`) is named by a pod with this reference."""
+    return f"{registry_address(net)}/{image_path(image)}"
+
+
+def image_path(image: str) -> str:
+    """An image's name without its registry host (or `localhost/`)."""
     first, _, rest = image.partition("/")
-    path = rest if rest and ("." in first or ":" in first or first == "localhost") else image
-    return f"{registry_address(net)}/{path}"
+    return rest if rest and ("." in first or ":" in first or first == "localhost") else image
 
 
 def pause_ref(net: NodeNetwork) -> str:
@@ -167,10 +178,15 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
 
 def registry_hosts(net: NodeNetwork) -> dict[str, str]:
     """certs.d/<host>/hosts.toml: the stack's registry over plain HTTP, under its own name
-    and as the mirror of MIRRORED (never the real upstream: `server` is the local one too)."""
-    local = f"http://{registry_address(net)}"
-    body = f'server = "{local}"\n\n[host."{local}"]\n  capabilities = ["pull", "resolve"]\n'
-    return {host: body for host in (registry_address(net), *MIRRORED)}
+    and as the mirror of MIRRORED (never the real upstream: `server` is the local one too);
+    the authenticated one under its own name only (credentials come from the pod's secret)."""
+
+    def plain_http(address: str) -> str:
+        local = f"http://{address}"
+        return f'server = "{local}"\n\n[host."{local}"]\n  capabilities = ["pull", "resolve"]\n'
+
+    hosts = {host: plain_http(registry_address(net)) for host in (registry_address(net), *MIRRORED)}
+    return {**hosts, auth_registry_address(net): plain_http(auth_registry_address(net))}
 
 
 def cni_network(net: NodeNetwork) -> str:

@@ -29,7 +29,7 @@ import yaml
 
 from weightlift.local.cluster import ClusterInfo, cache_dir, issue_client_cert
 from weightlift.local.kube import JSON, KUBE_ERRORS, Kube, call, delete
-from weightlift.local.kubeletnode import config, teardown
+from weightlift.local.kubeletnode import config, registry, teardown
 from weightlift.local.kubeletnode.network import NodeNetwork
 from weightlift.local.kubeletnode.paths import PAUSE_IMAGE, NodeError, binary, missing
 from weightlift.local.procs import child_options, stop_group
@@ -58,6 +58,7 @@ class KubeletNode:
         state_dir: Path,
         *,
         gpus: int = 8,
+        extra_resources: dict[str, int] | None = None,
         images: Sequence[str] = (),
         labels: dict[str, str] | None = None,
         cache: Path | None = None,
@@ -70,6 +71,9 @@ class KubeletNode:
         self.state_dir = Path(state_dir).resolve()
         self.layout = config.layout(self.state_dir, net)
         self.gpus = gpus
+        # Extended resources the device plugin advertises beside GPU_RESOURCE (MIG slices...).
+        self.extra_resources = dict(extra_resources or {})
+        self.resources = {GPU_RESOURCE: gpus, **self.extra_resources}
         self.images = tuple(images)
         self.labels = {LOCAL_NODE_LABEL: "true", **(labels or {})}
         self.cache = cache if cache is not None else cache_dir()
@@ -113,20 +117,21 @@ class KubeletNode:
         teardown.make_cgroup_root(self.cgroup_root)
         self._start_kubelet()
         self._wait(self._node_ready, f"node {self.name} Ready", "kubelet")
+        extras = [f"{k}={n}" for k, n in self.extra_resources.items()]
         self._start(
             "device-plugin",
             [
                 binary("weightlift-gpu-plugin"),
                 f"--dir={lay.device_plugins}",
+                # GPU_RESOURCE counted by --count: the flags an older build of it reads, too.
                 f"--count={self.gpus}",
-                f"--resource={GPU_RESOURCE}",
+                "--resource=" + ",".join([GPU_RESOURCE, *extras]),
                 # Mounted and named in each container given GPUs: the faultgate's dir.
                 f"--fault-gate-dir={self.fault_gate_dir}",
             ],
         )
-        self._wait(
-            self._gpus_advertised, f"{self.gpus} x {GPU_RESOURCE} allocatable", "device-plugin"
-        )
+        advertised = ", ".join(f"{n} x {k}" for k, n in self.resources.items())
+        self._wait(self._gpus_advertised, f"{advertised} allocatable", "device-plugin")
         self._start(
             "kube-proxy",
             [binary("kube-proxy"), f"--config={lay.etc / 'kube-proxy.yaml'}", "--v=1"],
@@ -167,26 +172,24 @@ class KubeletNode:
         # so none is in flight now.
         for uploads in data.glob("docker/registry/v2/repositories/**/_uploads"):
             shutil.rmtree(uploads, ignore_errors=True)
-        doc = {
-            "version": 0.1,
-            "storage": {
-                "filesystem": {"rootdirectory": str(data)},
-                "maintenance": {"uploadpurging": {"enabled": False}},
-            },
-            "http": {"addr": config.registry_address(self.net)},
-            "log": {"level": "warn"},
-        }
-        path = self.layout.etc / "registry.yml"
-        path.write_text(yaml.safe_dump(doc))
-        self._start("registry", [binary("registry"), "serve", str(path)])
-        url = f"http://{config.registry_address(self.net)}/v2/"
+        htpasswd = self.layout.etc / "registry.htpasswd"
+        htpasswd.write_text(registry.htpasswd_line())
+        private = self.private_registry.address
+        for name, address, auth, anonymous in (
+            ("registry", config.registry_address(self.net), None, 200),
+            ("registry-auth", private, htpasswd, 401),  # refuses who brings no credentials
+        ):
+            path = self.layout.etc / f"{name}.yml"
+            path.write_text(yaml.safe_dump(registry.registry_config(data, address, auth)))
+            self._start(name, [binary("registry"), "serve", str(path)])
+            url = f"http://{address}/v2/"
 
-        def answers() -> bool:
-            with contextlib.suppress(httpx.HTTPError):
-                return httpx.get(url, timeout=2).status_code == 200
-            return False
+            def answers(url: str = url, code: int = anonymous) -> bool:
+                with contextlib.suppress(httpx.HTTPError):
+                    return httpx.get(url, timeout=2).status_code == code
+                return False
 
-        self._wait(answers, f"registry at {url}", "registry")
+            self._wait(answers, f"registry at {url}", name)
 
     def _push_images(self) -> None:
         self.push_images([PAUSE_IMAGE, *self.images])
@@ -222,6 +225,11 @@ class KubeletNode:
     def registry_ref(self, image: str) -> str:
         return config.registry_ref(self.net, image)
 
+    @property
+    def private_registry(self) -> registry.PrivateRegistry:
+        """The same images behind basic auth: pods pull from it with an imagePullSecret."""
+        return registry.private_registry(self.net)
+
     def _start_kubelet(self) -> None:
         lay = self.layout
         labels = ",".join(f"{k}={v}" for k, v in sorted(self.labels.items()))
@@ -256,7 +264,7 @@ class KubeletNode:
 
     def _gpus_advertised(self) -> bool:
         alloc = ((self._node() or {}).get("status") or {}).get("allocatable") or {}
-        return str(alloc.get(GPU_RESOURCE)) == str(self.gpus)
+        return all(str(alloc.get(k)) == str(n) for k, n in self.resources.items())
 
     def _service_routed(self) -> bool:
         done = subprocess.run(
@@ -385,7 +393,7 @@ class KubeletNode:
         if self.layout.containerd_socket.exists() and "containerd" in self._procs:
             with contextlib.suppress(NodeError, subprocess.TimeoutExpired):
                 self.crictl("rmp", "--all", "--force", timeout=timeout)
-        for name in ("containerd", "registry"):
+        for name in ("containerd", "registry", "registry-auth"):
             proc = self._procs.pop(name, None)
             if proc is not None:
                 stop_group(proc, grace=10.0)

@@ -189,11 +189,12 @@ def made_dirs(record: Path) -> list[Path]:
 
 
 def clear_device_plugins(plugins: Path, record: Path) -> None:
-    """The kubelet's and our plugin's sockets and the device manager's checkpoint, then the
-    dirs the node created (deepest first, only when empty)."""
+    """The kubelet's and our plugin's sockets (weightlift-<resource>.sock) and the device
+    manager's checkpoint, then the dirs the node created (deepest first, only when empty)."""
     if plugins.is_dir():
         for entry in plugins.iterdir():
-            if entry.name in ("kubelet.sock", "weightlift-gpu.sock", "kubelet_internal_checkpoint"):
+            ours = entry.name.startswith("weightlift-") and entry.name.endswith(".sock")
+            if ours or entry.name in ("kubelet.sock", "kubelet_internal_checkpoint"):
                 with contextlib.suppress(OSError):
                     entry.unlink()
     for d in sorted(made_dirs(record), key=lambda p: -len(p.parts)):
