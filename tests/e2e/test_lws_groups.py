@@ -2,7 +2,9 @@
 2 replicas x 2 pods (tensor 2, one rank per pod) on the process node, builtin runtime. The
 operator renders one LeaderWorkerSet; LWS creates the groups; the first group loads from
 storage, the second pulls rank-matched from it; each group computes its answer across both of
-its pods (torch.distributed, gloo); a killed rank fails its group, which is replaced."""
+its pods (torch.distributed, gloo); the ModelDeployment's Service selects each serving group's
+leader only, Ready through its inference-probe gate; a killed rank fails its group, which is
+replaced (and its new leader takes the old one's place in the Service)."""
 
 from __future__ import annotations
 
@@ -19,7 +21,14 @@ import httpx
 import pytest
 from kubernetes import watch
 
-from weightlift.api.labels import LWS_API_VERSION, LWS_GROUP, LWS_PLURAL
+from tests.support.endpoints import pod_ready
+from weightlift.api.labels import (
+    INFERENCE_PROBE_GATE,
+    LWS_API_VERSION,
+    LWS_GROUP,
+    LWS_PLURAL,
+    SERVING_LABEL,
+)
 from weightlift.api.model import GROUP, PLURAL, VERSION
 from weightlift.local.kube import call
 from weightlift.local.lws import LwsController
@@ -108,6 +117,30 @@ def _ready(obs: Observer) -> dict[str, JSON] | None:
     return None
 
 
+def _check_the_service_holds_the_leaders(stack: LocalStack, groups: dict[str, JSON]) -> None:
+    """The Service's selector takes in each group's leader and no other pod; the leaders wait
+    for the inference-probe gate and are Ready (it turned True), the others carry no gate."""
+    ns = stack.namespace
+    selector = call(stack.kube.core.read_namespaced_service, NAME, ns)["spec"]["selector"]
+    assert selector[SERVING_LABEL] == "true", selector
+    chosen = ",".join(f"{k}={v}" for k, v in selector.items())
+    selected = call(stack.kube.core.list_namespaced_pod, ns, label_selector=chosen)["items"]
+    leaders = sorted(g["pods"][0]["name"] for g in groups.values())
+    assert sorted(p["metadata"]["name"] for p in selected) == leaders
+    gate = [{"conditionType": INFERENCE_PROBE_GATE}]
+    for group in groups.values():
+        leader, follower = (
+            call(stack.kube.core.read_namespaced_pod, p["name"], ns) for p in group["pods"]
+        )
+        assert leader["spec"]["readinessGates"] == gate
+        assert not follower["spec"].get("readinessGates"), follower["spec"]
+        assert SERVING_LABEL not in follower["metadata"]["labels"]
+        shown = pod_ready(stack.kube, ns, leader["metadata"]["name"], True, 60)
+        assert {c["type"]: c["status"] for c in shown["status"]["conditions"]}[
+            INFERENCE_PROBE_GATE
+        ] == "True"
+
+
 def test_two_groups_of_two_pods_load_rank_matched_and_compute_across_their_pods(
     stack: LocalStack,
     lws: LwsController,
@@ -159,6 +192,7 @@ def test_two_groups_of_two_pods_load_rank_matched_and_compute_across_their_pods(
         )
         assert 400 <= refused.status_code < 500, refused.text
     assert answers[0] == answers[1]
+    _check_the_service_holds_the_leaders(stack, groups)
     expected = probe["expectedOutputs"][0]["data"]
     assert max(abs(a - b) for a, b in zip(answers[0], expected, strict=True)) < 1e-3
 
@@ -199,6 +233,7 @@ def test_two_groups_of_two_pods_load_rank_matched_and_compute_across_their_pods(
         infer(f"http://{ip}:8000", model, probe["request"])["outputs"][0]["data"] for ip in leaders
     ]
     assert outs[0] == outs[1] == answers[0]
+    _check_the_service_holds_the_leaders(stack, groups)  # the new target group's leader
 
     # Scaled to 1: planning keeps the Source (Targets go first) and the operator deletes the
     # Target's own LeaderWorkerSet; one set is left, the Source's.

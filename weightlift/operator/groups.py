@@ -22,6 +22,7 @@ groups need no cluster DNS: the operator knows the leader's pod IP when it hands
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
@@ -84,13 +85,15 @@ def render_lws(
     # permanent failure does not exit (the worker reports it and waits), so it shows in
     # status instead of a crash loop.
     pod_spec["restartPolicy"] = "Always"
-    # Groups are probed through their leader and stay out of the Service in this version: no
-    # pod of theirs waits for the inference-probe gate.
-    pod_spec.pop("readinessGates")
     container = pod_spec["containers"][0]
     container["ports"].append(
         {"name": GROUP_PORT_NAME, "containerPort": GROUP_PORT, "protocol": "TCP"}
     )
+    # A group is probed through its leader, the only pod that answers the API (the others 421):
+    # the leader waits for the inference-probe gate and may join the Service, the others never.
+    leader_spec = copy.deepcopy(pod_spec)
+    pod_spec.pop("readinessGates")
+    template_meta = {"labels": labels, "annotations": meta["annotations"]}
     return {
         "apiVersion": f"{LWS_GROUP}/{LWS_API_VERSION}",
         "kind": LWS_KIND,
@@ -111,10 +114,8 @@ def render_lws(
             "leaderWorkerTemplate": {
                 "size": spec.parallelism.pods_per_replica,
                 "restartPolicy": "None",
-                "workerTemplate": {
-                    "metadata": {"labels": labels, "annotations": meta["annotations"]},
-                    "spec": pod_spec,
-                },
+                "leaderTemplate": {"metadata": copy.deepcopy(template_meta), "spec": leader_spec},
+                "workerTemplate": {"metadata": template_meta, "spec": pod_spec},
             },
         },
     }
@@ -225,7 +226,8 @@ def spread_handoffs(result: Plan, groups: Mapping[str, ObservedPod], size: int, 
     """Turn planning's hand-offs and relabels of group leaders into those of every pod of the
     group: pod i is handed pod i of each source group (rank-matched: they hold the same ranks)
     and its group's rendezvous. A group not yet complete (a pod missing or without an IP) is
-    handed nothing yet, its relabel held back with it: planning offers again next pass."""
+    handed nothing yet, its relabel and Service label held back with it: planning offers again
+    next pass. A group's Service label and gate go to its leader pod (planning._serving)."""
     handoff: dict[str, PeerHandoff] = {}
     relabel: dict[str, Role] = {}
     for name, given in result.handoff.items():
@@ -235,6 +237,7 @@ def spread_handoffs(result: Plan, groups: Mapping[str, ObservedPod], size: int, 
             continue
         if not _complete(group, size):
             result.relabel.pop(name, None)
+            result.serve.discard(name)
             result.requeue_after = min(result.requeue_after, INCOMPLETE_RECHECK_SECONDS)
             continue
         leader_ip = group.members[0].pod_ip
@@ -258,6 +261,14 @@ def spread_handoffs(result: Plan, groups: Mapping[str, ObservedPod], size: int, 
         if group is None:
             relabel[name] = role
     result.handoff, result.relabel = handoff, relabel
+    result.serve = {_leader(groups, name) for name in result.serve}
+    result.gates = {_leader(groups, name): passed for name, passed in result.gates.items()}
+
+
+def _leader(groups: Mapping[str, ObservedPod], name: str) -> str:
+    """The pod that stands for replica `name`: a group's leader, or the single pod itself."""
+    group = groups.get(name)
+    return group.members[0].name if group is not None else name
 
 
 @dataclass(frozen=True)

@@ -478,10 +478,11 @@ def _serving(live: list[ObservedPod], result: Plan) -> None:
     handed its weights, storage or peers, not while it waits for a source nor as a warm spare;
     an older revision's replica stays in it until the rollover retires (deletes) it, so a
     rollout never empties the Service. Its endpoint turns ready when the gate does: True once
-    its inference probe passed, False when it stops passing. Pods being deleted get neither;
-    groups (LeaderWorkerSet pods, rendered from one template) neither, in this version."""
+    its inference probe passed, False when it stops passing. Pods being deleted get neither.
+    A group (a multi-pod replica) is decided as one replica, by its name: groups.py gives the
+    label and the gate to its leader pod only, the one that answers the API."""
     for pod in live:
-        if pod.members or pod.name in result.delete:
+        if pod.name in result.delete:
             continue
         handed = pod.name in result.handoff or (pod.handoff is not None and pod.handoff.given)
         if handed and not pod.spare and not pod.serving_labelled:  # woken spares: spare=False

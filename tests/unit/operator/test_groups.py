@@ -1,6 +1,7 @@
 """Multi-pod replicas (LeaderWorkerSet groups): planning sees a group as one replica; groups.py
-sums its pods up, spreads hand-offs rank-matched over them, and maps creates and deletes onto
-LeaderWorkerSet replica counts."""
+sums its pods up, spreads hand-offs rank-matched over them, gives a group's Service label and
+readiness gate to its leader only, and maps creates and deletes onto LeaderWorkerSet replica
+counts."""
 
 from __future__ import annotations
 
@@ -401,3 +402,47 @@ def test_a_pod_between_its_exit_and_its_restart_still_fails_its_group() -> None:
     exited = dataclasses.replace(pods[1][1], worker=None, failure="worker exited with code 1: x")
     (group,) = collapse([pods[0], (pods[1][0], exited)], 2)
     assert group.failed and group.failure_message.endswith("worker exited with code 1: x")
+
+
+# ------------------------------------------------------------- the Service: leaders only
+
+
+def _planned(pods: list[tuple[dict[str, Any], ObservedPod]], spec: ModelDeploymentSpec) -> Plan:
+    groups = collapse(pods, 2)
+    result = plan(spec, observe(groups))
+    spread_handoffs(result, {g.name: g for g in groups}, 2, PORT)
+    return result
+
+
+def test_a_group_joins_the_service_through_its_leader_with_its_hand_off() -> None:
+    spec = group_spec(1)
+    g0 = pod_name(NAME, ident(spec), 0)
+    # Waiting, complete: handed storage, and its leader labelled in the same patch.
+    result = _planned(group_pods(spec, 0, "scheduled", probe_gate=False), spec)
+    assert set(result.handoff) == {member(g0, 0), member(g0, 1)}
+    assert result.serve == {member(g0, 0)}
+    # Incomplete (a pod without an IP): neither hand-off nor label yet.
+    pods = group_pods(spec, 0, "scheduled", probe_gate=False)
+    pods[1] = (pods[1][0], dataclasses.replace(pods[1][1], pod_ip=None))
+    held = _planned(pods, spec)
+    assert held.handoff == {} and held.serve == set()
+    # Labelled already: nothing to write.
+    labelled = group_pods(
+        spec, 0, "ready", Role.SOURCE, handoff=PeerHandoff(storage=True), serving_labelled=True
+    )
+    assert _planned(labelled, spec).serve == set()
+
+
+def test_a_groups_gate_is_its_leaders_and_follows_the_whole_group() -> None:
+    spec = group_spec(1)
+    g0 = pod_name(NAME, ident(spec), 0)
+    handed = {"handoff": PeerHandoff(storage=True), "serving_labelled": True}
+    ready = group_pods(spec, 0, "ready", Role.SOURCE, probe_gate=False, **handed)
+    assert _planned(ready, spec).gates == {member(g0, 0): True}
+    # A follower not ready: the group is not, whatever the leader's probe said: False again.
+    shown = group_pods(spec, 0, "ready", Role.SOURCE, probe_gate=True, **handed)
+    shown[1] = (shown[1][0], dataclasses.replace(shown[1][1], pod_ready=False))
+    assert _planned(shown, spec).gates == {member(g0, 0): False}
+    # A leader made before groups had the gate (probe_gate None) gets no gate writes.
+    old = group_pods(spec, 0, "ready", Role.SOURCE, probe_gate=None, **handed)
+    assert _planned(old, spec).gates == {}

@@ -5,7 +5,8 @@ Covers: a Source or a Target handed its weights is labelled, at creation or with
 (one patch); standby Targets and spares are not, a woken spare is with its hand-off; the gate
 turns True once the probe passed and False when it fails again, once per transition; an older
 revision's Ready replica stays in the Service until the rollover retires it; pods made before the
-gate get no gate writes; status.service follows spec.service; the manifests. Runs in ~0.3 s."""
+gate get no gate writes; a group's leader waits for the gate, its other pods do not;
+status.service follows spec.service; the manifests. Runs in ~0.3 s."""
 
 from __future__ import annotations
 
@@ -221,14 +222,20 @@ def test_every_worker_pod_waits_for_the_gate_and_the_handed_ones_join_at_creatio
         assert (pod["metadata"]["labels"].get(SERVING_LABEL) == "true") is joins, case
 
 
-def test_group_pods_carry_no_gate() -> None:
+def test_a_groups_leader_waits_for_the_gate_its_other_pods_do_not() -> None:
+    """Only the leader answers the API (the others 421): it alone may be an endpoint."""
     spec = make_spec(2, tensor=2, parallelism={"tensor": 2, "podsPerReplica": 2})
     identity = ident(spec)
     group = DesiredPod("llm-0", 0, Role.SOURCE, identity, [])
     lws = render_lws("llm", "models", UID, spec, group, plan_for("llm", "models", spec, identity))
-    template = lws["spec"]["leaderWorkerTemplate"]["workerTemplate"]
-    assert "readinessGates" not in template["spec"]
-    assert SERVING_LABEL not in template["metadata"]["labels"]
+    templates = lws["spec"]["leaderWorkerTemplate"]
+    leader, others = templates["leaderTemplate"], templates["workerTemplate"]
+    assert leader["spec"]["readinessGates"] == [{"conditionType": INFERENCE_PROBE_GATE}]
+    assert "readinessGates" not in others["spec"]
+    # Otherwise one pod: the same labels (none serving yet: the role comes with the hand-off).
+    assert {**leader["spec"], "readinessGates": None} == {**others["spec"], "readinessGates": None}
+    assert leader["metadata"] == others["metadata"]
+    assert SERVING_LABEL not in leader["metadata"]["labels"]
 
 
 def test_the_gate_condition_says_what_it_means() -> None:
