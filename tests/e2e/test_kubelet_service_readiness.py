@@ -172,13 +172,15 @@ def test_a_worker_pod_with_the_teams_template_is_pulled_run_and_probed(
         if (c.get("labels") or {}).get("io.kubernetes.pod.name") == name
         and c["metadata"]["name"] == "worker"
     ]
-    seen = node.crictl(
-        "exec",
-        container["id"],
-        "python3",
-        "-c",
-        "import os; print(os.environ['WEIGHTLIFT_FAKE_GPUS']); "
-        "print(open('/etc/weightlift-extra/greeting').read())",
-    ).splitlines()
-    assert seen == ["fake-mig-1g-10gb-0", "from the team's ConfigMap"], seen
+    # Its processes as the host sees them (the runtime's exec stream listens inside the node's
+    # namespace): their env and their mount namespace's root.
+    pid = node.container_pids(container["id"])[0]
+    environ = dict(
+        item.split("=", 1)
+        for item in Path(f"/proc/{pid}/environ").read_bytes().decode().split("\0")
+        if "=" in item
+    )
+    assert environ["WEIGHTLIFT_FAKE_GPUS"] == "fake-mig-1g-10gb-0", environ
+    greeting = Path(f"/proc/{pid}/root/etc/weightlift-extra/greeting").read_text()
+    assert greeting == "from the team's ConfigMap"
     stack.delete_md("kteam")
