@@ -2,20 +2,21 @@
 controller) whose pods run as containers under the pinned kubelet, their worker images pulled
 from the stack's registry, each pod in its own network namespace on the node's bridge.
 
-First the builtin runtime: 2 groups x 2 pods (tensor 2, one rank per pod); the source group
-reads storage, the target's pod i pulls its rank from the source's pod i over the pod network,
-each group computes across its two pods (gloo between containers). Then vLLM, tensor 2 over 2
-pods (worker-vllm): every pod runs one vLLM node, the leader its OpenAI server, the other
-headless (the mp executor; its TCPStore, gloo and ZMQ between the pods' addresses); each pod
-loads only its own rank, the target group's pod i from the source group's pod i over NIXL; both
-leaders give transformers' greedy text. The operator runs as a process of this checkout.
-Needs root, `make node`, `make images`, `make lws` and `make vllm-env` (the tiny Llama)."""
+Two deployments side by side, tensor 2 over 2 pods (one rank per pod). Builtin runtime, two
+groups: the source group reads storage, the target's pod i pulls its rank from the source's pod
+i over the pod network, each group computes across its two containers (gloo between them).
+vLLM (worker-vllm), one group: each pod runs one vLLM node, the leader its OpenAI server, the
+other headless (the mp executor: its TCPStore, gloo and ZMQ between the containers' addresses),
+each loading only its own rank; the leader gives transformers' greedy text. The operator runs
+as a process of this checkout. Needs root, `make node`, `make images`, `make lws` and `make
+vllm-env` (the tiny Llama). ~5 min, the stack's start and image pulls included."""
 
 from __future__ import annotations
 
 import os
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -74,7 +75,7 @@ def kstack(tmp_path_factory: pytest.TempPathFactory, models: Path) -> Iterator[L
         tmp_path_factory.mktemp("kgroups") / "stack",
         node_kind="kubelet",
         node_name="kubelet-groups",
-        gpus=4,  # two groups of two pods, one GPU (rank) each; one deployment at a time
+        gpus=6,  # three groups of two pods, one GPU (rank) each
         model_path_prefixes=(str(models),),
         # The tests' safety belt (tests/conftest.py) lets the operator contact loopback only;
         # this node's pods live on its bridge, on this machine too.
@@ -102,137 +103,167 @@ def _node(stack: LocalStack) -> KubeletNode:
     return stack.node
 
 
-def _groups_ready(obs: Observer) -> list[JSON] | None:
-    """Both groups' rows once Ready; an AssertionError at the first pod that failed (a group pod
-    failed for good waits, never exits: the test would otherwise wait out its timeout)."""
+def _ready_groups(obs: Observer, replicas: int) -> list[JSON] | None:
+    """The groups' rows once all `replicas` are Ready; an AssertionError at the first pod that
+    failed (a group pod failed for good waits, never exits: the test would otherwise wait out
+    its timeout)."""
     obs.poll()
     rows = obs.replica_statuses()
     failed = [p for r in rows for p in r.get("pods") or [] if p.get("phase") == "Failed"]
     assert not failed, f"a group pod failed: {failed[0]['name']}: {failed[0].get('message')}"
-    if obs.status().get("readyReplicas") == 2 and len(rows) == 2 and all(r["ready"] for r in rows):
+    if (
+        obs.status().get("readyReplicas") == replicas
+        and len(rows) == replicas
+        and all(r["ready"] for r in rows)
+    ):
         return rows
     return None
 
 
-def _wait_groups(stack: LocalStack, obs: Observer, timeout: float) -> tuple[JSON, JSON]:
-    deadline = time.monotonic() + timeout
-    rows = None
-    while rows is None and time.monotonic() < deadline:
-        stack.check_operator()
-        rows = _groups_ready(obs)
+@dataclass(frozen=True)
+class Deployed:
+    """A deployment of groups once Ready: its rows (by role) and its probe."""
+
+    rows: dict[str, JSON]
+    probe: JSON
+    model_dir: Path
+    ready_after: float
+
+
+@pytest.fixture(scope="module")
+def deployed(kstack: LocalStack, klws: None, models: Path) -> dict[str, Deployed]:
+    """Both deployments applied at once, side by side on the node (their pulls and starts
+    overlap: one wait instead of two): the builtin one's two groups, rank-matched P2P between
+    them; the vLLM one's single group (a second, rank-matched vLLM group waits for the first to
+    be Ready before its vLLM starts: minutes more on 2 cores, past this file's budget; the
+    process node's test_vllm_groups covers it)."""
+    tp2 = models / "tp2"
+    tp2_probe = make_demo_model(tp2, 4.0, tp=2, hook=True, seed=3)
+    llm = models / "llm"
+    llm_probe = tiny_llm(require_vllm_python(), llm)
+    manifests = {
+        BUILTIN: (
+            2,
+            tp2,
+            tp2_probe,
+            model_deployment(BUILTIN, tp2, replicas=2, probe=tp2_probe, parallelism=GROUPS),
+        ),
+        VLLM: (
+            1,
+            llm,
+            llm_probe,
+            model_deployment(
+                VLLM,
+                llm,
+                replicas=1,
+                probe=llm_probe,
+                engine="vLLM",
+                engine_args=VLLM_ENGINE_ARGS,  # eager: a compile per rank costs minutes here
+                env={**VLLM_ENV, **THREADS_BIND},
+                parallelism=GROUPS,
+                hook_library=None,
+                image=engine_image("vLLM"),
+            ),
+        ),
+    }
+    observers = {name: Observer(kstack, name) for name in manifests}
+    started = time.monotonic()
+    for *_, manifest in manifests.values():
+        kstack.apply(manifest)
+    out: dict[str, Deployed] = {}
+    deadline = started + 2 * VLLM_READY_TIMEOUT
+    while len(out) < len(manifests):
+        assert time.monotonic() < deadline, (
+            f"not Ready: {sorted(set(manifests) - set(out))}\n{kstack.operator_log_tail()}"
+        )
+        kstack.check_operator()
+        for name, (replicas, model_dir, probe, _) in manifests.items():
+            if name not in out and (rows := _ready_groups(observers[name], replicas)):
+                after = time.monotonic() - started
+                print(f"\n{name}: {replicas} group(s) Ready {after:.0f}s after the apply")
+                by_role = {r["role"]: r for r in rows}
+                assert len(by_role) == replicas, rows
+                out[name] = Deployed(by_role, probe, model_dir, after)
         time.sleep(1)
-    assert rows is not None, f"both groups of {obs.name} not Ready\n{stack.operator_log_tail()}"
-    by_role = {r["role"]: r for r in rows}
-    assert set(by_role) == {"Source", "Target"}, rows
-    return by_role["Source"], by_role["Target"]
+    return out
 
 
-def _check_containers(stack: LocalStack, name: str, image: str) -> None:
+def _check_containers(stack: LocalStack, name: str, image: str, pods_total: int) -> None:
     """Every pod of the groups: the image's container under the kubelet, in a network
     namespace of its own (not the host's, none shared), its IP on the node's pod network."""
     node = _node(stack)
     prefix = node.net.pod_cidr.rsplit(".", 1)[0] + "."
     pods = stack.pods(name)
-    assert len(pods) == 4, [p["metadata"]["name"] for p in pods]
+    assert len(pods) == pods_total, [p["metadata"]["name"] for p in pods]
     netns = set()
     for pod in pods:
         assert {c["image"] for c in pod["spec"]["containers"]} == {image}
         assert pod["status"]["podIP"].startswith(prefix), pod["status"]
         (pid, *_) = node.pids()[f"{stack.namespace}/{pod['metadata']['name']}"]
         netns.add(os.readlink(f"/proc/{pid}/ns/net"))
-    assert os.readlink("/proc/self/ns/net") not in netns and len(netns) == 4, netns
+    assert os.readlink("/proc/self/ns/net") not in netns and len(netns) == pods_total, netns
 
 
-def _delete(stack: LocalStack, obs: Observer, name: str) -> None:
-    stack.delete_md(name)
-    obs.wait(lambda o: not o.pods and o.md is None, 180, f"{name} to go")
+def _own_ranks(group: JSON) -> None:
+    pods = group["pods"]
+    assert [p["index"] for p in pods] == [0, 1], pods
+    assert [p["ranks"] for p in pods] == [[0], [1]], "each pod drives its own rank"
 
 
-def _rank_matched(source: JSON, target: JSON) -> None:
+def test_builtin_groups_run_as_containers_rank_matched_over_the_pod_network(
+    kstack: LocalStack, deployed: dict[str, Deployed]
+) -> None:
+    got = deployed[BUILTIN]
+    source, target = got.rows["Source"], got.rows["Target"]
     for group in (source, target):
-        pods = group["pods"]
-        assert [p["index"] for p in pods] == [0, 1], pods
-        assert [p["ranks"] for p in pods] == [[0], [1]], "each pod drives its own rank"
+        _own_ranks(group)
+        for index, pod in enumerate(group["pods"]):
+            own = shard_bytes(got.model_dir / f"rank-{index}-of-2.safetensors")
+            assert pod["bytesLoaded"] == pod["bytesTotal"] == own, pod
+    # The source group read storage; the target's pod i pulled from the source's pod i.
     assert [p["loadedFrom"] for p in source["pods"]] == ["storage:hostpath"] * 2, source
     assert [p["loadedFrom"] for p in target["pods"]] == [
         f"peer:{p['name']}" for p in source["pods"]
     ], target
-
-
-def test_builtin_groups_run_as_containers_rank_matched_over_the_pod_network(
-    kstack: LocalStack, klws: None, models: Path
-) -> None:
-    model_dir = models / "tp2"
-    probe = make_demo_model(model_dir, 4.0, tp=2, hook=True, seed=3)
-    obs = Observer(kstack, BUILTIN)
-    kstack.apply(model_deployment(BUILTIN, model_dir, replicas=2, probe=probe, parallelism=GROUPS))
-    started = time.monotonic()
-    source, target = _wait_groups(kstack, obs, BUILTIN_READY_TIMEOUT)
-    print(f"\nboth builtin groups Ready {time.monotonic() - started:.0f}s after apply")
-    _rank_matched(source, target)
-    for group in (source, target):
-        for index, pod in enumerate(group["pods"]):
-            own = shard_bytes(model_dir / f"rank-{index}-of-2.safetensors")
-            assert pod["bytesLoaded"] == pod["bytesTotal"] == own, pod
-    _check_containers(kstack, BUILTIN, engine_image("Builtin"))
+    _check_containers(kstack, BUILTIN, engine_image("Builtin"), 4)
     # Each leader computes across its group's two containers; a follower serves no inference.
-    expected = probe["expectedOutputs"][0]["data"]
+    expected = got.probe["expectedOutputs"][0]["data"]
     for group in (source, target):
         leader, follower = group["pods"]
-        out = infer(f"http://{leader['podIP']}:8000", BUILTIN, probe["request"])
-        got = out["outputs"][0]["data"]
-        assert max(abs(a - b) for a, b in zip(got, expected, strict=True)) < 1e-3
+        out = infer(f"http://{leader['podIP']}:8000", BUILTIN, got.probe["request"])
+        answer = out["outputs"][0]["data"]
+        assert max(abs(a - b) for a, b in zip(answer, expected, strict=True)) < 1e-3
         refused = httpx.post(
             f"http://{follower['podIP']}:8000/v2/models/{BUILTIN}/infer",
-            json=probe["request"],
+            json=got.probe["request"],
             timeout=10,
         )
         assert refused.status_code == 421, refused.text
-    _delete(kstack, obs, BUILTIN)
 
 
-def test_vllm_tp2_over_two_containers_per_replica_rank_matched_greedy_text(
-    kstack: LocalStack, klws: None, models: Path
+def test_vllm_tp2_over_two_containers_gives_the_greedy_text(
+    kstack: LocalStack, deployed: dict[str, Deployed]
 ) -> None:
-    model_dir = models / "llm"
-    probe = tiny_llm(require_vllm_python(), model_dir)
-    obs = Observer(kstack, VLLM)
-    kstack.apply(
-        model_deployment(
-            VLLM,
-            model_dir,
-            replicas=2,
-            probe=probe,
-            engine="vLLM",
-            engine_args=VLLM_ENGINE_ARGS,  # eager: compiling twice per group costs minutes
-            env={**VLLM_ENV, **THREADS_BIND},
-            parallelism=GROUPS,
-            hook_library=None,
-            image=engine_image("vLLM"),
-            # Its wait begins at the pods' creation: pulling worker-vllm's own layers and the
-            # source group's vLLM start on 2 busy cores come first.
-            wait_for_source_seconds=int(VLLM_READY_TIMEOUT),
-        )
+    got = deployed[VLLM]
+    group = got.rows["Source"]
+    _own_ranks(group)
+    for pod in group["pods"]:
+        # Each pod loaded its own rank only: vLLM reads the whole checkpoint file and slices
+        # its rank's share out, and a target pod would pull exactly that share (bytesTotal).
+        assert pod["loadedFrom"] == "storage:hostpath", pod
+        assert 0 < pod["bytesLoaded"] == pod["bytesTotal"], pod
+    _check_containers(kstack, VLLM, engine_image("vLLM"), 2)
+    # The leader's OpenAI endpoint (its worker's, over the pod network) gives transformers'
+    # greedy text, computed by both containers' ranks; the headless pod serves no API.
+    leader, follower = group["pods"]
+    completion = got.probe["completion"]
+    assert (
+        complete(f"http://{leader['podIP']}:8000/v1", VLLM, completion)
+        == (completion["expectedText"])
     )
-    started = time.monotonic()
-    source, target = _wait_groups(kstack, obs, 2 * VLLM_READY_TIMEOUT)
-    print(f"\nboth vLLM groups Ready {time.monotonic() - started:.0f}s after apply")
-    _rank_matched(source, target)
-    for s_pod, t_pod in zip(source["pods"], target["pods"], strict=True):
-        # A source pod reads the whole checkpoint (vLLM slices its rank out); a target pod
-        # pulls exactly its rank's parameters (checksums verified), well under the whole.
-        assert 0 < t_pod["bytesLoaded"] == t_pod["bytesTotal"] < s_pod["bytesTotal"], t_pod
-    _check_containers(kstack, VLLM, engine_image("vLLM"))
-    # Both leaders' OpenAI endpoints (their workers', over the pod network) give transformers'
-    # greedy text; a headless pod serves no API.
-    expected = probe["completion"]["expectedText"]
-    for group in (source, target):
-        leader, follower = group["pods"]
-        assert complete(f"http://{leader['podIP']}:8000/v1", VLLM, probe["completion"]) == expected
-        refused = httpx.post(
-            f"http://{follower['podIP']}:8000/v1/completions",
-            json={"model": VLLM, "prompt": "hi", "max_tokens": 1},
-            timeout=10,
-        )
-        assert refused.status_code == 421, refused.text
-    _delete(kstack, obs, VLLM)
+    refused = httpx.post(
+        f"http://{follower['podIP']}:8000/v1/completions",
+        json={"model": VLLM, "prompt": "hi", "max_tokens": 1},
+        timeout=10,
+    )
+    assert refused.status_code == 421, refused.text
