@@ -48,7 +48,11 @@ VLLM = "kvgrp"
 GROUPS = {"tensor": 2, "podsPerReplica": 2}
 # Each pod's one local rank on its own core (the pod's share of a one-pod TP 2's "0|1").
 THREADS_BIND = {"VLLM_CPU_OMP_THREADS_BIND": "0|1"}
-BUILTIN_READY_TIMEOUT = 600.0
+# vLLM groups: 1 in `make test`. 2 adds a target group pulling rank-matched from the source's
+# pods, but its vLLM starts only once the source group is Ready: on 2 cores the vLLM part took
+# 293 s instead of ~150 (WEIGHTLIFT_NODE_VLLM_GROUPS=2 runs it).
+VLLM_GROUPS = int(os.environ.get("WEIGHTLIFT_NODE_VLLM_GROUPS", "1"))
+assert VLLM_GROUPS in (1, 2), f"WEIGHTLIFT_NODE_VLLM_GROUPS={VLLM_GROUPS}: 1 or 2"
 pytestmark = pytest.mark.timeout(1800)
 
 
@@ -75,7 +79,7 @@ def kstack(tmp_path_factory: pytest.TempPathFactory, models: Path) -> Iterator[L
         tmp_path_factory.mktemp("kgroups") / "stack",
         node_kind="kubelet",
         node_name="kubelet-groups",
-        gpus=6,  # three groups of two pods, one GPU (rank) each
+        gpus=4 + 2 * VLLM_GROUPS,  # groups of two pods, one GPU (rank) each
         model_path_prefixes=(str(models),),
         # The tests' safety belt (tests/conftest.py) lets the operator contact loopback only;
         # this node's pods live on its bridge, on this machine too.
@@ -149,13 +153,13 @@ def deployed(kstack: LocalStack, klws: None, models: Path) -> dict[str, Deployed
             model_deployment(BUILTIN, tp2, replicas=2, probe=tp2_probe, parallelism=GROUPS),
         ),
         VLLM: (
-            1,
+            VLLM_GROUPS,
             llm,
             llm_probe,
             model_deployment(
                 VLLM,
                 llm,
-                replicas=1,
+                replicas=VLLM_GROUPS,
                 probe=llm_probe,
                 engine="vLLM",
                 engine_args=VLLM_ENGINE_ARGS,  # eager: a compile per rank costs minutes here
@@ -163,6 +167,9 @@ def deployed(kstack: LocalStack, klws: None, models: Path) -> dict[str, Deployed
                 parallelism=GROUPS,
                 hook_library=None,
                 image=engine_image("vLLM"),
+                # A target group's wait begins at its pods' creation; the source group's vLLM
+                # start on 2 busy cores comes first.
+                wait_for_source_seconds=int(VLLM_READY_TIMEOUT),
             ),
         ),
     }
@@ -245,25 +252,33 @@ def test_vllm_tp2_over_two_containers_gives_the_greedy_text(
     kstack: LocalStack, deployed: dict[str, Deployed]
 ) -> None:
     got = deployed[VLLM]
-    group = got.rows["Source"]
-    _own_ranks(group)
-    for pod in group["pods"]:
-        # Each pod loaded its own rank only: vLLM reads the whole checkpoint file and slices
-        # its rank's share out, and a target pod would pull exactly that share (bytesTotal).
-        assert pod["loadedFrom"] == "storage:hostpath", pod
-        assert 0 < pod["bytesLoaded"] == pod["bytesTotal"], pod
-    _check_containers(kstack, VLLM, engine_image("vLLM"), 2)
-    # The leader's OpenAI endpoint (its worker's, over the pod network) gives transformers'
-    # greedy text, computed by both containers' ranks; the headless pod serves no API.
-    leader, follower = group["pods"]
+    source = got.rows["Source"]
+    groups = [source, *([got.rows["Target"]] if VLLM_GROUPS == 2 else [])]
+    for group in groups:
+        _own_ranks(group)
+    # A source pod reads the whole checkpoint file (vLLM slices its rank's share out).
+    assert [p["loadedFrom"] for p in source["pods"]] == ["storage:hostpath"] * 2, source
+    assert all(0 < p["bytesLoaded"] == p["bytesTotal"] for p in source["pods"]), source
+    if VLLM_GROUPS == 2:
+        # The target's pod i pulled exactly its rank's parameters from the source's pod i
+        # (NIXL between the containers, checksums verified), well under the whole file.
+        target = got.rows["Target"]
+        assert [p["loadedFrom"] for p in target["pods"]] == [
+            f"peer:{p['name']}" for p in source["pods"]
+        ], target
+        for s_pod, t_pod in zip(source["pods"], target["pods"], strict=True):
+            assert 0 < t_pod["bytesLoaded"] == t_pod["bytesTotal"] < s_pod["bytesTotal"], t_pod
+    _check_containers(kstack, VLLM, engine_image("vLLM"), 2 * VLLM_GROUPS)
+    # Each leader's OpenAI endpoint (its worker's, over the pod network) gives transformers'
+    # greedy text, computed by both containers' ranks; a headless pod serves no API.
     completion = got.probe["completion"]
-    assert (
-        complete(f"http://{leader['podIP']}:8000/v1", VLLM, completion)
-        == (completion["expectedText"])
-    )
-    refused = httpx.post(
-        f"http://{follower['podIP']}:8000/v1/completions",
-        json={"model": VLLM, "prompt": "hi", "max_tokens": 1},
-        timeout=10,
-    )
-    assert refused.status_code == 421, refused.text
+    for group in groups:
+        leader, follower = group["pods"]
+        text = complete(f"http://{leader['podIP']}:8000/v1", VLLM, completion)
+        assert text == completion["expectedText"]
+        refused = httpx.post(
+            f"http://{follower['podIP']}:8000/v1/completions",
+            json={"model": VLLM, "prompt": "hi", "max_tokens": 1},
+            timeout=10,
+        )
+        assert refused.status_code == 421, refused.text
