@@ -30,7 +30,7 @@ from tests.support.vllm import READY_TIMEOUT as VLLM_READY_TIMEOUT
 from tests.support.vllm import require_vllm_python, tiny_llm
 from weightlift.local.kubeletnode import KubeletNode
 from weightlift.local.kubeletnode.network import POD_BASE
-from weightlift.local.lws import LwsController, LwsError, lws_dir
+from weightlift.local.lws import LwsError, lws_dir
 from weightlift.local.observe import Observer, complete, infer
 from weightlift.local.stack import (
     VLLM_ENGINE_ARGS,
@@ -81,6 +81,7 @@ def kstack(tmp_path_factory: pytest.TempPathFactory, models: Path) -> Iterator[L
         node_name="kubelet-groups",
         gpus=4 + 2 * VLLM_GROUPS,  # groups of two pods, one GPU (rank) each
         model_path_prefixes=(str(models),),
+        with_lws=True,  # the real LeaderWorkerSet controller, a process beside the node
         # The tests' safety belt (tests/conftest.py) lets the operator contact loopback only;
         # this node's pods live on its bridge, on this machine too.
         operator_env={PROBE_NETWORKS_ENV: f"127.0.0.0/8,{POD_BASE}"},
@@ -93,13 +94,6 @@ def kstack(tmp_path_factory: pytest.TempPathFactory, models: Path) -> Iterator[L
     node = stack.node
     assert isinstance(node, KubeletNode)
     assert not node.leftovers()
-
-
-@pytest.fixture(scope="module")
-def klws(kstack: LocalStack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """The real LeaderWorkerSet controller against the stack (its webhooks gone before it)."""
-    with LwsController(kstack.kubeconfig, tmp_path_factory.mktemp("klws")):
-        yield
 
 
 def _node(stack: LocalStack) -> KubeletNode:
@@ -135,7 +129,7 @@ class Deployed:
 
 
 @pytest.fixture(scope="module")
-def deployed(kstack: LocalStack, klws: None, models: Path) -> dict[str, Deployed]:
+def deployed(kstack: LocalStack, models: Path) -> dict[str, Deployed]:
     """Both deployments applied at once, side by side on the node (their pulls and starts
     overlap: one wait instead of two): the builtin one's two groups, rank-matched P2P between
     them; the vLLM one's single group (a second, rank-matched vLLM group waits for the first to
