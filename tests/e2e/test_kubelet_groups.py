@@ -9,7 +9,7 @@ vLLM (worker-vllm), one group: each pod runs one vLLM node, the leader its OpenA
 other headless (the mp executor: its TCPStore, gloo and ZMQ between the containers' addresses),
 each loading only its own rank; the leader gives transformers' greedy text. The operator runs
 as a process of this checkout. Needs root, `make node`, `make images`, `make lws` and `make
-vllm-env` (the tiny Llama). ~5 min, the stack's start and image pulls included."""
+vllm-env` (the tiny Llama). ~5 min (309 s on a busy 2-core box), the stack and pulls included."""
 
 from __future__ import annotations
 
@@ -49,8 +49,9 @@ GROUPS = {"tensor": 2, "podsPerReplica": 2}
 # Each pod's one local rank on its own core (the pod's share of a one-pod TP 2's "0|1").
 THREADS_BIND = {"VLLM_CPU_OMP_THREADS_BIND": "0|1"}
 # vLLM groups: 1 in `make test`. 2 adds a target group pulling rank-matched from the source's
-# pods, but its vLLM starts only once the source group is Ready: on 2 cores the vLLM part took
-# 293 s instead of ~150 (WEIGHTLIFT_NODE_VLLM_GROUPS=2 runs it).
+# pods, but its vLLM starts only once the source group is Ready: on 2 busy cores the module
+# took 466 s with two vLLM groups run after the builtin ones, 309 s as it is now
+# (WEIGHTLIFT_NODE_VLLM_GROUPS=2 runs it).
 VLLM_GROUPS = int(os.environ.get("WEIGHTLIFT_NODE_VLLM_GROUPS", "1"))
 assert VLLM_GROUPS in (1, 2), f"WEIGHTLIFT_NODE_VLLM_GROUPS={VLLM_GROUPS}: 1 or 2"
 pytestmark = pytest.mark.timeout(1800)
