@@ -30,6 +30,7 @@ from pathlib import Path
 import click
 
 from weightlift.bench import chaos_failover as failover
+from weightlift.bench import chaos_groups as groups
 from weightlift.bench import chaos_pull as pull
 from weightlift.bench import chaos_spares as spares
 from weightlift.bench import chaos_standby as standby
@@ -108,6 +109,7 @@ class Scenario:
     verify: Callable[[Run], str] | None = None
     spares: int = 0  # warm spares waiting at the end (spec.warmSpares)
     vllm: bool = False  # deploys vLLM replicas: the stack's workers need the vLLM environment
+    pods: int = 1  # pods per replica: over 1, groups (the stack runs the LWS controller)
     timeout: float = CONVERGE_TIMEOUT  # for convergence, from the fault
 
 
@@ -304,6 +306,13 @@ SCENARIOS: tuple[Scenario, ...] = (
         replicas=3,
         verify=failover.verify_leader_killed,
     ),
+    # Replicas of 2 pods (LeaderWorkerSet groups, the real LWS controller): a source group's
+    # pod killed mid-pull, a leader killed while its pods wait for it, LWS recreating a group,
+    # a revision change while groups wait in Standby (bench/chaos_groups.py).
+    *(
+        Scenario(g.name, g.inject, g.replicas, fast=g.fast, verify=g.verify, pods=groups.PODS)
+        for g in groups.SCENARIOS
+    ),
 )
 
 
@@ -323,7 +332,7 @@ def run_scenario(stack: LocalStack, models: Models, scenario: Scenario, index: i
         else:
             run.wait(
                 f"{scenario.replicas} Ready, {scenario.spares} spare(s)",
-                lambda: run.converged(scenario.replicas, scenario.spares),
+                lambda: run.converged(scenario.replicas, scenario.spares, scenario.pods),
                 scenario.timeout,
             )
         seconds = round(time.monotonic() - run.fault_at, 1)
@@ -488,6 +497,7 @@ def chaos_command(
         node_name="chaos-node",
         model_path_prefixes=(str(models.work),),
         worker_env=worker_env,
+        with_lws=any(s.pods > 1 for s in picked),  # groups: hack/build-lws.sh (`make lws`)
     )
     with stack:
         results = run_all(stack, models, picked)
