@@ -4,7 +4,8 @@ One LocalStack (control plane, process node, operator: local/stack.py) runs ever
 A scenario applies a ModelDeployment, injects its fault (SIGKILL the operator, restart the
 kube-apiserver, corrupt a file, a hook library that crashes; faults while a Target pulls, held
 open by the node's fault gate: bench/chaos_pull.py; faults while Targets wait in Standby:
-bench/chaos_standby.py; faults while warm spares wait: bench/chaos_spares.py) and then waits
+bench/chaos_standby.py; faults while warm spares wait: bench/chaos_spares.py; faults to replicas
+of several pods, LeaderWorkerSet groups: bench/chaos_groups.py) and then waits
 for convergence: the right number of replicas Ready (and of warm spares waiting) with
 `observedGeneration` caught up and exactly those pods and worker processes, or, for broken
 inputs, no replica Ready and a status that names what is wrong and where. Meanwhile a watcher
