@@ -274,7 +274,7 @@ def verify_leader_killed(run: Run) -> str:
     waited = ", ".join(workers)
     return (
         f"{_when(run)}: killed {leader} while {waited} waited for it to join; "
-        f"{group} recreated ({restarts}x, uids {len(_uids(run, leader))} leaders); {loaded(run)}"
+        f"{group} recreated ({restarts}x, {len(_uids(run, leader))} leader pods); {loaded(run)}"
     )
 
 
