@@ -4,7 +4,8 @@ One LocalStack (control plane, process node, operator: local/stack.py) runs ever
 A scenario applies a ModelDeployment, injects its fault (SIGKILL the operator, restart the
 kube-apiserver, corrupt a file, a hook library that crashes; faults while a Target pulls, held
 open by the node's fault gate: bench/chaos_pull.py; faults while Targets wait in Standby:
-bench/chaos_standby.py; faults while warm spares wait: bench/chaos_spares.py) and then waits
+bench/chaos_standby.py; faults while warm spares wait: bench/chaos_spares.py; faults to replicas
+of several pods, LeaderWorkerSet groups: bench/chaos_groups.py) and then waits
 for convergence: the right number of replicas Ready (and of warm spares waiting) with
 `observedGeneration` caught up and exactly those pods and worker processes, or, for broken
 inputs, no replica Ready and a status that names what is wrong and where. Meanwhile a watcher
@@ -30,6 +31,7 @@ from pathlib import Path
 import click
 
 from weightlift.bench import chaos_failover as failover
+from weightlift.bench import chaos_groups as groups
 from weightlift.bench import chaos_pull as pull
 from weightlift.bench import chaos_spares as spares
 from weightlift.bench import chaos_standby as standby
@@ -108,6 +110,7 @@ class Scenario:
     verify: Callable[[Run], str] | None = None
     spares: int = 0  # warm spares waiting at the end (spec.warmSpares)
     vllm: bool = False  # deploys vLLM replicas: the stack's workers need the vLLM environment
+    pods: int = 1  # pods per replica: over 1, groups (the stack runs the LWS controller)
     timeout: float = CONVERGE_TIMEOUT  # for convergence, from the fault
 
 
@@ -304,6 +307,13 @@ SCENARIOS: tuple[Scenario, ...] = (
         replicas=3,
         verify=failover.verify_leader_killed,
     ),
+    # Replicas of 2 pods (LeaderWorkerSet groups, the real LWS controller): a source group's
+    # pod killed mid-pull, a leader killed while its pods wait for it, LWS recreating a group,
+    # a revision change while groups wait in Standby (bench/chaos_groups.py).
+    *(
+        Scenario(g.name, g.inject, g.replicas, fast=g.fast, verify=g.verify, pods=groups.PODS)
+        for g in groups.SCENARIOS
+    ),
 )
 
 
@@ -323,7 +333,7 @@ def run_scenario(stack: LocalStack, models: Models, scenario: Scenario, index: i
         else:
             run.wait(
                 f"{scenario.replicas} Ready, {scenario.spares} spare(s)",
-                lambda: run.converged(scenario.replicas, scenario.spares),
+                lambda: run.converged(scenario.replicas, scenario.spares, scenario.pods),
                 scenario.timeout,
             )
         seconds = round(time.monotonic() - run.fault_at, 1)
@@ -488,6 +498,7 @@ def chaos_command(
         node_name="chaos-node",
         model_path_prefixes=(str(models.work),),
         worker_env=worker_env,
+        with_lws=any(s.pods > 1 for s in picked),  # groups: hack/build-lws.sh (`make lws`)
     )
     with stack:
         results = run_all(stack, models, picked)

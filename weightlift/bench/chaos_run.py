@@ -179,7 +179,7 @@ class WeightsWatch(threading.Thread):
                 self.wrong.add(pod)
                 continue
             probe = probes.get(str(rs.get("modelIdentity")), default)
-            ip, port = rs.get("podIP"), ports.get(pod)
+            ip, port = rs.get("podIP"), ports.get(serving_pod(rs))
             if not ip or port is None:
                 continue
             try:
@@ -189,6 +189,13 @@ class WeightsWatch(threading.Thread):
             self.checked.add(pod)
             if right is False:
                 self.wrong.add(pod)
+
+
+def serving_pod(row: JSON) -> str:
+    """The pod that answers inference for a replica status row: the replica's pod, or a
+    group's leader (its row is named as the group and lists the pods, the leader first)."""
+    pods = row.get("pods") or []
+    return str(pods[0]["name"]) if pods else str(row["name"])
 
 
 def answers_right(http: httpx.Client, base: str, model: str, probe: JSON) -> bool | None:
@@ -303,9 +310,10 @@ class Run:
         return {pid for key in self._node_pods() for pid in pids.get(key, [])}
 
     # -- convergence
-    def converged(self, replicas: int, spares: int = 0) -> bool:
+    def converged(self, replicas: int, spares: int = 0, pods_per_replica: int = 1) -> bool:
         """`replicas` Ready and `spares` warm spares (spec.warmSpares: phase Spare, never
-        Ready), and exactly their pods and worker processes."""
+        Ready), and exactly their pods and worker processes (`pods_per_replica` each: a
+        replica of several pods is a group, one status row)."""
         md = self.stack.get_md(self.name)
         if md is None:
             return replicas == 0 and not self._node_pods() and not self.stack.pods(self.name)
@@ -326,8 +334,8 @@ class Run:
             and int(status.get("spares") or 0) == spares
             and len(waiting) == spares
             and all(r.get("phase") == "Spare" and not r.get("ready") for r in waiting)
-            and len(pods) == replicas + spares
-            and len(self._node_pods()) == replicas + spares
+            and len(pods) == (replicas + spares) * pods_per_replica
+            and len(self._node_pods()) == (replicas + spares) * pods_per_replica
         )
 
     def refused(self, what: str) -> bool:

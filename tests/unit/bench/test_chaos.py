@@ -149,3 +149,78 @@ def test_a_repeated_scenario_reports_k_of_n_and_the_spread_of_its_seconds() -> N
     text = render([*runs, Result("once", True, 5.0, 0, 0, "")])
     assert "leader-sigkill: 2/4 converged clean; seconds median 22.0 (20.0-24.0)" in text
     assert "once:" not in text  # one run: no repeat line
+
+
+def test_group_scenarios_deploy_groups_and_check_what_they_are_about() -> None:
+    """The four group faults of issue 47 run as scenarios of 2-pod replicas (the stack then
+    runs the LWS controller); one is in `make test`'s subset."""
+    from weightlift.bench import chaos_groups
+
+    groups = {s.name: s for s in SCENARIOS if s.pods > 1}
+    assert sorted(groups) == sorted(g.name for g in chaos_groups.SCENARIOS)
+    assert len(groups) == 4
+    for s in groups.values():
+        assert s.pods == chaos_groups.PODS == chaos_groups.PARALLELISM["podsPerReplica"]
+        assert s.replicas >= 1 and s.refuses is None and s.verify is not None, s.name
+        assert not s.vllm and not s.spares, s.name
+    assert [s.name for s in groups.values() if s.fast] == ["group-source-pod-sigkill-mid-pull"]
+    assert all(s.pods == 1 for s in SCENARIOS if s.name not in groups)
+
+
+def test_the_watcher_probes_a_group_through_its_leader() -> None:
+    from weightlift.bench.chaos_run import serving_pod
+
+    group = {
+        "name": "d-abc123-1",
+        "podIP": "10.0.0.5",
+        "pods": [{"name": "d-abc123-1-0", "index": 0}, {"name": "d-abc123-1-0-1", "index": 1}],
+    }
+    assert serving_pod(group) == "d-abc123-1-0"
+    assert serving_pod({"name": "d-abc123-0", "podIP": "10.0.0.4"}) == "d-abc123-0"
+
+
+class _Node:
+    def __init__(self, pods: list[str]) -> None:
+        self._pids = {f"default/{p}": [100 + i] for i, p in enumerate(pods)}
+
+    def pids(self) -> dict[str, list[int]]:
+        return self._pids
+
+
+class _Stack:
+    """Just enough of a LocalStack for `Run.converged`: one ModelDeployment and its pods."""
+
+    def __init__(self, md: JSON, pods: list[str]) -> None:
+        self.md, self.names = md, pods
+        self.node = _Node(pods)
+
+    def get_md(self, name: str) -> JSON:
+        return self.md
+
+    def pods(self, name: str) -> list[JSON]:
+        return [{"metadata": {"name": p}} for p in self.names]
+
+
+def test_converged_counts_every_pod_of_each_group() -> None:
+    """Two Ready groups of two pods: converged with 4 pods and processes, not with 2 (a group
+    short of a pod) nor 6 (a group left over)."""
+    rows = [{"name": f"d-abc123-{i}", "ready": True, "phase": "Ready"} for i in range(2)]
+    md = {
+        "metadata": {"generation": 2},
+        "status": {
+            "observedGeneration": 2,
+            "phase": "Ready",
+            "readyReplicas": 2,
+            "replicaStatuses": rows,
+        },
+    }
+    pods = [f"d-abc123-{i}-0{tail}" for i in range(2) for tail in ("", "-1")]
+
+    def converged(names: list[str]) -> bool:
+        run = Run(cast(Any, _Stack(md, names)), cast(Any, None), "d")
+        return run.converged(2, 0, pods_per_replica=2)
+
+    assert converged(pods)
+    assert not converged(pods[:3])
+    assert not converged([*pods, "d-abc123-2-0", "d-abc123-2-0-1"])
+    assert not Run(cast(Any, _Stack(md, pods)), cast(Any, None), "d").converged(2)

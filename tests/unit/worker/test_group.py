@@ -259,3 +259,48 @@ def test_a_follower_learns_that_its_leader_failed_for_good() -> None:
         server.shutdown()
         server.server_close()
     assert leader_failure("127.0.0.1:29500", port) is None  # nobody answers
+
+
+def test_a_pod_held_at_the_group_join_joins_once_let_go(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The chaos bench's GROUP_JOIN hold (local nodes only): a group pod with its weights bound
+    says it waits at the gate and does not join its group until the harness lets it go."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from weightlift.worker.engines.builtin import engine as builtin
+    from weightlift.worker.p2p import faultgate
+
+    gate = tmp_path / "gate"
+    monkeypatch.setenv(faultgate.GATE_DIR_ENV, str(gate))
+    monkeypatch.setenv(faultgate.PROCESS_NODE_ENV, "test-node")
+    joined: list[str] = []
+
+    def join(place: GroupPlace, leader: str, me: Member) -> object:
+        joined.append(me.pod)
+        return SimpleNamespace()
+
+    monkeypatch.setattr(builtin.Group, "join", join)
+    monkeypatch.setattr(
+        builtin, "GroupRunner", lambda group, runtime: SimpleNamespace(start=lambda: group)
+    )
+    plan, place = group_place(_group_plan(tmp_path), {**ENV, "POD_NAME": "md-abc123-0-0-1"})
+    engine = builtin.BuiltinEngine(plan)
+    engine.runtime, engine.leader = object(), "127.0.7.1:29500"  # type: ignore[assignment]
+    ctx = SimpleNamespace(group=place, stamp=lambda step: None)
+    faultgate.hold_at(gate, "md", faultgate.GROUP_JOIN)
+
+    async def scenario() -> None:
+        task = asyncio.ensure_future(engine.join_group(ctx))  # type: ignore[arg-type]
+        for _ in range(500):  # the pod says it waits at the gate (else joined at once)
+            if faultgate.waiting_at(gate, "md", faultgate.GROUP_JOIN) or task.done():
+                break
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.2)  # held: a gate, not a delay
+        assert not joined and not task.done()
+        faultgate.release_at(gate, "md", faultgate.GROUP_JOIN)
+        await asyncio.wait_for(task, 5)
+
+    asyncio.run(scenario())
+    assert joined == ["md-abc123-0-0-1"]

@@ -21,9 +21,15 @@ A claim whose pull fails before its first READ lands is put back (`arm.<deployme
 The same gate holds a worker at a step of its start (`wait_at`), for faults that must land
 before something happens rather than mid-pull: STORAGE_LOAD holds a pod that loads from storage
 (a Source, or a replica with no peer) after its front door answers (liveness passes, the status
-endpoint says where it is) and before its engine starts, for as long as the harness wants. Files:
+endpoint says where it is) and before its engine starts, for as long as the harness wants.
+GROUP_JOIN holds a pod of a multi-pod replica with its weights bound, before it joins its group.
+Files:
     step.<step>.<deployment>   held by the harness: every pod of it reaching <step> waits
+    pod.<step>.<pod>           held by the harness: that one pod waits (a group's leader, so
+                               that its other pods go on and wait for it)
     at.<step>.<pod>            JSON `AtStep`, written by a pod while it waits there
+A waiting pod waits while any hold of it is left, so the harness can narrow a deployment's
+hold to one pod (hold that pod, then release the deployment) without letting it go between.
 """
 
 from __future__ import annotations
@@ -46,6 +52,9 @@ GATED_READS = 8
 _POLL = 0.02
 # A pod that will load its weights from storage, before its engine starts (worker/main.py).
 STORAGE_LOAD = "storage-load"
+# A pod of a multi-pod replica, its weights bound, before it joins its group
+# (engines/builtin/engine.py): its group's other pods wait for it meanwhile.
+GROUP_JOIN = "group-join"
 
 
 @dataclass(frozen=True)
@@ -128,23 +137,24 @@ def _listing() -> tuple[Path, list[str]] | None:
         return None
 
 
+def _held(names: list[str], step: str, pod: str) -> bool:
+    """A hold of `pod` at `step` among the gate dir's `names`: its deployment's or its own."""
+    prefix = f"step.{step}."
+    return f"pod.{step}.{pod}" in names or any(
+        name.startswith(prefix) and pod.startswith(f"{name.removeprefix(prefix)}-")
+        for name in names
+    )
+
+
 async def wait_at(step: str, pod: str) -> bool:
-    """The worker side: wait while the harness holds `step` for this pod's deployment (never
-    longer than HOLD_LIMIT_SECONDS); True if it waited. Async: the front door keeps answering."""
+    """The worker side: wait while the harness holds `step` for this pod (its deployment, or it
+    alone; never longer than HOLD_LIMIT_SECONDS); True if it waited. Async: the front door keeps
+    answering."""
     listed = _listing()
     if listed is None:
         return False
     folder, names = listed
-    prefix = f"step.{step}."
-    held = next(
-        (
-            folder / name
-            for name in names
-            if name.startswith(prefix) and pod.startswith(f"{name.removeprefix(prefix)}-")
-        ),
-        None,
-    )
-    if held is None:
+    if not _held(names, step, pod):
         return False
     at = folder / f"at.{step}.{pod}"
     tmp = folder / f".{at.name}.tmp"
@@ -152,7 +162,12 @@ async def wait_at(step: str, pod: str) -> bool:
     tmp.rename(at)
     deadline = time.monotonic() + HOLD_LIMIT_SECONDS
     try:
-        while held.exists() and time.monotonic() < deadline:
+        while time.monotonic() < deadline:
+            try:
+                if not _held(os.listdir(folder), step, pod):
+                    break
+            except OSError:
+                break  # the gate dir is gone: nobody holds anything
             await asyncio.sleep(_POLL)
     finally:
         at.unlink(missing_ok=True)
@@ -201,6 +216,16 @@ def hold_at(folder: Path, deployment: str, step: str) -> None:
 
 def release_at(folder: Path, deployment: str, step: str) -> None:
     (folder / f"step.{step}.{deployment}").unlink(missing_ok=True)
+
+
+def hold_pod_at(folder: Path, pod: str, step: str) -> None:
+    """That one pod waits at `step` (a pod of another name never does) until `release_pod_at`."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"pod.{step}.{pod}").touch()
+
+
+def release_pod_at(folder: Path, pod: str, step: str) -> None:
+    (folder / f"pod.{step}.{pod}").unlink(missing_ok=True)
 
 
 def waiting_at(folder: Path, deployment: str, step: str) -> list[AtStep]:

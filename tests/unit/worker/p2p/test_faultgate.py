@@ -221,3 +221,48 @@ def test_disarm_lets_a_held_step_go(gate: Path, monkeypatch: pytest.MonkeyPatch)
     faultgate.hold_at(gate, "md", step)
     monkeypatch.delenv(faultgate.PROCESS_NODE_ENV)  # not under the process node: never held
     assert asyncio.run(waits()) is False
+
+
+def test_a_hold_narrowed_to_one_pod_keeps_it_and_lets_the_others_go(gate: Path) -> None:
+    """The group-leader scenario: both pods of a group wait at GROUP_JOIN under the deployment's
+    hold; the harness holds the leader alone and releases the deployment. The other pod goes on,
+    the leader keeps waiting (never let go in between) until its own hold is released; a pod
+    whose name only starts with the leader's (its group's pod `<leader>-1`) is not held by it."""
+    step = faultgate.GROUP_JOIN
+    leader, worker = "md-abc-0-0", "md-abc-0-0-1"
+
+    async def scenario() -> None:
+        faultgate.hold_at(gate, "md", step)
+        first = asyncio.ensure_future(faultgate.wait_at(step, leader))
+        second = asyncio.ensure_future(faultgate.wait_at(step, worker))
+        while len(faultgate.waiting_at(gate, "md", step)) < 2:
+            await asyncio.sleep(0.01)
+        faultgate.hold_pod_at(gate, leader, step)
+        faultgate.release_at(gate, "md", step)
+        assert await asyncio.wait_for(second, 5) is True
+        await asyncio.sleep(0.2)  # held: a gate, not a delay
+        assert not first.done()
+        assert [a.pod for a in faultgate.waiting_at(gate, "md", step)] == [leader]
+        # Held alone, the leader's hold holds no other pod, not even one named after it.
+        assert await faultgate.wait_at(step, worker) is False
+        assert await faultgate.wait_at(faultgate.STORAGE_LOAD, leader) is False
+        faultgate.release_pod_at(gate, leader, step)
+        assert await asyncio.wait_for(first, 5) is True
+
+    asyncio.run(scenario())
+    assert not list(gate.iterdir())
+
+
+def test_disarm_releases_a_pod_held_alone(gate: Path) -> None:
+    step = faultgate.GROUP_JOIN
+
+    async def scenario() -> bool:
+        faultgate.hold_pod_at(gate, "md-abc-0-0", step)
+        task = asyncio.ensure_future(faultgate.wait_at(step, "md-abc-0-0"))
+        while not faultgate.waiting_at(gate, "md", step):
+            await asyncio.sleep(0.01)
+        faultgate.disarm(gate, "md")
+        return await asyncio.wait_for(task, 5)
+
+    assert asyncio.run(scenario()) is True
+    assert not list(gate.iterdir())

@@ -43,7 +43,7 @@ from weightlift.worker.loaders.strategy import (
     load_from_peers,
     wants_peer_to_peer,
 )
-from weightlift.worker.p2p import reserve
+from weightlift.worker.p2p import faultgate, reserve
 from weightlift.worker.peer_auth import warn_if_open
 from weightlift.worker.server import WorkerState, set_p2p_handler
 from weightlift.worker.standby import receive_handoff, reserve_destination
@@ -242,6 +242,9 @@ class BuiltinEngine:
         assert place is not None and runtime is not None and self.leader is not None
         host = place.pod_ip or self.plan.host
         me = Member(place.index, self.plan.pod_name, f"{host}:{self.plan.runtime.port}")
+        # The local stack's harness may hold a pod here (faultgate.py; local nodes only): its
+        # group's other pods then wait for it in the rendezvous, where a fault strikes them.
+        await faultgate.wait_at(faultgate.GROUP_JOIN, self.plan.pod_name)
         try:
             group = await in_daemon_thread(Group.join, place, self.leader, me)
         except GroupBroken as exc:
