@@ -87,15 +87,15 @@ def import_path_front() -> list[str]:
 
 
 def write_repository(
-    repo: Path, name: str, python: PythonInfo, engine_argv: list[str], stub_site: Path
+    repo: Path, name: str, python: PythonInfo, engine_argv: list[str], stub_site: Path | None
 ) -> Path:
     """Write the model repository; returns the model's directory. `stub_site` (numpy 1.x for
-    the stub) goes ahead of the engine's site-packages."""
+    the stub; None: the image's own stub needs none) goes ahead of the engine's site-packages."""
     model = repo / name
     (model / "1").mkdir(parents=True, exist_ok=True)
     (model / "config.pbtxt").write_text(CONFIG_PBTXT.format(name=name))
     conf = BackendConfig(
-        path_front=[*import_path_front(), str(stub_site)],
+        path_front=[*import_path_front(), *([str(stub_site)] if stub_site else [])],
         site_dirs=python.site_dirs,
         executable=python.executable,
         engine_argv=engine_argv,
