@@ -215,7 +215,7 @@ def test_a_stock_triton_image_runs_weightlift_injected(
         p.read_text(errors="replace") for p in node.pod_logs(kstack.namespace, row["name"])
     )
     assert (
-        "weightlift launcher: Python 3.11 (/opt/venv/bin/python), vLLM 0.32.0, tritonserver in "
+        "weightlift launcher: Python 3.11 (/opt/venv/bin/python3), vLLM 0.32.0, tritonserver in "
         "/opt/tritonserver;" in log
     ), log[-3000:]
     # The image's own tritonserver runs, in the pod's PID namespace.
