@@ -165,7 +165,9 @@ def test_repository_layout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
     assert 'name: "text_output" data_type: TYPE_STRING' in config
     conf = read_config(model)
     assert conf.engine_argv == argv and conf.executable == "/env/bin/python"
-    assert conf.path_front[0] == "/checkout" and conf.path_front[-1] == str(tmp_path / "np1")
+    # numpy 1.x first: in an image, the weightlift package's directory is the site-packages
+    # that holds the engine's numpy 2 (worker-triton's stub crashed on every BYTES tensor).
+    assert conf.path_front[:2] == [str(tmp_path / "np1"), "/checkout"]
     assert conf.site_dirs == ["/env/site-packages"]
     bootstrap = (model / "1" / "model.py").read_text()
     compile(bootstrap, "model.py", "exec")
