@@ -173,3 +173,24 @@ RUN set -e; export UV_LINK_MODE=copy UV_NO_PROGRESS=1; \
     rm -rf /tmp/build; /opt/venv/bin/python -c "import vllm, torch; print(vllm.__version__, torch.__version__)"
 ENV PATH=/opt/venv/bin:$PATH VIRTUAL_ENV=/opt/venv
 CMD ["python", "-m", "vllm.entrypoints.openai.api_server"]
+
+# -- triton-plain: a stand-in for a team's own Triton image (spec.template.worker Injected with
+# runtime.engine Triton; README "Bring your own engine image"): vllm-plain (vLLM's CPU build in
+# /opt/venv, no weightlift) plus Triton in NGC's tritonserver layout: /opt/tritonserver/bin/
+# tritonserver, its libraries in /opt/tritonserver/lib, the Python backend with the stub built for
+# the image's Python in /opt/tritonserver/backends/python. Made of existing layers: the tree is
+# worker-triton's (triton-deps: hack/install-triton.sh's nvidia-pytriton 2.51), with the
+# libpython the stub links. That stub reads numpy 1.x arrays only: the venv's numpy is 1.26 (as
+# a Triton image's Python backend brings the numpy its stub was built for).
+FROM vllm-plain AS triton-plain
+ARG PIP_CERT
+COPY --from=triton-deps /usr/lib/x86_64-linux-gnu/libpython3.11.so.1.0 /usr/lib/x86_64-linux-gnu/
+COPY --from=triton-deps /opt/triton/pytriton/tritonserver/bin /opt/tritonserver/bin
+COPY --from=triton-deps /opt/triton/nvidia_pytriton.libs /opt/tritonserver/lib
+COPY --from=triton-deps /opt/triton/pytriton/tritonserver/backends-py3.11/python /opt/tritonserver/backends/python
+RUN site=/opt/venv/lib/python3.11/site-packages \
+    && rm -rf "$site"/numpy "$site"/numpy-*.dist-info "$site"/numpy.libs \
+    && /usr/bin/python3 -m pip install -q --no-cache-dir --no-deps --target "$site" numpy==1.26.4 \
+    && rm -rf /opt/tritonserver/backends/python/__pycache__
+ENV PATH=/opt/tritonserver/bin:$PATH LD_LIBRARY_PATH=/opt/tritonserver/lib
+CMD ["tritonserver", "--model-repository=/models"]

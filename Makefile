@@ -94,10 +94,11 @@ unit: venv
 	$(PY) -m pytest tests/unit -q
 
 # The images the real node's e2e tests run (tests/e2e/test_kubelet_*.py; worker-vllm stands on
-# the worker's torch and dependency layers): buildah's layer cache keeps an unchanged rebuild at
-# seconds.
+# the worker's torch and dependency layers, worker-triton on worker-vllm's, triton-plain on
+# vllm-plain's and worker-triton's Triton tree): buildah's layer cache
+# keeps an unchanged rebuild at seconds.
 node-images:
-	hack/build-images.sh operator worker worker-vllm worker-bundle vllm-plain
+	hack/build-images.sh operator worker worker-vllm worker-triton worker-bundle vllm-plain triton-plain
 
 # Only once every Go-built binary is cached (each build script's `.complete` stamp).
 go-scratch-clean:

@@ -1,13 +1,17 @@
 #!/bin/sh
-# weightlift's worker in a team's own vLLM image (spec.template.worker Injected; operator/
-# inject.py). The init container copied this bundle next to this file; here, as the worker
-# container's command, it finds the image's Python, checks it and its vLLM, then runs the worker
-# from the bundle with that Python. A refusal is a permanent WorkerReport in the termination log:
+# weightlift's worker in a team's own vLLM or Triton image (spec.template.worker Injected;
+# operator/inject.py). The init container copied this bundle next to this file; here, as the
+# worker container's command, it finds the image's Python, checks it and its vLLM (for Triton
+# also tritonserver and its Python backend), then runs the worker from the bundle with that
+# Python. A refusal is a permanent WorkerReport in the termination log:
 # the replica's status names why, and the pod (restartPolicy Never) is not replaced in a loop.
 #   WEIGHTLIFT_ENGINE_PYTHON  the Python to use (default: python3, python on PATH, then the
 #                             usual venv and system paths)
 #   WEIGHTLIFT_PYTHON_CANDIDATES  where else to look when PATH has none (default below)
 #   WEIGHTLIFT_TERMINATION_LOG  where the refusal goes (default /dev/termination-log)
+#   WEIGHTLIFT_INJECTED_ENGINE  vLLM (default) or Triton (the operator sets it)
+#   WEIGHTLIFT_TRITON_HOME      Triton: the directory whose bin/ holds tritonserver (default:
+#                               PATH's, then /opt/tritonserver)
 set -u
 BUNDLE=$(cd "${0%/*}" && pwd)
 LOG=${WEIGHTLIFT_TERMINATION_LOG:-/dev/termination-log}
@@ -64,9 +68,10 @@ if [ "$major" != 3 ] || [ "$minor" -lt "$PYTHON_MIN" ] || [ "$minor" -gt "$PYTHO
 3.$PYTHON_MAX"
 fi
 
-# vLLM's version and plugin API, the dependencies the image must have and those the bundle adds
-# (probe.py: no import of vLLM, a few ms).
-probe=$(PYTHONPATH= "$python" "$BUNDLE/probe.py" "$BUNDLE" 2>&1) \
+# vLLM's version and plugin API, tritonserver and its Python backend (Triton), the dependencies
+# the image must have and those the bundle adds (probe.py: no import of vLLM, a few ms).
+engine=${WEIGHTLIFT_INJECTED_ENGINE:-vLLM}
+probe=$(PYTHONPATH= "$python" "$BUNDLE/probe.py" "$BUNDLE" "$engine" 2>&1) \
   || refuse ProbeFailed "$python $BUNDLE/probe.py: $probe"
 path=$BUNDLE/lib
 nixl=""
@@ -75,6 +80,7 @@ while IFS='	' read -r key value rest; do
     refuse) refuse "$value" "$rest" ;;
     add) path=$path:$value ;;
     vllm) vllm_version=$value ;;
+    triton) triton=$value ;;
     nixl) nixl=$value ;;
   esac
 done <<PROBE
@@ -83,6 +89,8 @@ PROBE
 
 export PYTHONPATH="$path${PYTHONPATH:+:$PYTHONPATH}"
 export WEIGHTLIFT_VLLM_PYTHON="$python"
+# The worker starts this tritonserver with this Python backend (worker/engines/triton/install.py).
+[ -z "${triton:-}" ] || export WEIGHTLIFT_TRITON_HOME="$triton"
 # NIXL missing is not fatal: P2P is off, storage and preload still work (the worker's pull
 # then logs NIXL's import error and loads from storage).
 if [ -n "$nixl" ]; then
@@ -91,5 +99,6 @@ if [ -n "$nixl" ]; then
 fi
 # The working directory of weightlift's own images (`python -m` puts it first on sys.path).
 cd "$home" || refuse NoWritableVolume "cannot enter HOME $home"
-echo "weightlift launcher: Python $version ($python), vLLM ${vllm_version:-?}; worker from $BUNDLE" >&2
+echo "weightlift launcher: Python $version ($python), vLLM ${vllm_version:-?}${triton:+, \
+tritonserver in $triton}; worker from $BUNDLE" >&2
 exec "$python" -m weightlift worker "$@"

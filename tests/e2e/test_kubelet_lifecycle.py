@@ -7,7 +7,10 @@ Needs root, `make node` and `make images`. Then two vLLM replicas of the worker-
 the same stack: a source from storage and a target that waits in Standby and pulls P2P and its
 source's compiled program, both giving transformers' greedy text through the pod network; once
 they are deleted, a new replica of the model installs the node store's entry instead of
-compiling (needs `make vllm-env` for the tiny Llama)."""
+compiling (needs `make vllm-env` for the tiny Llama). Then two Triton replicas of the
+worker-triton image (its tritonserver and Python backend run vLLM): a source from storage and a
+target that pulls P2P with every checksum verified, each Ready only once its inference probe
+passed through Triton's generate."""
 
 from __future__ import annotations
 
@@ -36,7 +39,7 @@ from tests.support.vllm import require_vllm_python, tiny_llm
 from weightlift.local.kube import call
 from weightlift.local.kubeletnode import KubeletNode
 from weightlift.local.kubeletnode.config import SYNC_FREQUENCY_SECONDS
-from weightlift.local.observe import Observer, complete, infer
+from weightlift.local.observe import Observer, complete, generate, infer
 from weightlift.local.prometheus import NAMESPACE as PROM_NAMESPACE
 from weightlift.local.prometheus import LocalPrometheus
 from weightlift.local.prometheus_pod import POD as PROM_POD
@@ -54,6 +57,7 @@ from weightlift.worker.p2p import faultgate
 JSON = dict[str, Any]
 NAME = "kube-life"
 VLLM = "kube-vllm"
+TRITON = "kube-triton"
 REPLICAS = 3
 MODEL_MB = 8.0
 # A standby target's hand-off reaches it through the kubelet's downwardAPI refresh: on the pod
@@ -109,13 +113,14 @@ def kstack(tmp_path_factory: pytest.TempPathFactory, models: Path) -> Iterator[L
         node_kind="kubelet",
         node_name="kubelet-life",
         # The builtin deployment's 3 (4 after the failover test's scale-up), the vLLM pair's 2
-        # and the unpullable image's 1, side by side.
+        # (then the Triton pair's) and the unpullable image's 1, side by side.
         gpus=7,
         install="helm",
         model_path_prefixes=(str(models),),
     )
     # worker-vllm shares the worker's layers: the registry and containerd hold them once.
-    stack.images = (*stack.node_images(), engine_image("vLLM"))
+    # worker-triton stands on worker-vllm's layers: only its tritonserver layers are new.
+    stack.images = (*stack.node_images(), engine_image("vLLM"), engine_image("Triton"))
     _require_images(stack.node_images())
     with stack:
         yield stack
@@ -396,6 +401,97 @@ def test_a_new_vllm_replica_installs_the_node_store_entry_the_deleted_pair_left(
         assert text == probe["completion"]["expectedText"]
     finally:
         kstack.delete_md(again)
+
+
+@pytest.fixture(scope="module")
+def triton_pair(kstack: LocalStack, llm: tuple[Path, JSON]) -> Iterator[tuple[Observer, list[str]]]:
+    """Two Triton replicas of worker-triton; deleted after its test (the cores go back to the
+    tests after it). Also what each poll saw: a replica Ready whose probe had not passed."""
+    model_dir, probe = llm
+    manifest = model_deployment(
+        TRITON,
+        model_dir,
+        replicas=2,
+        probe=probe,
+        engine="Triton",
+        engine_args=vllm_engine_args(eager=True),
+        env=VLLM_ENV,
+        hook_library=None,
+        image=engine_image("Triton"),
+        wait_for_source_seconds=int(VLLM_READY_TIMEOUT),
+    )
+    early: list[str] = []
+
+    def ready_before_its_probe(o: Observer) -> None:
+        early.extend(
+            f"{r['name']}: {r.get('probe')}"
+            for r in o.replica_statuses()
+            if r.get("ready") and not (r.get("probe") or {}).get("passed")
+        )
+
+    obs = Observer(kstack, TRITON)
+    kstack.apply(manifest)
+    try:
+        obs.wait_ready(2 * VLLM_READY_TIMEOUT, tick=ready_before_its_probe)
+        yield obs, early
+    finally:
+        kstack.delete_md(TRITON)
+        obs.wait(lambda o: not o.pods and o.md is None, 120, f"{TRITON} to go")
+
+
+def test_triton_source_and_p2p_target_of_worker_triton_ready_after_their_probes(
+    triton_pair: tuple[Observer, list[str]], llm: tuple[Path, JSON], kstack: LocalStack
+) -> None:
+    """Issue 47 on the real node: tritonserver (its Python backend runs vLLM with weightlift's
+    load format) in containers the kubelet pulled from the stack's registry."""
+    obs, early = triton_pair
+    _, probe = llm
+    rows = obs.replica_statuses()
+    assert len(rows) == 2 and all(r["ready"] and r["probe"]["passed"] for r in rows), rows
+    assert not early, early  # never Ready before the inference probe passed
+    source = next(r for r in rows if r["loadedFrom"] == "storage:hostpath")
+    target = next(r for r in rows if r["name"] != source["name"])
+    assert target["role"] == "Target" and target["loadedFrom"] == f"peer:{source['name']}", rows
+    assert target["bytesLoaded"] == target["bytesTotal"] == source["bytesTotal"] > 0, rows
+    summary = {r["name"]: r for r in obs.summary()["replicas"]}
+    # The P2P pull verified every tensor's checksum (a mismatch fails the pull): its verify step.
+    report = httpx.get(f"{summary[target['name']]['endpoint']}/weightlift/v1/status", timeout=10)
+    assert "verify" in report.json()["loadPhases"], report.json()
+    # Each replica's own tritonserver, over the pod network: transformers' greedy text.
+    texts = [
+        generate(summary[r["name"]]["tritonEndpoint"], TRITON, probe["completion"]) for r in rows
+    ]
+    assert texts == [probe["completion"]["expectedText"]] * 2, texts
+    node = kstack.node
+    assert isinstance(node, KubeletNode)
+    prefix = node.net.pod_cidr.rsplit(".", 1)[0] + "."
+    assert all(
+        str(summary[r["name"]]["tritonEndpoint"]).split("//")[1].startswith(prefix) for r in rows
+    )
+    images = {c["image"] for p in kstack.pods(TRITON) for c in p["spec"]["containers"]}
+    assert images == {engine_image("Triton")}, images
+    # tritonserver runs inside the target's container (its PID namespace, not the host's).
+    (worker, *_) = node.pids()[f"{kstack.namespace}/{target['name']}"]
+    servers = [
+        p
+        for p in Path("/proc").iterdir()
+        if p.name.isdigit() and _comm(p) == "tritonserver" and _same_pidns(p, worker)
+    ]
+    assert len(servers) == 1, servers
+
+
+def _comm(proc: Path) -> str:
+    try:
+        return (proc / "comm").read_text().strip()
+    except OSError:
+        return ""
+
+
+def _same_pidns(proc: Path, pid: int) -> bool:
+    try:
+        return os.readlink(proc / "ns" / "pid") == os.readlink(f"/proc/{pid}/ns/pid")
+    except OSError:
+        return False
 
 
 def test_an_image_that_cannot_be_pulled_is_named_in_status(

@@ -6,8 +6,12 @@ worker. A source loads from storage, its target pulls P2P (NIXL shipped by the b
 every checksum verified; both give transformers' greedy text, and the real Prometheus (a pod of
 the node) scrapes vllm:num_requests_running from both workers. Needs root, `make node`,
 `make images` plus worker-bundle and vllm-plain, `make vllm-env` (the tiny Llama), and an
-operator image built from this checkout (WEIGHTLIFT_OPERATOR_IMAGE, default the chart's).
-~3.5 min warm (the first push of vllm-plain's 6.4 GB: ~4 min more)."""
+operator image built from this checkout (WEIGHTLIFT_OPERATOR_IMAGE, default the chart's; and
+WEIGHTLIFT_BUNDLE_IMAGE, the worker-bundle image, default the chart's).
+~3.5 min warm (the first push of vllm-plain's 6.4 GB: ~4 min more). Last, the same for a team's
+Triton image: `triton-plain` (vllm-plain plus tritonserver 2.51 in NGC's /opt/tritonserver
+layout, no weightlift) with runtime.engine Triton reaches Ready, its own tritonserver and Python
+backend run by the image's Python."""
 
 from __future__ import annotations
 
@@ -26,7 +30,7 @@ from tests.support.promchecks import eventually
 from tests.support.vllm import READY_TIMEOUT as VLLM_READY_TIMEOUT
 from tests.support.vllm import require_vllm_python, tiny_llm
 from weightlift.local.kubeletnode import KubeletNode
-from weightlift.local.observe import Observer, complete
+from weightlift.local.observe import Observer, complete, generate
 from weightlift.local.prometheus import LocalPrometheus
 from weightlift.local.stack import (
     VLLM_ENV,
@@ -39,7 +43,11 @@ from weightlift.operator.inject import DEFAULT_BUNDLE_IMAGE, INIT_CONTAINER
 JSON = dict[str, Any]
 NAME = "kube-own"
 PLAIN_IMAGE = "ghcr.io/weightlift/vllm-plain:0.32.0"
+# vllm-plain's layers plus Triton's: the node pulls only those.
+TRITON_PLAIN_IMAGE = "ghcr.io/weightlift/triton-plain:2.51"
+TRITON_NAME = "kube-own-triton"
 OPERATOR_IMAGE = os.environ.get("WEIGHTLIFT_OPERATOR_IMAGE", "")
+BUNDLE_IMAGE = os.environ.get("WEIGHTLIFT_BUNDLE_IMAGE", "")
 pytestmark = pytest.mark.timeout(1800)
 
 
@@ -61,13 +69,14 @@ def kstack(tmp_path_factory: pytest.TempPathFactory, models: Path) -> Iterator[L
         tmp_path_factory.mktemp("kown") / "stack",
         node_kind="kubelet",
         node_name="kubelet-own",
-        gpus=2,
+        gpus=3,
         install="helm",
         model_path_prefixes=(str(models),),
         operator_image=OPERATOR_IMAGE,
+        bundle_image=BUNDLE_IMAGE,
     )
     operator = stack.node_images()[1]
-    stack.images = (operator, DEFAULT_BUNDLE_IMAGE, PLAIN_IMAGE)
+    stack.images = (operator, BUNDLE_IMAGE or DEFAULT_BUNDLE_IMAGE, PLAIN_IMAGE, TRITON_PLAIN_IMAGE)
     _require_images(stack.images)
     with stack:
         yield stack
@@ -138,7 +147,7 @@ def test_a_stock_vllm_image_runs_weightlift_injected(
         (worker,) = pod["spec"]["containers"]
         (init,) = pod["spec"]["initContainers"]
         assert worker["image"] == PLAIN_IMAGE and init["name"] == INIT_CONTAINER
-        assert init["image"] == DEFAULT_BUNDLE_IMAGE
+        assert init["image"] == (BUNDLE_IMAGE or DEFAULT_BUNDLE_IMAGE)
         assert worker["securityContext"]["readOnlyRootFilesystem"] is True
     node = kstack.node
     assert isinstance(node, KubeletNode)
@@ -160,3 +169,75 @@ def test_prometheus_scrapes_vllms_series_from_both_injected_workers(
         return got if got == replicas else set()
 
     assert eventually(kprom, "vllm:num_requests_running of both replicas", scraped) == replicas
+
+
+@pytest.fixture(scope="module")
+def own_triton(kstack: LocalStack, llm: tuple[Path, JSON]) -> Observer:
+    """One replica of triton-plain, Injected; after the vLLM pair is gone (the 2 cores)."""
+    model_dir, probe = llm
+    kstack.delete_md(NAME)
+    obs = Observer(kstack, TRITON_NAME)
+    manifest = model_deployment(
+        TRITON_NAME,
+        model_dir,
+        replicas=1,
+        probe=probe,
+        engine="Triton",
+        engine_args=vllm_engine_args(eager=True),
+        env=VLLM_ENV,
+        hook_library=None,
+        image=TRITON_PLAIN_IMAGE,
+    )
+    manifest["spec"]["template"]["worker"] = "Injected"
+    kstack.apply(manifest)
+    obs.wait_ready(VLLM_READY_TIMEOUT)
+    return obs
+
+
+def test_a_stock_triton_image_runs_weightlift_injected(
+    own_triton: Observer, llm: tuple[Path, JSON], kstack: LocalStack
+) -> None:
+    """Issue 46 for Triton: the image's own tritonserver and Python backend (NGC's layout), its
+    Python (/opt/venv's) running the worker and, in Triton's stub, vLLM with weightlift's load
+    format; Ready once the inference probe passed through Triton's generate."""
+    _, probe = llm
+    (row,) = own_triton.replica_statuses()
+    assert row["ready"] and row["probe"]["passed"] and row["loadedFrom"] == "storage:hostpath", row
+    (served,) = own_triton.summary()["replicas"]
+    text = generate(served["tritonEndpoint"], TRITON_NAME, probe["completion"])
+    assert text == probe["completion"]["expectedText"]
+    (pod,) = kstack.pods(TRITON_NAME)
+    (worker,) = pod["spec"]["containers"]
+    assert worker["image"] == TRITON_PLAIN_IMAGE
+    node = kstack.node
+    assert isinstance(node, KubeletNode)
+    log = "".join(
+        p.read_text(errors="replace") for p in node.pod_logs(kstack.namespace, row["name"])
+    )
+    assert (
+        "weightlift launcher: Python 3.11 (/opt/venv/bin/python3), vLLM 0.32.0, tritonserver in "
+        "/opt/tritonserver;" in log
+    ), log[-3000:]
+    # The image's own tritonserver runs, in the pod's PID namespace.
+    (pid, *_) = node.pids()[f"{kstack.namespace}/{row['name']}"]
+    exes = {
+        _exe(p)
+        for p in Path("/proc").iterdir()
+        if p.name.isdigit() and _pidns(p) == _pidns(Path(f"/proc/{pid}"))
+    }
+    assert "/opt/tritonserver/bin/tritonserver" in exes, exes
+    assert "/opt/tritonserver/backends/python/triton_python_backend_stub" in exes, exes
+
+
+def _exe(proc: Path) -> str:
+    try:
+        return os.readlink(proc / "exe")
+    except OSError:
+        return ""
+
+
+def _pidns(proc: Path) -> str:
+    try:
+        return os.readlink(proc / "ns" / "pid")
+    except OSError:
+        return ""

@@ -235,6 +235,20 @@ def peer_failure_kinds() -> set[str]:
     return kinds
 
 
+# bundle/launch.sh's `refuse Reason ...`, copy.sh's `reason=Reason`, probe.py's
+# emit("refuse", "Reason", ...): an injected worker's refusals, named in the replica's status.
+BUNDLE_REASON = re.compile(r'(?:^\s*|\|\| |&& )refuse (\w+)|reason=(\w+)|"refuse",\s*"(\w+)"', re.M)
+
+
+def bundle_reasons() -> set[str]:
+    found: set[str] = set()
+    for path in sorted((REPO / "bundle").iterdir()):
+        if path.suffix in (".sh", ".py"):
+            for match in BUNDLE_REASON.finditer(path.read_text()):
+                found.add(next(g for g in match.groups() if g))
+    return found
+
+
 def all_reasons() -> dict[str, set[str]]:
     from weightlift.operator.reconcile import STUCK_REASONS
 
@@ -245,6 +259,7 @@ def all_reasons() -> dict[str, set[str]]:
         "worker phase": {p.value for p in WorkerPhase},
         "P2P failure kind": peer_failure_kinds(),
         "kubelet reason quoted in the status": set(STUCK_REASONS),
+        "injected worker's refusal (bundle/)": bundle_reasons(),
     }
 
 
@@ -270,6 +285,20 @@ def test_the_collector_sees_the_reasons_it_must() -> None:
     } <= operator
     assert "Pending" in operator  # the Ready condition's phase reason and Scheduled's own
     assert {"checksum", "emulated", "transfer", "stall"} <= found["P2P failure kind"]
+    assert {
+        "BundleIncomplete",
+        "NoWritableVolume",
+        "NoPython",
+        "WrongPython",
+        "ProbeFailed",
+        "NoSpaceForWorker",
+        "CopyFailed",
+        "NoVLLM",
+        "UnsupportedVLLM",
+        "MissingDependency",
+        "NoTritonServer",
+        "NoPythonBackend",
+    } == found["injected worker's refusal (bundle/)"]
 
 
 def test_the_collector_finds_a_new_reason_and_refuses_what_it_cannot_read() -> None:

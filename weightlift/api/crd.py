@@ -85,7 +85,7 @@ _SPEC_VALIDATIONS = [
         "rule": "!has(self.template) || !has(self.template.worker) "
         "|| self.template.worker != 'Injected' || (has(self.runtime) "
         "&& (!has(self.runtime.type) || self.runtime.type == 'Builtin') "
-        "&& has(self.runtime.engine) && self.runtime.engine == 'vLLM')",
+        "&& has(self.runtime.engine) && self.runtime.engine in ['vLLM', 'Triton'])",
         "message": INJECTED_WORKER_MESSAGE,
         "fieldPath": ".template.worker",
     },

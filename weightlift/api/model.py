@@ -471,16 +471,18 @@ class PodTemplate(ApiModel):
         pattern=limits.IMAGE,
         description=(
             "Worker image. With worker InImage (the default) it contains the weightlift worker; "
-            "with worker Injected it is the team's own engine image (runtime.engine vLLM)."
+            "with worker Injected it is the team's own engine image (runtime.engine vLLM or "
+            "Triton)."
         ),
     )
     worker: Literal["InImage", "Injected"] = Field(
         "InImage",
         description=(
             "Where the weightlift worker comes from. InImage: the image holds it. Injected: the "
-            "image is a stock vLLM image with its own Python; an init container copies "
-            "weightlift (pure Python, plus the compiled dependencies the image lacks, per Python "
-            "ABI) into the pod and the image's Python runs it. Needs runtime.engine vLLM."
+            "image is a stock vLLM image (or a Triton image with its Python backend and vLLM) "
+            "with its own Python; an init container copies weightlift (pure Python, plus the "
+            "compiled dependencies the image lacks, per Python ABI) into the pod and the image's "
+            "Python runs it. Needs runtime.engine vLLM or Triton."
         ),
     )
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(
@@ -868,7 +870,8 @@ def pulls_from_peers(loading: LoadingSpec, runtime: RuntimeSpec) -> bool:
 
 
 INJECTED_WORKER_MESSAGE = (
-    "spec.template.worker Injected needs spec.runtime.type Builtin with spec.runtime.engine vLLM"
+    "spec.template.worker Injected needs spec.runtime.type Builtin with spec.runtime.engine vLLM "
+    "or Triton"
 )
 # A spare waits in Standby for its hand-off: only a Target that may pull from peers does.
 WARM_SPARES_MESSAGE = (
@@ -1160,7 +1163,8 @@ class ModelDeploymentSpec(ApiModel):
         if self.warm_spares and not pulls_from_peers(self.loading, self.runtime):
             raise ValueError(WARM_SPARES_MESSAGE)
         if self.template.worker == "Injected" and not (
-            self.runtime.type == RuntimeType.BUILTIN and self.runtime.engine == Engine.VLLM
+            self.runtime.type == RuntimeType.BUILTIN
+            and self.runtime.engine in (Engine.VLLM, Engine.TRITON)
         ):
             raise ValueError(INJECTED_WORKER_MESSAGE)
         return self

@@ -123,6 +123,8 @@ class LocalStack(UpDown):
     # image (default: the chart's own, which `make images` builds under the same name).
     image_roots: dict[str, Path] = field(default_factory=dict)
     operator_image: str = ""
+    # The chart's workerBundle.image (spec.template.worker Injected; default: the chart's).
+    bundle_image: str = ""
     # Which node runs the pods (nodekind.py): "process" (host processes) or "kubelet" (the
     # pinned kubelet, containerd and runc; `images` are pushed to its registry, default: the
     # worker image and, with install "helm", the operator image).
@@ -222,6 +224,7 @@ class LocalStack(UpDown):
             # The process node runs workers as this host's user: no uid to hand the store to.
             "compileStoreNodePrep": {"enabled": self.node_kind == "kubelet"},
             **_image_values(self.operator_image),
+            **({"workerBundle": _image_values(self.bundle_image)} if self.bundle_image else {}),
         }
 
     def _install_release(self) -> None:
@@ -657,10 +660,11 @@ def add_hook_library(model_dir: Path) -> Path:
 
 
 def _image_values(image: str) -> JSON:
-    """The chart's `image` values for `repository:tag` (none for an empty name)."""
+    """The chart's `image` values (the operator's, workerBundle's) for `repository:tag` (none for
+    an empty name)."""
     if not image:
         return {}
     repository, _, tag = image.rpartition(":")
     if not repository or "/" in tag:
-        raise ValueError(f"operator image {image!r}: expected repository:tag")
+        raise ValueError(f"image {image!r}: expected repository:tag")
     return {"image": {"repository": repository, "tag": tag}}

@@ -1,7 +1,10 @@
-"""Bring your own engine image: weightlift joins a team's stock vLLM image without a rebuild.
+"""Bring your own engine image: weightlift joins a team's stock vLLM or Triton image without a
+rebuild.
 
 With `spec.template.worker: Injected`, `spec.template.image` is the team's own vLLM image (its
-vLLM version, CUDA, Python, patches) and holds no weightlift. The pod then gets:
+vLLM version, CUDA, Python, patches), or with `runtime.engine: Triton` its Triton image (its
+tritonserver, Python backend and the vLLM the backend runs), and holds no weightlift. The pod
+then gets:
 
 - an init container of weightlift's worker-bundle image (the operator's setting, the chart's
   `workerBundle.image`) that copies a self-contained worker into an emptyDir: weightlift's
@@ -10,7 +13,9 @@ vLLM version, CUDA, Python, patches) and holds no weightlift. The pod then gets:
 - the worker container keeps the user's image; its command is the bundle's POSIX sh launcher
   (bundle/launch.sh), which finds the image's Python, checks its version, its vLLM's version
   and plugin API, puts only the bundled dependencies the image lacks on PYTHONPATH, after
-  weightlift (the image's own torch, pydantic, numpy, ... win), and execs the worker.
+  weightlift (the image's own torch, pydantic, numpy, ... win), and execs the worker; for
+  Triton (ENGINE_ENV) it also finds tritonserver and its Python backend (the worker then runs
+  the image's own, WEIGHTLIFT_TRITON_HOME).
 
 Why explicit rather than guessed from the image: the operator cannot look inside an image
 before the pod runs, and a wrong guess would either shadow a team's worker image or crash a
@@ -21,7 +26,8 @@ pull is on the replica's path to Ready (issue 46 wants no slower than preload).
 
 Failures are never a silent crash loop: worker pods have restartPolicy Never; the launcher and
 the copy write a permanent WorkerReport to the termination log (NoPython, WrongPython, NoVLLM,
-UnsupportedVLLM, MissingDependency, NoWritableVolume, NoSpaceForWorker, ...), which
+UnsupportedVLLM, MissingDependency, NoWritableVolume, NoSpaceForWorker, NoTritonServer,
+NoPythonBackend, ...), which
 `injection_failure` reads (with the init container's status and a worker container that could
 not even start, e.g. an image without /bin/sh) into the replica's status.
 """
@@ -52,6 +58,9 @@ BUNDLE_SIZE_LIMIT = "1Gi"
 # A stock image's HOME (/root) is neither the pod user's nor writable under a read-only root:
 # vLLM, torch and Hugging Face keep their caches in the pod's /tmp emptyDir instead.
 CACHE_ENV = {"HOME": "/tmp", "XDG_CACHE_HOME": "/tmp/.cache", "XDG_CONFIG_HOME": "/tmp/.config"}
+# The engine the launcher checks the image for (vLLM; Triton: also tritonserver and its Python
+# backend).
+ENGINE_ENV = "WEIGHTLIFT_INJECTED_ENGINE"
 
 
 def injected(spec: ModelDeploymentSpec) -> bool:
@@ -110,6 +119,7 @@ def inject_worker(
     worker["volumeMounts"].append({**mount, "readOnly": True})
     names = {e["name"] for e in worker["env"]}
     worker["env"] += [{"name": k, "value": v} for k, v in CACHE_ENV.items() if k not in names]
+    worker["env"].append({"name": ENGINE_ENV, "value": str(spec.runtime.engine)})
 
 
 def _report(message: str, reason: str) -> tuple[str, WorkerReport]:

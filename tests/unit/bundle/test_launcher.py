@@ -95,7 +95,8 @@ def image(tmp_path: Path) -> FakeImage:
         "import json, os, sys\n"
         "print(json.dumps({'argv': sys.argv[1:], 'path': os.environ['PYTHONPATH'],"
         " 'python': os.environ['WEIGHTLIFT_VLLM_PYTHON'],"
-        " 'nixl': os.environ.get('WEIGHTLIFT_P2P_UNAVAILABLE')}))\n"
+        " 'nixl': os.environ.get('WEIGHTLIFT_P2P_UNAVAILABLE'),"
+        " 'triton': os.environ.get('WEIGHTLIFT_TRITON_HOME')}))\n"
     )
     for extra in (bundle / "deps" / "click", bundle / "abi" / ABI / "xxhash"):
         stub(extra, extra.name)
@@ -133,6 +134,7 @@ def test_a_supported_image_runs_the_worker_with_only_the_missing_dependencies_ad
         str(image.bundle / "deps" / "click"),
     ]
     assert started["nixl"].startswith("NIXL is neither in the image nor shipped for Python")
+    assert started["triton"] is None  # a vLLM image is never asked for tritonserver
     assert "vLLM 0.32.0" in done.stderr
     assert not image.log.exists()
 
@@ -273,3 +275,87 @@ def test_the_copy_copies_all_but_the_modules_it_is_told_to_leave_out(image: Fake
         ]
     )
     assert os.access(dest / "launch.sh", os.R_OK)
+
+
+# -- a team's Triton image (runtime.engine Triton): tritonserver, its Python backend, vLLM
+
+TRITON = {"WEIGHTLIFT_INJECTED_ENGINE": "Triton"}
+
+
+def fake_triton(root: Path, backends: str = "backends", stub: bool = True) -> Path:
+    """NGC's layout under `root` (/opt/tritonserver there): bin/tritonserver and the Python
+    backend the image built for its Python, in backends/python."""
+    (root / "bin").mkdir(parents=True)
+    server = root / "bin" / "tritonserver"
+    server.write_text("#!/bin/sh\nexit 0\n")
+    server.chmod(0o755)
+    python = root / backends / "python"
+    python.mkdir(parents=True)
+    (python / "libtriton_python.so").write_text("")
+    (python / "triton_python_backend_utils.py").write_text("")
+    if stub:
+        (python / "triton_python_backend_stub").write_text("")
+    return root
+
+
+def test_a_triton_image_runs_the_worker_with_its_tritonserver_found_on_path(
+    image: FakeImage,
+) -> None:
+    root = fake_triton(image.root / "opt" / "tritonserver")
+    done = image.run(PATH=f"{image.bin}:{root / 'bin'}:/usr/bin:/bin", **TRITON)
+    assert done.returncode == 0, done.stderr
+    started = json.loads(done.stdout)
+    # The worker starts this tritonserver with this Python backend, the image's Python's.
+    assert started["triton"] == str(root) and started["python"] == str(image.bin / "python3")
+    assert started["argv"] == ["worker", "--flag"]
+    assert f"vLLM 0.32.0, tritonserver in {root}; worker from" in done.stderr
+
+
+def test_triton_home_may_be_named_and_may_hold_a_stub_per_python(image: FakeImage) -> None:
+    """hack/install-triton.sh's layout (nvidia-pytriton's tree, a stub per Python version)."""
+    home = image.root / "triton-2.51"
+    version = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    root = fake_triton(home / "pytriton" / "tritonserver", backends=f"backends-py{version}")
+    done = image.run(WEIGHTLIFT_TRITON_HOME=str(home), **TRITON)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["triton"] == str(root)
+
+
+def test_no_tritonserver(image: FakeImage) -> None:
+    """A vLLM image deployed with runtime.engine Triton."""
+    report = image.refusal(image.run(**TRITON))
+    assert report.message.startswith("NoTritonServer: the image has no tritonserver: not on PATH")
+    assert "/opt/tritonserver/bin/tritonserver" in report.message
+    assert "WEIGHTLIFT_TRITON_HOME" in report.message
+
+
+def test_a_named_triton_home_without_tritonserver(image: FakeImage) -> None:
+    report = image.refusal(image.run(WEIGHTLIFT_TRITON_HOME=str(image.root / "nope"), **TRITON))
+    assert report.message.startswith("NoTritonServer: ")
+    assert str(image.root / "nope" / "bin" / "tritonserver") in report.message
+
+
+def test_a_triton_image_without_the_python_backend(image: FakeImage) -> None:
+    root = fake_triton(image.root / "opt" / "tritonserver")
+    shutil.rmtree(root / "backends" / "python")
+    (root / "backends" / "onnxruntime").mkdir()
+    report = image.refusal(image.run(WEIGHTLIFT_TRITON_HOME=str(root), **TRITON))
+    assert report.message.startswith(
+        f"NoPythonBackend: tritonserver at {root} has no Python backend: "
+        f"{root}/backends/python lacks libtriton_python.so or triton_python_backend_stub"
+    )
+
+
+def test_a_python_backend_without_its_stub_is_none(image: FakeImage) -> None:
+    root = fake_triton(image.root / "opt" / "tritonserver", stub=False)
+    report = image.refusal(image.run(WEIGHTLIFT_TRITON_HOME=str(root), **TRITON))
+    assert report.message.startswith("NoPythonBackend: ")
+
+
+def test_a_triton_image_without_vllm(image: FakeImage) -> None:
+    """NGC's plain -py3 image: Triton and its Python backend, no vLLM for the model to run."""
+    root = fake_triton(image.root / "opt" / "tritonserver")
+    shutil.rmtree(image.site / "vllm")
+    report = image.refusal(image.run(WEIGHTLIFT_TRITON_HOME=str(root), **TRITON))
+    assert report.message.startswith("NoVLLM: vllm is not importable by")
+    assert "runs vLLM in Triton's Python backend" in report.message

@@ -16,6 +16,7 @@ from weightlift.operator.identity import model_identity
 from weightlift.operator.inject import (
     BUNDLE_MOUNT,
     DEFAULT_BUNDLE_IMAGE,
+    ENGINE_ENV,
     INIT_CONTAINER,
     LAUNCHER,
     injection_failure,
@@ -115,20 +116,33 @@ def test_in_image_pods_are_unchanged() -> None:
     assert pod["spec"]["containers"][0]["command"] == ["weightlift", "worker"]
 
 
-@pytest.mark.parametrize("engine", ["Builtin", "Triton"])
-def test_injected_needs_vllm(engine: str) -> None:
+@pytest.mark.parametrize(
+    "runtime", [{"engine": "Builtin"}, {"type": "External", "command": ["serve"]}]
+)
+def test_injected_needs_vllm_or_triton(runtime: dict[str, Any]) -> None:
     with pytest.raises(ValidationError, match=r"template\.worker Injected"):
         ModelDeploymentSpec.model_validate(
             {
                 "model": {
                     "uri": "hostpath:///m",
-                    "format": "safetensors" if engine == "Triton" else "pt2",
+                    "format": "pt2" if runtime.get("engine") == "Builtin" else "safetensors",
                 },
                 "template": {"worker": "Injected"},
-                "runtime": {"engine": engine},
+                "runtime": runtime,
             }
         )
     assert "spec.template.worker" in INJECTED_WORKER_MESSAGE
+
+
+@pytest.mark.parametrize("engine", ["vLLM", "Triton"])
+def test_the_launcher_is_told_the_engine_to_check_the_image_for(engine: str) -> None:
+    """A team's Triton image (NGC's tritonserver with its Python backend and vLLM) is injected
+    as a vLLM image is; the launcher then also looks for tritonserver and its Python backend."""
+    pod = render(spec_of(engine=engine))
+    (worker,) = pod["spec"]["containers"]
+    assert worker["image"] == STOCK and worker["command"] == ["/bin/sh", LAUNCHER]
+    env = {e["name"]: e.get("value") for e in worker["env"]}
+    assert env[ENGINE_ENV] == engine
 
 
 def _pod(init: dict[str, Any] | None = None, worker: dict[str, Any] | None = None) -> Any:

@@ -115,6 +115,37 @@ def test_install_lookups(tmp_path: Path) -> None:
     assert stub_site("3.11", home) == home / "stub-site" / "py3.11"
 
 
+def test_a_triton_images_own_layout_uses_its_backend_and_no_numpy_of_ours(tmp_path: Path) -> None:
+    """NGC's layout (/opt/tritonserver: bin/tritonserver, backends/python with the stub built for
+    the image's Python), as an Injected pod's launcher names it: its own backend, and no
+    stub-site (that stub was built against the image's numpy)."""
+    root = tmp_path / "opt" / "tritonserver"
+    (root / "bin").mkdir(parents=True)
+    (root / "bin" / "tritonserver").write_text("")
+    python_backend = root / "backends" / "python"
+    python_backend.mkdir(parents=True)
+    (python_backend / "libtriton_python.so").write_text("")
+    with pytest.raises(TritonMissing, match=r"no Triton Python backend stub for Python 3\.12"):
+        backend_dir(root, "3.12")  # the library without its stub is no backend
+    (python_backend / STUB).write_text("")
+    assert server_root(root) == root
+    backends = backend_dir(root, "3.12")
+    assert backends == root / "backends"
+    assert stub_site("3.12", root, backends) is None
+    # A stub per Python version still wins, and still needs its numpy.
+    (root / "backends-py3.12" / "python").mkdir(parents=True)
+    for name in (STUB, "libtriton_python.so"):
+        (root / "backends-py3.12" / "python" / name).write_text("")
+    assert backend_dir(root, "3.12") == root / "backends-py3.12"
+    with pytest.raises(TritonMissing, match=r"stub-site/py3\.12/numpy"):
+        stub_site("3.12", root, root / "backends-py3.12")
+    python = PythonInfo(
+        "/usr/bin/python3", "3.12", "/usr/lib", True, ["/usr/lib/python3/dist-packages"]
+    )
+    model = write_repository(tmp_path / "repo", "llm", python, ["--model", "/m"], None)
+    assert all("stub-site" not in p for p in read_config(model).path_front)
+
+
 def test_engine_python_info_of_this_interpreter() -> None:
     info = engine_python_info(sys.executable)
     assert info.version == "{}.{}".format(*sys.version_info[:2])
@@ -134,7 +165,9 @@ def test_repository_layout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
     assert 'name: "text_output" data_type: TYPE_STRING' in config
     conf = read_config(model)
     assert conf.engine_argv == argv and conf.executable == "/env/bin/python"
-    assert conf.path_front[0] == "/checkout" and conf.path_front[-1] == str(tmp_path / "np1")
+    # numpy 1.x first: in an image, the weightlift package's directory is the site-packages
+    # that holds the engine's numpy 2 (worker-triton's stub crashed on every BYTES tensor).
+    assert conf.path_front[:2] == [str(tmp_path / "np1"), "/checkout"]
     assert conf.site_dirs == ["/env/site-packages"]
     bootstrap = (model / "1" / "model.py").read_text()
     compile(bootstrap, "model.py", "exec")

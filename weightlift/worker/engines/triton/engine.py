@@ -122,7 +122,7 @@ class TritonEngine(VllmEngine):
         python = engine_python_info(engine_python())
         backends = backend_dir(root, python.version)
         argv = engine_args(self.plan, self._write_plan(), self.report_dir, self.relay_file)
-        site = stub_site(python.version)
+        site = stub_site(python.version, backends=backends)
         write_repository(self.repository, self.plan.served_model_name, python, argv, site)
         cmd = triton_command(self.plan, root, backends, self.repository)
         self._spawn(cmd, triton_environment(python), cwd=self.workdir)

@@ -5,6 +5,10 @@
 bin/tritonserver and backends-py<X.Y>/python/ hold them). The stub embeds the engine Python's
 libpython, so the engine's Python version picks the backend directory; `engine_python_info`
 asks that interpreter what the stub needs (version, shared libpython, site-packages).
+
+A team's own Triton image (spec.template.worker Injected; bundle/launch.sh sets
+WEIGHTLIFT_TRITON_HOME, e.g. /opt/tritonserver) has one Python backend, backends/python, whose
+stub was built for that image's Python and numpy: it is used as it is, with no numpy of ours.
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ HOME_ENV = "WEIGHTLIFT_TRITON_HOME"
 TRITON_VERSION = "2.51"
 INSTALL_HINT = "hack/install-triton.sh builds it"
 STUB = "triton_python_backend_stub"
+# A Triton image's own backends directory (its Python backend built for the image's Python).
+OWN_BACKENDS = "backends"
 
 
 class TritonMissing(LoadError):
@@ -50,11 +56,19 @@ def server_root(home: Path | None = None) -> Path:
     )
 
 
+def _has_python_backend(backends: Path) -> bool:
+    return (backends / "python" / STUB).is_file() and (
+        backends / "python" / "libtriton_python.so"
+    ).is_file()
+
+
 def backend_dir(root: Path, python_version: str) -> Path:
-    """--backend-directory for `python_version` ("3.11"): its python/ holds the stub."""
+    """--backend-directory for `python_version` ("3.11"): its python/ holds the stub. The stub
+    per Python version (backends-py<X.Y>) first, else the image's own (backends, OWN_BACKENDS)."""
     found = root / f"backends-py{python_version}"
-    if (found / "python" / STUB).is_file() and (found / "python" / "libtriton_python.so").is_file():
-        return found
+    for backends in (found, root / OWN_BACKENDS):
+        if _has_python_backend(backends):
+            return backends
     have = sorted(
         p.name.removeprefix("backends-py")
         for p in root.glob("backends-py*")
@@ -66,11 +80,17 @@ def backend_dir(root: Path, python_version: str) -> Path:
     )
 
 
-def stub_site(python_version: str, home: Path | None = None) -> Path:
+def stub_site(
+    python_version: str, home: Path | None = None, backends: Path | None = None
+) -> Path | None:
     """numpy 1.x for the stub of `python_version`: Triton 2.51's stub (pybind11) misreads numpy
-    2's arrays, garbling every BYTES tensor. It goes ahead of the engine's site-packages."""
+    2's arrays, garbling every BYTES tensor. It goes ahead of the engine's site-packages.
+    None for an image's own backend (`backends` named OWN_BACKENDS) without one: that stub was
+    built against the image's numpy."""
     home = home or triton_home()
     site = home / "stub-site" / f"py{python_version}"
+    if backends is not None and backends.name == OWN_BACKENDS and not (site / "numpy").is_dir():
+        return None
     if not (site / "numpy").is_dir():
         raise TritonMissing(
             f"no numpy 1.x for Triton's Python {python_version} stub: {site}/numpy does not "

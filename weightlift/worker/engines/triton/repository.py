@@ -87,15 +87,17 @@ def import_path_front() -> list[str]:
 
 
 def write_repository(
-    repo: Path, name: str, python: PythonInfo, engine_argv: list[str], stub_site: Path
+    repo: Path, name: str, python: PythonInfo, engine_argv: list[str], stub_site: Path | None
 ) -> Path:
     """Write the model repository; returns the model's directory. `stub_site` (numpy 1.x for
-    the stub) goes ahead of the engine's site-packages."""
+    the stub; None: the image's own stub needs none) goes ahead of everything else."""
     model = repo / name
     (model / "1").mkdir(parents=True, exist_ok=True)
     (model / "config.pbtxt").write_text(CONFIG_PBTXT.format(name=name))
     conf = BackendConfig(
-        path_front=[*import_path_front(), str(stub_site)],
+        # The stub's numpy first: an image's weightlift sits in the site-packages that holds the
+        # engine's numpy 2 (worker-triton), which import_path_front() names.
+        path_front=[*([str(stub_site)] if stub_site else []), *import_path_front()],
         site_dirs=python.site_dirs,
         executable=python.executable,
         engine_argv=engine_argv,
