@@ -24,6 +24,7 @@ import pytest
 from tests.e2e.test_kubelet_node import _require_node
 from tests.e2e.test_prometheus import _require_prometheus
 from tests.support.e2e import READY_TIMEOUT, held_source
+from tests.support.kubelet import node_stack
 from tests.support.promchecks import (
     Deployed,
     check_dashboard,
@@ -117,11 +118,7 @@ def kstack(tmp_path_factory: pytest.TempPathFactory, models: Path) -> Iterator[L
     # worker-vllm shares the worker's layers: the registry and containerd hold them once.
     stack.images = (*stack.node_images(), engine_image("vLLM"))
     _require_images(stack.node_images())
-    with stack:
-        yield stack
-    node = stack.node
-    assert isinstance(node, KubeletNode)
-    assert not node.leftovers()
+    yield from node_stack(stack)
 
 
 @pytest.fixture(scope="module")

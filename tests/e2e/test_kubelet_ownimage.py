@@ -24,6 +24,7 @@ from tests.e2e.test_kubelet_lifecycle import _require_images
 from tests.e2e.test_kubelet_node import _require_node
 from tests.e2e.test_prometheus import _require_prometheus
 from tests.support.endpoints import check_ready_only_after_probe
+from tests.support.kubelet import node_stack
 from tests.support.promchecks import eventually
 from tests.support.vllm import READY_TIMEOUT as VLLM_READY_TIMEOUT
 from tests.support.vllm import require_vllm_python, tiny_llm
@@ -71,11 +72,7 @@ def kstack(tmp_path_factory: pytest.TempPathFactory, models: Path) -> Iterator[L
     operator = stack.node_images()[1]
     stack.images = (operator, DEFAULT_BUNDLE_IMAGE, PLAIN_IMAGE)
     _require_images(stack.images)
-    with stack:
-        yield stack
-    node = stack.node
-    assert isinstance(node, KubeletNode)
-    assert not node.leftovers()
+    yield from node_stack(stack)
 
 
 @pytest.fixture(scope="module")
