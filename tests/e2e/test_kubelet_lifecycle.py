@@ -27,6 +27,7 @@ import pytest
 from tests.e2e.test_kubelet_node import _require_node
 from tests.e2e.test_prometheus import _require_prometheus
 from tests.support.e2e import READY_TIMEOUT, held_source
+from tests.support.kubelet import node_stack
 from tests.support.promchecks import (
     Deployed,
     check_dashboard,
@@ -122,11 +123,7 @@ def kstack(tmp_path_factory: pytest.TempPathFactory, models: Path) -> Iterator[L
     # worker-triton stands on worker-vllm's layers: only its tritonserver layers are new.
     stack.images = (*stack.node_images(), engine_image("vLLM"), engine_image("Triton"))
     _require_images(stack.node_images())
-    with stack:
-        yield stack
-    node = stack.node
-    assert isinstance(node, KubeletNode)
-    assert not node.leftovers()
+    yield from node_stack(stack)
 
 
 @pytest.fixture(scope="module")

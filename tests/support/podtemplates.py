@@ -174,3 +174,20 @@ FULL: dict[str, Any] = {
         },
     },
 }
+
+# The cluster objects FULL names (its priorityClassName and runtimeClassName): the API server's
+# Priority and RuntimeClass admission look them up, so a cluster test applies them first.
+FULL_CLASSES: list[dict[str, Any]] = [
+    {
+        "apiVersion": "scheduling.k8s.io/v1",
+        "kind": "PriorityClass",
+        "metadata": {"name": "inference-high"},
+        "value": 1000,
+    },
+    {
+        "apiVersion": "node.k8s.io/v1",
+        "kind": "RuntimeClass",
+        "metadata": {"name": "nvidia"},
+        "handler": "nvidia",
+    },
+]

@@ -30,35 +30,21 @@ HOOK_ENV = "WEIGHTLIFT_BENCH_HOOK_LIBRARY"
 
 
 def _plan(model: Path, pod: str, device: str, source: bool, peers: list[Any], hook: bool) -> Any:
-    from weightlift.api.model import (
-        InitHooks,
-        LoadingSpec,
-        LoadStrategy,
-        ModelSource,
-        PeerToPeerOptions,
-        Role,
-        RuntimeSpec,
-    )
-    from weightlift.api.worker import WorkerPlan
+    from weightlift.api.model import InitHooks, Role
+    from weightlift.bench.p2p_worker import worker_plan
     from weightlift.local.net import free_port
 
-    return WorkerPlan(
-        deployment="bench",
-        pod_name=pod,
-        model_identity="bench-gpu-identity",
-        model=ModelSource(uri=f"file://{model}"),
-        model_dir=str(model),
-        served_model_name="bench",
+    return worker_plan(
+        model,
+        pod,
+        free_port(),
+        Role.SOURCE if source else Role.TARGET,
+        peers,
+        ranks=1,
         device=device,
-        role=Role.SOURCE if source else Role.TARGET,
-        peers=peers,
-        host="127.0.0.1",
+        identity="bench-gpu-identity",
         init_hooks=InitHooks(library=HOOK) if hook else None,
-        runtime=RuntimeSpec(port=free_port()),
-        loading=LoadingSpec(
-            strategy=LoadStrategy.AUTO if source else LoadStrategy.PEER_TO_PEER,
-            peer_to_peer=PeerToPeerOptions(transfer_timeout_seconds=60),
-        ),
+        transfer_timeout_seconds=60,
     )
 
 

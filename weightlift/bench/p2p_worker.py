@@ -33,6 +33,7 @@ import click
 import httpx
 
 from weightlift.api.model import (
+    InitHooks,
     LoadingSpec,
     LoadStrategy,
     ModelSource,
@@ -59,26 +60,39 @@ _FALLBACK_LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) WARNING .*
 
 
 def worker_plan(
-    model: Path, pod: str, port: int, role: Role, peers: list[PeerCandidate], max_in_flight: int = 8
+    model: Path,
+    pod: str,
+    port: int,
+    role: Role,
+    peers: list[PeerCandidate],
+    max_in_flight: int = 8,
+    *,
+    ranks: int = RANKS,
+    device: str = "cpu",
+    identity: str = "bench-identity",
+    init_hooks: InitHooks | None = None,
+    transfer_timeout_seconds: int = 10,
 ) -> WorkerPlan:
+    """A bench worker's plan: a Source loads from storage, a Target pulls from `peers`."""
     return WorkerPlan(
         deployment="bench",
         pod_name=pod,
-        model_identity="bench-identity",
+        model_identity=identity,
         model=ModelSource(uri=f"file://{model}"),
         model_dir=str(model),
         served_model_name="bench",
-        tensor_parallel=RANKS,
-        ranks=list(range(RANKS)),
-        device="cpu",
+        tensor_parallel=ranks,
+        ranks=list(range(ranks)),
+        device=device,
         role=role,
         peers=peers,
         host="127.0.0.1",
+        init_hooks=init_hooks,
         runtime=RuntimeSpec(port=port),
         loading=LoadingSpec(
             strategy=LoadStrategy.PEER_TO_PEER if role == Role.TARGET else LoadStrategy.AUTO,
             peer_to_peer=PeerToPeerOptions(
-                transfer_timeout_seconds=10, max_in_flight=max_in_flight
+                transfer_timeout_seconds=transfer_timeout_seconds, max_in_flight=max_in_flight
             ),
         ),
     )

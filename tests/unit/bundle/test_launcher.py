@@ -5,6 +5,7 @@ chosen version, the dependencies vLLM brings), so every refusal reason is met as
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -12,23 +13,26 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from weightlift.api.worker import WorkerReport
 
 REPO = Path(__file__).resolve().parents[3]
-FROM_THE_IMAGE = (
-    "torch",
-    "safetensors",
-    "numpy",
-    "aiohttp",
-    "httpx",
-    "pydantic",
-    "yaml",
-    "prometheus_client",
-    "huggingface_hub",
-)
+
+
+def _bundle_probe() -> Any:
+    """bundle/probe.py, a script the launcher runs (no package): loaded from its file."""
+    spec = importlib.util.spec_from_file_location("bundle_probe", REPO / "bundle" / "probe.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# What the fake image's vLLM environment holds: exactly what the probe asks of a real one.
+FROM_THE_IMAGE: tuple[str, ...] = _bundle_probe().FROM_THE_IMAGE
 ABI = f"cp{sys.version_info[0]}{sys.version_info[1]}"
 
 

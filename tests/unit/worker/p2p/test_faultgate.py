@@ -36,14 +36,6 @@ CPU = torch.device("cpu")
 OPTS = PullOptions(transfer_timeout_s=5, stall_seconds=3, liveness_interval_s=0.25)
 
 
-@pytest.fixture
-def gate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    folder = tmp_path / "gate"
-    monkeypatch.setenv(faultgate.GATE_DIR_ENV, str(folder))
-    monkeypatch.setenv(faultgate.PROCESS_NODE_ENV, "test-node")
-    return folder
-
-
 def test_ignored_outside_the_process_node(gate: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     faultgate.arm(gate, "md")
     monkeypatch.delenv(faultgate.PROCESS_NODE_ENV)

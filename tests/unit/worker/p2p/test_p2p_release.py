@@ -32,14 +32,6 @@ OPTS = target.PullOptions(transfer_timeout_s=5, stall_seconds=3, liveness_interv
 
 
 @pytest.fixture
-def gate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    folder = tmp_path / "gate"
-    monkeypatch.setenv(faultgate.GATE_DIR_ENV, str(folder))
-    monkeypatch.setenv(faultgate.PROCESS_NODE_ENV, "test-node")
-    return folder
-
-
-@pytest.fixture
 def sources(model_dir: Path, tmp_path: Path) -> Iterator[dict[str, tuple[Proc, PeerCandidate]]]:
     with (
         source_process(model_dir, tmp_path, pod="src-a") as a,

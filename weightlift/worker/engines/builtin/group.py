@@ -38,6 +38,7 @@ import torch
 import torch.distributed as dist
 
 from weightlift.worker.engines.builtin.runtime import Pt2Runtime
+from weightlift.worker.engines.vllm.store_bind import listening_socket
 from weightlift.worker.plan import GroupPlace
 
 log = logging.getLogger(__name__)
@@ -102,16 +103,10 @@ def split_address(address: str) -> tuple[str, int]:
 
 
 def _listening_socket(host: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
-        sock.bind((host, port))
-        sock.listen(128)
+        return listening_socket(host, port)
     except OSError as exc:
-        sock.close()
         raise GroupBroken(f"the group leader cannot listen on {host}:{port}: {exc}") from exc
-    return sock
 
 
 class Group:

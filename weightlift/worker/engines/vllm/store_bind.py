@@ -24,6 +24,8 @@ log = logging.getLogger(__name__)
 
 
 def listening_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket listening on `host` only (IPv4 or v6), SO_REUSEADDR set: a group leader's
+    store (here and engines/builtin/group.py). OSError when it cannot."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
