@@ -35,7 +35,7 @@ from pathlib import Path
 
 from weightlift.api.podspec import WORKER_CONTAINER
 from weightlift.bench.chaos_pull import held_pull
-from weightlift.bench.chaos_run import CONVERGE_TIMEOUT, JSON, Run, ScenarioSkipped
+from weightlift.bench.chaos_run import CONVERGE_TIMEOUT, JSON, Run, ScenarioSkipped, started
 from weightlift.local.history import History, Version
 from weightlift.local.kube import KUBE_ERRORS, call
 from weightlift.local.kubeletnode import KubeletNode, teardown
@@ -207,12 +207,19 @@ def oom_while_loading(run: Run) -> None:
         run.fault_at = time.monotonic()
         argv = [sys.executable, "-c", HOG, str(cgroup), str(limit + HOG_MARGIN)]
         hog = subprocess.Popen([*argv, *map(str, victims)])
+
+        def tick() -> None:
+            run.stack.check_operator()
+            alive = [p for p in victims if started(p) is not None]
+            if hog.poll() is not None and alive:
+                raise AssertionError(f"the helper ended ({hog.returncode}); {alive} live on")
+
         try:
             killed = pods.wait(
                 lambda v: v.name == held.pod and oom_killed_reason(v) is not None,
                 CONVERGE_TIMEOUT,
                 f"{held.pod} OOMKilled",
-                tick=run.stack.check_operator,
+                tick=tick,
             )
             code = hog.wait(timeout=60)
         finally:
