@@ -152,6 +152,15 @@ def _containers(run: Run) -> set[str]:
 
 
 def _loaded(run: Run) -> str:
+    """How the replicas loaded (storage, peer), once the weights watch has asked each Ready
+    one the probe: 0 wrong weights then means each answered right."""
+    watch = run.watch
+    assert watch is not None
+
+    def probed() -> bool:
+        return {str(r["name"]) for r in run.replicas() if r.get("ready")} <= watch.checked
+
+    run.wait("the weights watch to probe every Ready replica", probed)
     return ",".join(str(r.get("loadedFrom")).split(":")[0] for r in run.replicas())
 
 
@@ -271,7 +280,7 @@ def verify_daemon_restarted(run: Run) -> str:
     assert run.pod_uids().get(held.pod) == run.notes["held_uid"], f"{held.pod} was replaced"
     got = run.row(held.pod).get("loadedFrom")
     assert got == f"peer:{held.peer}", f"{held.pod} loaded {got}, not from {held.peer}"
-    return f"{struck(run)}: {daemon} {before}->{after}; containers kept, pull done"
+    return f"{struck(run)}: {daemon} {before}->{after}; containers kept; {_loaded(run)}"
 
 
 # ------------------------------------------------------------------------ cordon and drain
