@@ -5,8 +5,10 @@ the replica as ready only while its probe passes (tests/support/endpoints.py hol
 with a probe that cannot pass). Then a worker pod given what a platform team gives one (node
 affinity, a priority class, a pull secret for a registry that requires it, a ConfigMap volume, a
 Multus annotation, a MIG slice our device plugin advertises) is pulled, run and probed by the
-kubelet and containerd. The operator runs as a local process of this checkout; one replica of
-the worker image at a time. Needs root, `make node` and `make images`."""
+kubelet and containerd. On the same node, the one real-node fault of `bench chaos --node kubelet`
+that `make test` runs (bench/chaos_node.py): the kubelet restarted while a Target's pull is held
+open mid-transfer. The operator runs as a local process of this checkout. Needs root, `make
+node` and `make images`."""
 
 from __future__ import annotations
 
@@ -23,6 +25,9 @@ from tests.e2e.test_kubelet_node import _require_node
 from tests.support.e2e import READY_TIMEOUT
 from tests.support.endpoints import check_ready_only_after_probe, endpoint_of
 from weightlift.api.labels import INFERENCE_PROBE_GATE
+from weightlift.bench import chaos_node
+from weightlift.bench.chaos import run_scenario, scenario
+from weightlift.bench.chaos_models import Models
 from weightlift.local.kube import call
 from weightlift.local.kubeletnode import KubeletNode, NodeError
 from weightlift.local.kubeletnode.network import POD_BASE
@@ -43,8 +48,8 @@ def kstack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalStac
         tmp_path_factory.mktemp("kready") / "stack",
         node_kind="kubelet",
         node_name="kubelet-ready",
-        gpus=1,
-        extra_resources={MIG: 1},  # the device plugin's MIG slice, beside the whole GPU
+        gpus=2,  # the chaos scenario's source and target
+        extra_resources={MIG: 1},  # the device plugin's MIG slice, beside the whole GPUs
         model_path_prefixes=(str(models),),
         # The tests' safety belt (tests/conftest.py) lets the operator contact loopback only;
         # this node's pods live on its bridge, on this machine too.
@@ -184,3 +189,19 @@ def test_a_worker_pod_with_the_teams_template_is_pulled_run_and_probed(
     greeting = Path(f"/proc/{pid}/root/etc/weightlift-extra/greeting").read_text()
     assert greeting == "from the team's ConfigMap"
     stack.delete_md("kteam")
+
+
+def test_the_kubelet_restarted_mid_pull_keeps_the_containers_and_the_pull(
+    kstack: tuple[LocalStack, Path],
+) -> None:
+    """bench chaos' kubelet-restart-mid-pull: the Target holds its pull from the Source at the
+    fault gate, the kubelet stops and starts again; the containers run on, the pull finishes
+    from the same peer, two replicas Ready, no orphan, no wrong weights (its verify checks it)."""
+    stack, models = kstack
+    chaos_node.prepare(stack)  # the worker image, if this test runs alone: minutes, else seconds
+    index, sc = scenario("kubelet-restart-mid-pull")
+    result = run_scenario(stack, Models(models / "chaos"), sc, index)
+    print(result)
+    assert result.converged and not result.skipped, result
+    assert result.orphans == 0 and result.wrong_weights == 0, result
+    assert "kubelet" in result.detail and "READ" in result.detail, result

@@ -32,6 +32,7 @@ import click
 
 from weightlift.bench import chaos_failover as failover
 from weightlift.bench import chaos_groups as groups
+from weightlift.bench import chaos_node as node
 from weightlift.bench import chaos_pull as pull
 from weightlift.bench import chaos_spares as spares
 from weightlift.bench import chaos_standby as standby
@@ -53,6 +54,7 @@ from weightlift.bench.chaos_run import (
 from weightlift.local.kube import KUBE_ERRORS, describe
 from weightlift.local.llm import ensure_vllm_env, vllm_python
 from weightlift.local.models import build_hook_library
+from weightlift.local.nodekind import NODE_KINDS, NodeKindName
 from weightlift.local.stack import LocalStack
 from weightlift.worker.p2p import faultgate
 
@@ -317,6 +319,13 @@ SCENARIOS: tuple[Scenario, ...] = (
 )
 
 
+# Faults only a real node has (bench/chaos_node.py): `--node kubelet` runs these instead.
+NODE_SCENARIOS: tuple[Scenario, ...] = tuple(
+    Scenario(f.name, f.inject, replicas=f.replicas, fast=f.fast, verify=f.verify)
+    for f in node.FAULTS
+)
+
+
 def run_scenario(stack: LocalStack, models: Models, scenario: Scenario, index: int) -> Result:
     name = f"chaos{index}"
     before = worker_processes(os.getpid())
@@ -369,7 +378,7 @@ def _clean_up(run: Run, before: set[int]) -> tuple[int, str]:
     deadline = time.monotonic() + GONE_TIMEOUT
     left: set[int] = set()
     while time.monotonic() < deadline:
-        left = worker_processes(os.getpid()) - before
+        left = (worker_processes(os.getpid()) - before) | run.live_seen()
         pods = [p for n in names for p in run.stack.pods(n)]
         mds = [n for n in names if run.stack.get_md(n) is not None]
         if not left and not pods and not run._node_pods(*names) and not mds:
@@ -381,7 +390,7 @@ def _clean_up(run: Run, before: set[int]) -> tuple[int, str]:
 
 def scenario(name: str) -> tuple[int, Scenario]:
     """Its index (it names the deployment: chaos<index>) and the scenario."""
-    for i, s in enumerate(SCENARIOS):
+    for i, s in enumerate((*SCENARIOS, *NODE_SCENARIOS)):
         if s.name == name:
             return i, s
     raise KeyError(name)
@@ -466,6 +475,14 @@ def render(results: list[Result]) -> str:
     show_default=True,
     help="Run each picked scenario this many times in a row (a flake shows as k/N).",
 )
+@click.option(
+    "--node",
+    "node_kind",
+    type=click.Choice(NODE_KINDS),
+    default="process",
+    show_default=True,
+    help="kubelet: the faults only a real node has (root, `make node`, `make images`).",
+)
 def chaos_command(
     only: tuple[str, ...],
     fast: bool,
@@ -473,19 +490,21 @@ def chaos_command(
     state_dir: Path,
     list_only: bool,
     repeat: int,
+    node_kind: NodeKindName,
 ) -> None:
     """Fault scenarios on the real local stack: converged?, seconds, orphans, wrong weights."""
+    catalogue = NODE_SCENARIOS if node_kind == "kubelet" else SCENARIOS
     if list_only:
-        for s in SCENARIOS:
+        for s in catalogue:
             click.echo(s.name)
         return
     picked = [
         s
-        for s in SCENARIOS
+        for s in catalogue
         if (not only or s.name in only) and (not fast or s.fast)
         for _ in range(repeat)
     ]
-    unknown = set(only) - {s.name for s in SCENARIOS}
+    unknown = set(only) - {s.name for s in catalogue}
     if unknown:
         raise click.BadParameter(f"unknown scenarios {sorted(unknown)}", param_hint="--scenario")
     state_dir = state_dir.resolve()
@@ -499,8 +518,11 @@ def chaos_command(
         model_path_prefixes=(str(models.work),),
         worker_env=worker_env,
         with_lws=any(s.pods > 1 for s in picked),  # groups: hack/build-lws.sh (`make lws`)
+        node_kind=node_kind,
     )
     with stack:
+        if node_kind == "kubelet":
+            node.prepare(stack)
         results = run_all(stack, models, picked)
     click.echo(render(results))
     if json_out is not None:

@@ -49,6 +49,16 @@ def _ppids() -> dict[int, int]:
     return out
 
 
+def started(pid: int) -> str | None:
+    """When `pid` started (clock ticks since boot), None if it is gone or a zombie: a pid and
+    its start name one process, whatever reuses the number later."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return None if fields[0] == "Z" else fields[19]
+
+
 def worker_processes(root: int) -> set[int]:
     """Live `weightlift worker` processes below `root` (this process): other people's stacks on
     the same machine are not ours to count."""
@@ -240,6 +250,9 @@ class Run:
         self.notes: JSON = {}  # what the scenario saw, for its `verify`
         # Run when the scenario ends, converged or not (a watch thread it started, stopped).
         self.cleanups: list[Callable[[], None]] = []
+        # Every process of its pods `worker_pids` saw, with its start: the orphan count's, on
+        # a real node too (its containers' processes are not this process's descendants).
+        self.seen: dict[int, str] = {}
 
     def deploy(self, model_dir: Path | None = None, replicas: int = 1, **kw: Any) -> None:
         manifest = model_deployment(
@@ -307,7 +320,16 @@ class Run:
     def worker_pids(self) -> set[int]:
         """The processes of this deployment's pods on the node now."""
         pids = self.stack.node.pids()
-        return {pid for key in self._node_pods() for pid in pids.get(key, [])}
+        found = {pid for key in self._node_pods() for pid in pids.get(key, [])}
+        for pid in found:
+            when = started(pid)
+            if when is not None:
+                self.seen.setdefault(pid, when)
+        return found
+
+    def live_seen(self) -> set[int]:
+        """The processes `worker_pids` saw that still run."""
+        return {pid for pid, when in self.seen.items() if started(pid) == when}
 
     # -- convergence
     def converged(self, replicas: int, spares: int = 0, pods_per_replica: int = 1) -> bool:

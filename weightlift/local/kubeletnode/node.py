@@ -27,6 +27,7 @@ from pathlib import Path
 import httpx
 import yaml
 
+from weightlift.api.times import parse_rfc3339
 from weightlift.local.cluster import ClusterInfo, cache_dir, issue_client_cert
 from weightlift.local.kube import JSON, KUBE_ERRORS, Kube, call, delete
 from weightlift.local.kubeletnode import config, registry, teardown
@@ -108,21 +109,35 @@ class KubeletNode:
         self._write_files()
         self._start_registry()
         self._push_images()
+        self._start_containerd()
+        teardown.make_cgroup_root(self.cgroup_root)
+        self._start_kubelet()
+        self._wait(self._node_ready, f"node {self.name} Ready", "kubelet")
+        self._start_device_plugin()
+        advertised = ", ".join(f"{n} x {k}" for k, n in self.resources.items())
+        self._wait(self._gpus_advertised, f"{advertised} allocatable", "device-plugin")
+        self._start_kube_proxy()
+        self._wait(
+            self._service_routed, "the kubernetes Service in kube-proxy's rules", "kube-proxy"
+        )
+
+    def _start_containerd(self) -> None:
+        lay = self.layout
+        lay.containerd_socket.unlink(missing_ok=True)  # a killed containerd's: not an answer
         self._start(
             "containerd",
             [binary("containerd"), "--config", str(lay.etc / "containerd.toml")],
             netns=True,
         )
         self._wait(lambda: lay.containerd_socket.exists(), "containerd's socket", "containerd")
-        teardown.make_cgroup_root(self.cgroup_root)
-        self._start_kubelet()
-        self._wait(self._node_ready, f"node {self.name} Ready", "kubelet")
+
+    def _start_device_plugin(self) -> None:
         extras = [f"{k}={n}" for k, n in self.extra_resources.items()]
         self._start(
             "device-plugin",
             [
                 binary("weightlift-gpu-plugin"),
-                f"--dir={lay.device_plugins}",
+                f"--dir={self.layout.device_plugins}",
                 # GPU_RESOURCE counted by --count: the flags an older build of it reads, too.
                 f"--count={self.gpus}",
                 "--resource=" + ",".join([GPU_RESOURCE, *extras]),
@@ -130,15 +145,12 @@ class KubeletNode:
                 f"--fault-gate-dir={self.fault_gate_dir}",
             ],
         )
-        advertised = ", ".join(f"{n} x {k}" for k, n in self.resources.items())
-        self._wait(self._gpus_advertised, f"{advertised} allocatable", "device-plugin")
+
+    def _start_kube_proxy(self) -> None:
         self._start(
             "kube-proxy",
-            [binary("kube-proxy"), f"--config={lay.etc / 'kube-proxy.yaml'}", "--v=1"],
+            [binary("kube-proxy"), f"--config={self.layout.etc / 'kube-proxy.yaml'}", "--v=1"],
             netns=True,
-        )
-        self._wait(
-            self._service_routed, "the kubernetes Service in kube-proxy's rules", "kube-proxy"
         )
 
     def _write_files(self) -> None:
@@ -382,6 +394,88 @@ class KubeletNode:
 
     def pod_logs(self, namespace: str, pod: str) -> list[Path]:
         return sorted(self.layout.pod_logs.glob(f"{namespace}_{pod}_*/*/*.log"))
+
+    # -- faults (bench/chaos_node.py): the node's daemons restarted, the machine power-cycled
+    def restart_kubelet(self, down_seconds: float = 0.0) -> None:
+        """Stop the kubelet (SIGTERM, as `systemctl restart kubelet` does) and start it again;
+        the pods' containers run on under containerd. Returns once the new kubelet reported the
+        node's status and the device plugin registered with it again."""
+        self._stop_daemon("kubelet")
+        time.sleep(down_seconds)
+        since = time.time()
+        self._start_kubelet()
+        self._wait_back(since, "kubelet")
+
+    def restart_containerd(self, down_seconds: float = 0.0) -> None:
+        """Stop containerd (SIGTERM to it alone: its shims, and so the containers, live on)
+        and start it again; returns once the kubelet sees the runtime and reports the node."""
+        self._stop_daemon("containerd")
+        time.sleep(down_seconds)
+        since = time.time()
+        self._start_containerd()
+        self._wait_back(since, "containerd", plugin=False)
+
+    def reboot(self, down_seconds: float = 3.0) -> None:
+        """A power cycle: every process of the node SIGKILLed at once (its daemons, the
+        containers' shims and processes), every mount gone, containerd's state (a tmpfs /run
+        on a machine) emptied, the cgroups fresh. What is on disk stays (images and container
+        records in containerd's root, the kubelet's root, the pods' logs), the Node object and
+        the registry too. After `down_seconds` the daemons start as the machine's init would."""
+        for name in ("kube-proxy", "device-plugin", "kubelet", "containerd"):
+            proc = self._procs.pop(name, None)
+            if proc is not None:
+                stop_group(proc, grace=0.0, first=signal.SIGKILL)
+        lay = self.layout
+        cgroups = teardown.cgroup_dirs(self.cgroup_root)
+        shims = [str(lay.containerd_socket)]
+        teardown.kill_all(
+            teardown.processes_in(self.net.netns_path, cgroups, shims), first=signal.SIGKILL
+        )
+        teardown.unmount_all(lay.mount_roots())
+        shutil.rmtree(lay.containerd_state, ignore_errors=True)
+        teardown.remove_cgroups(self.cgroup_root)
+        time.sleep(down_seconds)
+        since = time.time()
+        self._start_containerd()
+        teardown.make_cgroup_root(self.cgroup_root)
+        self._start_kubelet()
+        self._start_device_plugin()
+        self._start_kube_proxy()
+        self._wait_back(since, "kubelet")
+
+    def _stop_daemon(self, name: str) -> None:
+        proc = self._procs.pop(name)
+        proc.terminate()  # the daemon alone, not its group
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+    def _wait_back(self, since: float, component: str, plugin: bool = True) -> None:
+        """The kubelet has posted the node's status (Ready) since `since`, and, with `plugin`
+        (the kubelet restarted: it removes plugin sockets when it starts), the device plugin
+        has served a new socket and registered with it again."""
+        sock = self.layout.device_plugins / "weightlift-gpu.sock"
+
+        def back() -> bool:
+            try:
+                registered = not plugin or sock.stat().st_mtime >= since
+            except OSError:
+                return False
+            return registered and self._reported_ready_since(since) and self._gpus_advertised()
+
+        self._wait(back, f"node {self.name} Ready again after {component}'s restart", component)
+
+    def _reported_ready_since(self, since: float) -> bool:
+        conds = ((self._node() or {}).get("status") or {}).get("conditions") or []
+        ready: JSON = next((c for c in conds if c["type"] == "Ready"), {})
+        beat = ready.get("lastHeartbeatTime")
+        return (
+            ready.get("status") == "True"
+            and beat is not None
+            and parse_rfc3339(beat).timestamp() >= int(since)
+        )
 
     # -- down
     def stop(self, timeout: float = 30.0) -> None:

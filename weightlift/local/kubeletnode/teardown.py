@@ -58,8 +58,10 @@ def processes_in(netns: Path, cgroup_dirs: Iterable[Path], markers: Iterable[str
     return {p for p in pids if p != me}
 
 
-def kill_all(pids: set[int], grace: float = 5.0) -> None:
-    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+def kill_all(pids: set[int], grace: float = 5.0, first: signal.Signals = signal.SIGTERM) -> None:
+    """`first` to each, SIGKILL to those left after `grace` seconds (a power cut: SIGKILL
+    first)."""
+    for sig, wait in ((first, grace), (signal.SIGKILL, 5.0)):
         live = {p for p in pids if Path(f"/proc/{p}").exists()}
         if not live:
             return
