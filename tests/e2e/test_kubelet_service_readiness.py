@@ -23,7 +23,7 @@ from kubernetes import client
 from tests.e2e.test_kubelet_lifecycle import _require_images
 from tests.e2e.test_kubelet_node import _require_node
 from tests.support.e2e import READY_TIMEOUT
-from tests.support.endpoints import check_ready_only_after_probe, endpoint_of
+from tests.support.endpoints import check_ready_only_after_probe, endpoint_of, pod_ready
 from weightlift.api.labels import INFERENCE_PROBE_GATE
 from weightlift.bench import chaos_node
 from weightlift.bench.chaos import run_scenario, scenario
@@ -163,8 +163,11 @@ def test_a_worker_pod_with_the_teams_template_is_pulled_run_and_probed(
     )
     limits = worker["resources"]["limits"]
     assert limits[MIG] == "1" and "nvidia.com/gpu" not in limits, limits
-    conds = {c["type"]: c["status"] for c in pod["status"]["conditions"]}
-    assert conds[INFERENCE_PROBE_GATE] == "True" and conds["Ready"] == "True", conds
+    # The kubelet turns the pod Ready after it sees the gate True (a moment after the status
+    # says Ready): watched, not read at once.
+    ready = pod_ready(stack.kube, ns, name, True, READY_TIMEOUT)
+    conds = {c["type"]: c["status"] for c in ready["status"]["conditions"]}
+    assert conds[INFERENCE_PROBE_GATE] == "True", conds
     endpoint_of(stack.kube, ns, "kteam", name, True, READY_TIMEOUT)
 
     # The kubelet pulled the image from the private registry, with the pod's secret.
