@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.support.e2e import READY_TIMEOUT, held_source
-from tests.support.opmetrics import passes, scrape, total, wait_passes
+from tests.support.opmetrics import passes, scrape, total, wait_no_deployments, wait_passes
 from weightlift.local.observe import Observer
 from weightlift.local.stack import LocalStack
 
@@ -22,7 +22,8 @@ def test_operator_metrics_count_each_replica_once(
     stack: LocalStack, deployments: Deploy, demo_model: tuple[Path, JSON]
 ) -> None:
     model_dir, probe = demo_model
-    before = scrape(stack)
+    # An earlier test's deployment, deleted, may still be in the operator's index a moment.
+    before = wait_no_deployments(stack)
     with held_source(stack, "metrics") as held:
         obs = deployments("metrics", model_dir, probe, replicas=2)
         held.pod()

@@ -67,3 +67,16 @@ def wait_passes(
                 f"not {at_least:.0f}, after {timeout:.0f}s"
             )
         time.sleep(0.5)
+
+
+def wait_no_deployments(stack: LocalStack, timeout: float = READY_TIMEOUT) -> Samples:
+    """Scrapes until the operator tracks no deployment (an earlier test's, deleted, forgotten by
+    its index): counters read from then on are only the next deployment's."""
+    deadline = time.monotonic() + timeout
+    while True:
+        samples = scrape(stack)
+        if total(samples, "weightlift_deployments") == 0:
+            return samples
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the operator still tracks deployments after {timeout:.0f}s")
+        time.sleep(0.5)
