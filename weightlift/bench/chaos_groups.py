@@ -37,6 +37,7 @@ from weightlift.bench import chaos_pull as pull
 from weightlift.bench.chaos_run import Run
 from weightlift.local.history import History
 from weightlift.local.kube import call
+from weightlift.local.procs import pid_alive
 from weightlift.local.stack import make_demo_model
 from weightlift.worker.p2p import faultgate
 
@@ -134,16 +135,6 @@ def _kill(run: Run, pod: str) -> list[int]:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
     return list(pids)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _uids(run: Run, pod: str) -> list[str]:
@@ -266,7 +257,7 @@ def verify_leader_killed(run: Run) -> str:
     now = group_pods(run, group)
     kept = sorted(p for p, uid in old.items() if now.get(p) == uid)
     assert not kept, f"{kept} outlived the recreation of {group}"
-    lingering = [pid for pids in workers.values() for pid in pids or [] if _alive(pid)]
+    lingering = [pid for pids in workers.values() for pid in pids or [] if pid_alive(pid)]
     assert not lingering, f"the waiting pods' processes {lingering} are still alive"
     restarts = most_restarts(run, group)
     assert restarts >= 1, f"the operator counted no recreation of {group}"
@@ -299,7 +290,7 @@ def lws_recreates_group_mid_pull(run: Run) -> None:
         call(run.stack.kube.core.delete_namespaced_pod, leader, run.stack.namespace)
         # The held pod is stopped while it holds (with its leader, or as it), not after a
         # release lets its pull finish.
-        run.wait(f"{held.pod} stopped mid-pull", lambda: not _alive(held.pid), GONE_TIMEOUT)
+        run.wait(f"{held.pod} stopped mid-pull", lambda: not pid_alive(held.pid), GONE_TIMEOUT)
     finally:
         faultgate.disarm(run.gate, run.name)
 

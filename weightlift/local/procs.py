@@ -123,3 +123,14 @@ class UpDown:
 
     def __exit__(self, *exc: object) -> None:
         self.down()
+
+
+def pid_alive(pid: int) -> bool:
+    """A process of that id exists (signal 0; one we may not signal exists too)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

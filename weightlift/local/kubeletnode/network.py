@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from weightlift.local.kubeletnode.paths import NodeError
+from weightlift.local.procs import pid_alive
 
 RUN_DIR = Path("/run/weightlift")
 NETNS_DIR = Path("/run/netns")
@@ -46,16 +47,6 @@ def ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     if check and done.returncode != 0:
         raise NodeError(f"ip {' '.join(args)}: {done.stderr.strip()}")
     return done
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 @dataclass(frozen=True)
@@ -198,7 +189,7 @@ def allocate(
         for slot in range(SLOTS):
             net = NodeNetwork(slot)
             pid, old_state = owner(net)
-            if pid and _alive(pid):
+            if pid and pid_alive(pid):
                 continue
             reclaim(net, old_state)
             net.down()  # a crashed run's namespace, links and route
