@@ -110,7 +110,7 @@ test: controlplane lws minio prometheus vllm-env triton-env node go-scratch-clea
 	WEIGHTLIFT_REQUIRE_CLUSTER=1 WEIGHTLIFT_REQUIRE_VLLM=1 WEIGHTLIFT_REQUIRE_TRITON=1 \
 	WEIGHTLIFT_REQUIRE_NODE=1 WEIGHTLIFT_REQUIRE_NIXL=1 \
 	WEIGHTLIFT_TRITON_HOME=$(TRITON_ENV) \
-	WEIGHTLIFT_VLLM_PYTHON=$(VLLM_ENV)/bin/python $(PY) -m pytest -q -rs --durations=25
+	WEIGHTLIFT_VLLM_PYTHON=$(VLLM_ENV)/bin/python $(PY) -m pytest -q -rs --durations=25 --hypothesis-profile=ci
 
 # Builds the images (a layer cache makes an unchanged rebuild quick) and checks what they hold
 # and run; kept out of `make test` (torch and vLLM: minutes and GBs, see README).

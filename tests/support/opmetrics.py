@@ -78,5 +78,8 @@ def wait_no_deployments(stack: LocalStack, timeout: float = READY_TIMEOUT) -> Sa
         if total(samples, "weightlift_deployments") == 0:
             return samples
         if time.monotonic() > deadline:
-            raise AssertionError(f"the operator still tracks deployments after {timeout:.0f}s")
+            counted = {lab["phase"]: v for n, lab, v in samples if n == "weightlift_deployments"}
+            raise AssertionError(
+                f"the operator still counts deployments after {timeout:.0f}s: {counted}"
+            )
         time.sleep(0.5)

@@ -138,29 +138,33 @@ async def reconcile_loop(
         key = (namespace, identity)
         return [raw for batch in published_sources.get(key, []) for raw in batch]
 
-    while not stopped:
-        started: float | None = None
-        try:
-            async with state.passes:  # a turn first: what the pass reads is read in its turn
-                started = time.perf_counter()
-                wake.clear()
-                pods = list(pods_index.get(uid, []))
-                leader.check_leading()  # a leader stalled past its deadline acts no more
-                delay = await reconcile(state, body, pods, sources_of, logger)
-            state.metrics.reconciled(time.perf_counter() - started, ok=True)
-            state.deployment(uid).error = None
-            leader.reconciled()  # the Lease records a new leader's first pass
-        except Exception as exc:  # never let one object take the operator down
-            if started is not None:
-                state.metrics.reconciled(time.perf_counter() - started, ok=False)
-            logger.exception("reconcile of %s/%s failed", namespace, body.metadata.name)
-            record = state.deployment(uid)
-            if record.error != str(exc):  # one Event per new error, not per retry
-                record.error = str(exc)
-                await state.post_event(dict(body), "Warning", "ReconcileError", str(exc))
-            delay = 5.0
-        await _sleep(wake, stopped, delay)
-    state.forget(uid)
+    # kopf cancels a loop that has not returned `cancellation_timeout` after the deployment was
+    # deleted (a pass waiting for its turn or on a slow probe): it must leave the gauges anyway.
+    try:
+        while not stopped:
+            started: float | None = None
+            try:
+                async with state.passes:  # a turn first: what the pass reads is read in its turn
+                    started = time.perf_counter()
+                    wake.clear()
+                    pods = list(pods_index.get(uid, []))
+                    leader.check_leading()  # a leader stalled past its deadline acts no more
+                    delay = await reconcile(state, body, pods, sources_of, logger)
+                state.metrics.reconciled(time.perf_counter() - started, ok=True)
+                state.deployment(uid).error = None
+                leader.reconciled()  # the Lease records a new leader's first pass
+            except Exception as exc:  # never let one object take the operator down
+                if started is not None:
+                    state.metrics.reconciled(time.perf_counter() - started, ok=False)
+                logger.exception("reconcile of %s/%s failed", namespace, body.metadata.name)
+                record = state.deployment(uid)
+                if record.error != str(exc):  # one Event per new error, not per retry
+                    record.error = str(exc)
+                    await state.post_event(dict(body), "Warning", "ReconcileError", str(exc))
+                delay = 5.0
+            await _sleep(wake, stopped, delay)
+    finally:
+        state.forget(uid)
 
 
 async def _sleep(wake: asyncio.Event, stopped: kopf.DaemonStopped, delay: float) -> None:

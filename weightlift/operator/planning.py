@@ -413,7 +413,7 @@ def plan(spec: ModelDeploymentSpec | SpecError, observed: Observed) -> Plan:
     current = [p for p in current if not p.spare]
 
     sources = _ready_sources(spec, observed, identity, current)
-    _scale_down(spec, current, sources, result)
+    _scale_down(spec, current, spares, sources, result)
     current = [p for p in current if p.name not in result.delete]
     # A replica being scaled down is no candidate for anyone any more.
     sources = [s for s in sources if s.pod not in result.delete]
@@ -625,6 +625,7 @@ def _ready_sources(
 def _scale_down(
     spec: ModelDeploymentSpec,
     current: list[ObservedPod],
+    spares: list[ObservedPod],
     sources: list[SourceEndpoint],
     result: Plan,
 ) -> None:
@@ -643,11 +644,14 @@ def _scale_down(
         ),
     )
     remaining_sources = {s.pod for s in sources}
+    # A spare is kept through any scale-down: the last source waits for one pulling from peers,
+    # not for one not handed anything yet (it may never start; it will be handed storage).
+    spare_pulling = any(p.loading and p.handoff is not None and p.handoff.peers for p in spares)
     for pod in victims:
         if excess == 0:
             break
         survivors = [p for p in current if p.name != pod.name and p.name not in result.delete]
-        someone_loading = any(p.loading for p in survivors)
+        someone_loading = spare_pulling or any(p.loading for p in survivors)
         if pod.name in remaining_sources and remaining_sources == {pod.name} and someone_loading:
             result.events.append(
                 Event(

@@ -160,9 +160,16 @@ def test_plan_invariants_hold_for_any_observed_state(
     old_spares = [p for p in observed.pods if p.spare and not p.terminating and p not in current]
     assert all(p.name in result.delete for p in old_spares), "an old spare kept"
 
-    # A loading target keeps at least one source, if it had one.
+    # A loading target keeps at least one source, if it had one; a spare only while it pulls
+    # from peers (one not handed anything yet is handed storage once no source is left).
     own_sources_before = [p for p in current if p.inference_ready and p.pod_ip]
-    loading_targets = [p for p in current_after if p.loading and p.role == Role.TARGET]
+    loading_targets = [
+        p
+        for p in current_after
+        if p.loading
+        and p.role == Role.TARGET
+        and (not p.spare or (p.handoff is not None and bool(p.handoff.peers)))
+    ]
     if own_sources_before and loading_targets:
         assert any(p.inference_ready and p.pod_ip for p in current_after)
 
