@@ -24,23 +24,23 @@ def chaos_models(e2e_dir: Path, demo_model: tuple[Path, dict[str, Any]]) -> Mode
     return Models(e2e_dir / "chaos", good=demo_model[0])
 
 
-@pytest.mark.parametrize("name", FAST)
-def test_fault_scenario_converges(stack: LocalStack, chaos_models: Models, name: str) -> None:
+def _converges(stack: LocalStack, models: Models, name: str) -> None:
     index, sc = scenario(name)
-    result = run_scenario(stack, chaos_models, sc, index)
+    result = run_scenario(stack, models, sc, index)
     assert result.converged, result
     assert result.orphans == 0, result
     assert result.wrong_weights == 0, result
     stack.check_operator()
+
+
+@pytest.mark.parametrize("name", FAST)
+def test_fault_scenario_converges(stack: LocalStack, chaos_models: Models, name: str) -> None:
+    _converges(stack, chaos_models, name)
 
 
 @pytest.mark.parametrize("name", GROUPS_FAST)
 def test_group_fault_scenario_converges(
     stack: LocalStack, lws: LwsController, chaos_models: Models, name: str
 ) -> None:
-    index, sc = scenario(name)
-    result = run_scenario(stack, chaos_models, sc, index)
-    assert result.converged, result
-    assert result.orphans == 0, result
-    assert result.wrong_weights == 0, result
-    stack.check_operator()
+    """The same, with the LeaderWorkerSet controller running (`lws`)."""
+    _converges(stack, chaos_models, name)
