@@ -57,6 +57,9 @@ def hf_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return d
 
 
+LAYOUT = "vLLM 0.32.0"  # what the engine loader passes (loader.LAYOUT), as if in vLLM 0.32
+
+
 def plan_for(
     d: Path,
     pod: str,
@@ -140,7 +143,12 @@ def feeder(params: dict[str, torch.Tensor], tp: int, rank: int, calls: list[int]
 
 
 def load_as(
-    d: Path, pod: str, peers: list[PeerCandidate] | None, tp: int, rank: int
+    d: Path,
+    pod: str,
+    peers: list[PeerCandidate] | None,
+    tp: int,
+    rank: int,
+    layout: str = LAYOUT,
 ) -> tuple[RankLoad, dict[str, torch.Tensor], list[int]]:
     """load_rank for fresh parameters: a Source without peers, else a Target; returns the load,
     the parameters and the ranks whose load_weights stand-in ran."""
@@ -148,7 +156,8 @@ def load_as(
     calls: list[int] = []
     role = Role.TARGET if peers else Role.SOURCE
     plan = plan_for(d, pod, role, peers, tp=tp)
-    return load_rank(plan, rank, params, feeder(params, tp, rank, calls)), params, calls
+    loaded = load_rank(plan, rank, params, feeder(params, tp, rank, calls), layout=layout)
+    return loaded, params, calls
 
 
 @needs_nixl
@@ -160,7 +169,7 @@ def test_target_rank_pulls_only_its_parameters_then_falls_back(hf_dir: Path) -> 
     expected = {k: v.clone() for k, v in src_params.items()}
     for p in src_params.values():  # vLLM's processing repacks and empties the parameters
         p.zero_()
-    published = PublishedRank(plan_for(hf_dir, "src", tp=tp), rank, source.published)
+    published = PublishedRank(plan_for(hf_dir, "src", tp=tp), rank, source.published, LAYOUT)
     try:
         peers = [PeerCandidate(pod="src", address=published.address)]
         target, tgt_params, calls = load_as(hf_dir, "tgt", peers, tp, rank)
@@ -174,10 +183,15 @@ def test_target_rank_pulls_only_its_parameters_then_falls_back(hf_dir: Path) -> 
             t.numel() * t.element_size() for t in expected.values()
         )
         assert published.publisher.health()["completed_reads"] == 1
+        assert b'"layout":"vLLM 0.32.0"' in published.publisher.ranks[rank].manifest_body
         # A target whose parameters differ (another TP size) refuses the peer's, loads storage.
         mismatch, _, calls = load_as(hf_dir, "tgt", peers, 1, 0)
         assert mismatch.progress.loaded_from == "storage:file" and calls == [0]
         assert mismatch.peer_failures and "src" in mismatch.peer_failures[0]
+        # So does one of another vLLM version: same names and shapes, maybe not the same meaning.
+        other, _, calls = load_as(hf_dir, "tgt", peers, tp, rank, layout="vLLM 0.31.0")
+        assert other.progress.loaded_from == "storage:file" and calls == [rank]
+        assert "laid out by vLLM 0.32.0, ours by vLLM 0.31.0" in other.peer_failures[0]
     finally:
         published.close()
     # The source is gone: the target still loads, from storage, and says why.

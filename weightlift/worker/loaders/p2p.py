@@ -63,13 +63,16 @@ class PeerToPeerLoader:
         options: PullOptions | None = None,
         on_batch: Callable[[int, int], None] | None = None,
         expected: dict[str, ExpectedTensor] | None = None,
+        layout: str = "",
     ) -> None:
         """`expected`: what the rank must receive, when the caller knows it better than the
         model's files do (an engine publishing its own per-rank parameters); by default it
-        comes from the safetensors headers of the rank's shard."""
+        comes from the safetensors headers of the rank's shard. `layout`: who laid those out
+        (RankManifest.layout); a peer must name the same."""
         self.options = options
         self.on_batch = on_batch
         self.expected = expected
+        self.layout = layout
         self.last_result: PullResult | None = None
         self.failures: list[PeerFailed] = []
 
@@ -102,6 +105,7 @@ class PeerToPeerLoader:
                     opts=opts,
                     progress=progress,
                     on_batch=self.on_batch,
+                    layout=self.layout,
                 )
             except PeerFailed as exc:
                 forget_pull(exc, device)  # its buffer freed before the next one is allocated

@@ -58,12 +58,16 @@ def check_manifest(
     rank: int,
     expected: dict[str, ExpectedTensor] | None,
     peer: str,
+    layout: str = "",
 ) -> None:
     """Raise ShapeMismatch naming the peer and tensor when the manifest is not what we need."""
     if manifest.identity != identity:
         raise ShapeMismatch(
             f"peer {peer}: model identity {manifest.identity!r} != ours {identity!r}"
         )
+    if manifest.layout != layout:
+        theirs, ours = manifest.layout or "the checkpoint's", layout or "the checkpoint's"
+        raise ShapeMismatch(f"peer {peer}: its tensors are laid out by {theirs}, ours by {ours}")
     if manifest.rank != rank:
         raise ShapeMismatch(f"peer {peer}: manifest is for rank {manifest.rank}, we need {rank}")
     for t in manifest.tensors:

@@ -140,6 +140,11 @@ class RankManifest(_Wire):
     agent_metadata: str
     mem_type: Literal["DRAM", "VRAM"]
     checksum_kind: ChecksumKind = "xxh3"
+    # Who laid the tensors out, when not the checkpoint's own files: an engine's per-rank
+    # parameters (`vLLM 0.32.0`), whose names and shapes can stay while their meaning changes
+    # between versions (a fused projection's order). A target takes only its own layout.
+    # Left out of the JSON when empty, so other manifests are byte for byte as before.
+    layout: str = ""
     total_bytes: int = Field(ge=0)
     regions: list[Region]
     tensors: list[TensorEntry]

@@ -82,6 +82,7 @@ class RankSource:
         checksum_setting: ChecksumSetting,
         pool: ThreadPoolExecutor,
         busy: Callable[[], bool] = lambda: True,
+        layout: str = "",
     ) -> None:
         if not tensors:
             raise ValueError(f"rank {rank}: no tensors to publish")
@@ -132,13 +133,15 @@ class RankSource:
             agent_metadata=base64.b64encode(metadata).decode(),
             mem_type=self.mem_type,
             checksum_kind=checksum_kind,
+            layout=layout,
             total_bytes=sum(e.nbytes for e in entries),
             regions=regions,
             tensors=entries,
         )
         # Serialized once: every target's request gets these bytes (checksums were computed
         # above, at publish time, never per request).
-        self.manifest_body = self.manifest.model_dump_json().encode()
+        exclude = {"layout"} if not layout else set()
+        self.manifest_body = self.manifest.model_dump_json(exclude=exclude).encode()
         self._busy = busy
         self._stop = threading.Event()
         self._poller = threading.Thread(
@@ -228,8 +231,12 @@ class SourcePublisher:
     """
 
     def __init__(
-        self, plan: WorkerPlan, tensors_by_rank: dict[int, dict[str, torch.Tensor]]
+        self,
+        plan: WorkerPlan,
+        tensors_by_rank: dict[int, dict[str, torch.Tensor]],
+        layout: str = "",
     ) -> None:
+        """`layout`: who laid the tensors out (RankManifest.layout); empty for a checkpoint's."""
         self.identity = plan.model_identity
         self.pod = plan.pod_name
         setting = plan.loading.peer_to_peer.checksum
@@ -249,6 +256,7 @@ class SourcePublisher:
                     checksum_setting=setting,
                     pool=pool,
                     busy=lambda: bool(self._sessions),
+                    layout=layout,
                 )
                 for rank, tensors in sorted(tensors_by_rank.items())
             }

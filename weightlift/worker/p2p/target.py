@@ -364,6 +364,7 @@ def pull_from_peer(
     opts: PullOptions,
     progress: LoadProgress | None = None,
     on_batch: Callable[[int, int], None] | None = None,
+    layout: str = "",
 ) -> PullResult:
     """Pull rank `rank` from the peer `pod` at `address`; raise PeerFailed on any failure.
 
@@ -375,7 +376,7 @@ def pull_from_peer(
     transfer: _Transfer | None = None
     try:
         pull.reserve_early(expected)
-        manifest = pull.fetch_manifest(expected)
+        manifest = pull.fetch_manifest(expected, layout)
         gate = faultgate.claim(reader)  # the local chaos harness only (faultgate.py)
         if gate is not None:
             n = gate.read_bytes(manifest.total_bytes)
@@ -470,7 +471,9 @@ class _Pull:
         if self.buf is None:
             self._new_buffer(self.early_size)
 
-    def fetch_manifest(self, expected: dict[str, ExpectedTensor] | None) -> RankManifest:
+    def fetch_manifest(
+        self, expected: dict[str, ExpectedTensor] | None, layout: str = ""
+    ) -> RankManifest:
         manifest = fetch_manifest(
             self.client,
             self.address,
@@ -482,7 +485,12 @@ class _Pull:
         )
         try:
             check_manifest(
-                manifest, identity=self.identity, rank=self.rank, expected=expected, peer=self.pod
+                manifest,
+                identity=self.identity,
+                rank=self.rank,
+                expected=expected,
+                peer=self.pod,
+                layout=layout,
             )
         except ShapeMismatch as exc:
             message = str(exc).removeprefix(f"peer {self.pod}: ")

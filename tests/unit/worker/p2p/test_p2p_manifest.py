@@ -58,6 +58,26 @@ def test_manifest_matches() -> None:
     check_manifest(_manifest(), identity="id-a", rank=1, expected=None, peer="src-0")
 
 
+def test_a_peer_with_another_layout_is_refused_by_name() -> None:
+    """An engine's parameters keep their names and shapes across versions while their meaning
+    may change: a target takes only the layout it was made by, and a checkpoint's only from a
+    checkpoint's."""
+    vllm32 = _manifest(layout="vLLM 0.32.0")
+    ours = "vLLM 0.32.0"
+    check_manifest(vllm32, identity="id-a", rank=1, expected=EXPECTED, peer="src-0", layout=ours)
+    cases = [
+        (_manifest(layout="vLLM 0.31.0"), ours, "laid out by vLLM 0.31.0, ours by vLLM 0.32.0"),
+        (_manifest(), ours, "laid out by the checkpoint's, ours by vLLM 0.32.0"),
+        (vllm32, "", "laid out by vLLM 0.32.0, ours by the checkpoint's"),
+    ]
+    for manifest, layout, message in cases:
+        with pytest.raises(ShapeMismatch, match="peer src-0") as err:
+            check_manifest(
+                manifest, identity="id-a", rank=1, expected=EXPECTED, peer="src-0", layout=layout
+            )
+        assert message in str(err.value)
+
+
 @pytest.mark.parametrize(
     ("kwargs", "expected", "message"),
     [

@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 import torch
+import vllm
 from torch import nn
 from vllm.config import ModelConfig, VllmConfig
 from vllm.config.load import LoadConfig
@@ -57,6 +58,9 @@ from weightlift.worker.weights.progress import LoadError
 
 # Published ranks live as long as the engine process (the NIXL agent must outlive reads).
 _PUBLISHED: list[PublishedRank] = []
+# Our parameters are this vLLM's, before its post-load processing: a peer's must be the same
+# version's (RankManifest.layout), not only the same names and shapes.
+LAYOUT = f"vLLM {vllm.__version__}"
 # Init hook handles live as long as the engine process; released (then dlclosed) at its exit.
 _HOOKS: list[InitHookSession] = []
 
@@ -204,7 +208,9 @@ class WeightliftModelLoader(BaseModelLoader):
         rank = self.report.rank
         started = time.perf_counter()
         check_model_dir(model_config.model, weights=self._holds_weights())
-        loaded = load_rank(self.plan, rank, params, lambda ckpt: self._feed(model, ckpt))
+        loaded = load_rank(
+            self.plan, rank, params, lambda ckpt: self._feed(model, ckpt), layout=LAYOUT
+        )
         p = loaded.progress
         with self._report_lock:
             self._stamp("load")
@@ -273,7 +279,7 @@ class WeightliftModelLoader(BaseModelLoader):
         started = time.perf_counter()
         address = None
         try:
-            published = PublishedRank(self.plan, rank, loaded.published)
+            published = PublishedRank(self.plan, rank, loaded.published, layout=LAYOUT)
         except Exception as exc:  # NIXL missing or failing: still serve, just not as a source
             log.warning("weightlift: rank %d cannot publish as a P2P source: %s", rank, exc)
         else:

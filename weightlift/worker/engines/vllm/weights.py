@@ -124,11 +124,13 @@ def load_rank(
     rank: int,
     params: dict[str, torch.Tensor],
     feed: Callable[[dict[str, torch.Tensor]], None],
+    layout: str = "",
 ) -> RankLoad:
     """Fill rank `rank`'s parameters `params` (vLLM's model.named_parameters()). A Target pulls
     exactly these tensors from a peer's same rank (checksums verified) and copies them in; a
     Source, or a Target whose peers all fail, reads the checkpoint from storage and hands it to
-    `feed` (vLLM's model.load_weights), then snapshots the parameters to publish them."""
+    `feed` (vLLM's model.load_weights), then snapshots the parameters to publish them.
+    `layout`: the vLLM version that laid `params` out; a peer must publish the same."""
     progress = LoadProgress()
     failures: list[str] = []
     if wants_peer_to_peer(plan):  # the worker's one rule, for the parameters inside vLLM
@@ -136,7 +138,7 @@ def load_rank(
 
         # Host memory on GPU hosts too: the pulled buffer stays published after the copy into
         # the device parameters, and a second device copy of the model would not fit.
-        p2p = PeerToPeerLoader(expected=expected_parameters(params))
+        p2p = PeerToPeerLoader(expected=expected_parameters(params), layout=layout)
         try:
             pulled = p2p.load(plan, rank, CPU, progress)
         except LoadError as exc:
@@ -160,12 +162,14 @@ class PublishedRank:
     routes, in a thread of this rank's (vLLM) process: the NIXL agent must live where the
     memory is. The worker forwards each rank's P2P requests here (engine.ManifestProxy)."""
 
-    def __init__(self, plan: WorkerPlan, rank: int, tensors: dict[str, torch.Tensor]) -> None:
+    def __init__(
+        self, plan: WorkerPlan, rank: int, tensors: dict[str, torch.Tensor], layout: str = ""
+    ) -> None:
         from aiohttp import web
 
         from weightlift.worker.p2p.source import SourcePublisher, p2p_app
 
-        self.publisher = SourcePublisher(plan, {rank: tensors})
+        self.publisher = SourcePublisher(plan, {rank: tensors}, layout=layout)
         self._loop = asyncio.new_event_loop()
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._sock.bind(("127.0.0.1", 0))
