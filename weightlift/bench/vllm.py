@@ -432,8 +432,11 @@ def own_image_row(
         release_copies()
 
 
-def run_own_image(model: Path, workdir: Path, timeout: float, args: list[str]) -> tuple[JSON, Any]:
-    """The `own image` row (bench/own_image.py), the same plan as preload's."""
+def run_own_image(
+    model: Path, workdir: Path, timeout: float, args: list[str], name: str = "own-image"
+) -> tuple[JSON, Any]:
+    """The `own image` row (bench/own_image.py), the same plan as preload's; `name` its own
+    vLLM cache root (a start that reused an earlier one's would load its compiled program)."""
     from weightlift.bench.own_image import (
         build_bundle,
         ensure_plain_env,
@@ -443,7 +446,7 @@ def run_own_image(model: Path, workdir: Path, timeout: float, args: list[str]) -
 
     plain = ensure_plain_env()
     bundle = build_bundle(plain, workdir / "worker-bundle")
-    env = _env(plain, workdir, "own-image")
+    env = _env(plain, workdir, name)
     proc, address, pod, log, started, copied = start_own_image(
         plain, bundle, model, workdir, args, env
     )
@@ -516,7 +519,7 @@ def alternating_pairs(
                     python, model, workdir, Role.SOURCE, [], timeout, args, f"pair-{i}"
                 )
             else:
-                row, handle = run_own_image(model, workdir, timeout, args)
+                row, handle = run_own_image(model, workdir, timeout, args, f"own-image-{i}")
             _stop(handle[0])
             release_copies()
             seconds[who] = row["ready_s"]
