@@ -152,6 +152,8 @@ def _termination(
 ) -> tuple[str | None, WorkerReport | None]:
     """The container's termination message: a WorkerReport JSON if the worker wrote one.
     `state`: "lastState" for the run before a restart in place."""
+    if state == "state" and (evicted := _evicted(pod.get("status", {}))):
+        return f"evicted by the kubelet: {evicted['message'] or 'no reason given'}", None
     for cs in pod.get("status", {}).get("containerStatuses", []):
         terminated = (cs.get(state) or {}).get("terminated")
         if not terminated:
@@ -399,8 +401,17 @@ def pod_essentials(pod: Mapping[str, Any]) -> dict[str, Any]:
             "podIP": status.get("podIP"),
             "conditions": conditions,
             "containerStatuses": terminated + restarted + stuck,
+            **_evicted(status),
         },
     }
+
+
+def _evicted(status: Mapping[str, Any]) -> dict[str, str]:
+    """The kubelet's eviction (pod reason Evicted and its message): the worker's own exit
+    (137, SIGKILL) would not say that the node ran short of disk or memory."""
+    if status.get("reason") != "Evicted":
+        return {}
+    return {"reason": "Evicted", "message": str(status.get("message") or "")}
 
 
 # The pod labels a pass reads (observe_pod, pods.role_of, _sweep_plans).

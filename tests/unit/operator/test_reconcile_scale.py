@@ -204,6 +204,20 @@ def test_a_terminated_container_keeps_its_message() -> None:
     assert reconcile._termination(slim)[0] == "worker exited with code 3: boom"
 
 
+def test_an_evicted_pod_says_the_kubelet_evicted_it_and_why() -> None:
+    """Evicted for disk, the worker is SIGKILLed (137): the status says the node's reason."""
+    pod = _full_pod()
+    terminated = {"exitCode": 137, "reason": "Error", "containerID": "x" * 80}
+    pod["status"]["containerStatuses"] = [{"name": "worker", "state": {"terminated": terminated}}]
+    why = "The node was low on resource: ephemeral-storage. Threshold quantity: 2Gi."
+    pod["status"].update({"phase": "Failed", "reason": "Evicted", "message": why})
+    slim = reconcile.pod_essentials(pod)
+    assert reconcile._termination(slim) == reconcile._termination(pod)
+    assert reconcile._termination(slim)[0] == f"evicted by the kubelet: {why}"
+    del pod["status"]["reason"]
+    assert reconcile._termination(pod)[0] == "worker exited with code 137: Error"
+
+
 def test_a_container_restarted_in_place_keeps_its_count_and_last_message() -> None:
     """A group's pod (restartPolicy Always) running again after a failure: the slim copy keeps
     how often it restarted and why its last run ended (groups.collapse fails its group)."""
