@@ -11,6 +11,7 @@ from typing import Any
 
 from tests.support.cluster import wait_for
 from tests.support.e2e import READY_TIMEOUT, alive, fault_gate, pids_of, wait_gone
+from weightlift.api.labels import TEMPLATE_LABEL
 from weightlift.local.history import History, Version
 from weightlift.local.kube import delete
 from weightlift.local.observe import Observer, infer
@@ -267,6 +268,48 @@ def test_new_revision_rolls_over_without_dropping_to_zero_ready(
     assert not dips, f"no replica Ready during the rollover (rv, readyReplicas, rows): {dips}"
     for r in obs.replica_statuses():
         outputs = infer(_endpoint(obs, r["name"]), "roll", probe["request"])["outputs"]
+        _assert_expected(outputs, probe)
+
+
+def test_a_template_change_rolls_onto_new_pods_that_pull_from_the_old_ones(
+    stack: LocalStack, deployments: Deploy, demo_model: tuple[Path, JSON]
+) -> None:
+    """A change to spec.template (here its env) rolls the replicas as a Deployment would: new
+    pods, made from the new template, pull the weights from the old ones over P2P (the model
+    identity is the same), and the old ones retire as the new pass their probes."""
+    model_dir, probe = demo_model
+    obs = deployments("tmpl", model_dir, probe, replicas=2)
+    obs.wait_ready(READY_TIMEOUT)
+    identity = obs.status()["modelIdentity"]
+    old = {p["metadata"]["labels"][TEMPLATE_LABEL] for p in obs.pods}
+    assert len(old) == 1, old
+
+    def rolled(o: Observer) -> bool:
+        rows = o.replica_statuses()
+        made = {p["metadata"]["labels"].get(TEMPLATE_LABEL) for p in o.pods}
+        done = o.phase() == "Ready" and len(rows) == 2 and all(r["ready"] for r in rows)
+        return done and len(o.pods) == 2 and not made & old
+
+    with History.deployment(stack.kubeconfig, stack.namespace, "tmpl") as history:
+        env = [{"name": "WEIGHTLIFT_TEST_ROLL", "value": "2"}]
+        stack.patch_md("tmpl", {"spec": {"template": {"env": env}}})
+        obs.wait(rolled, READY_TIMEOUT * 2, "rollout onto the new pod template")
+        assert obs.md is not None
+        versions = history.through(obs.md, tick=stack.check_operator)
+    dips = [
+        (v.rv, v.status.get("readyReplicas"))
+        for v in versions
+        if int(v.status.get("readyReplicas") or 0) < 1
+    ]
+    assert not dips, f"no replica Ready during the rollout (rv, readyReplicas): {dips}"
+    assert obs.status()["modelIdentity"] == identity
+    rows = obs.replica_statuses()
+    assert all(str(r["loadedFrom"]).startswith("peer:") for r in rows), rows
+    for pod in obs.pods:
+        (worker,) = [c for c in pod["spec"]["containers"] if c["name"] == "worker"]
+        assert {"name": "WEIGHTLIFT_TEST_ROLL", "value": "2"} in worker["env"], worker["env"]
+    for r in rows:
+        outputs = infer(_endpoint(obs, r["name"]), "tmpl", probe["request"])["outputs"]
         _assert_expected(outputs, probe)
 
 

@@ -20,8 +20,15 @@ from weightlift.api.model import (
 )
 from weightlift.api.worker import PeerCandidate, PeerHandoff, WorkerPhase, WorkerReport
 from weightlift.operator import kube
-from weightlift.operator.identity import model_identity
-from weightlift.operator.planning import Observed, ObservedPod, Plan, plan, pod_name
+from weightlift.operator.identity import model_identity, pod_template_revision
+from weightlift.operator.planning import (
+    Observed,
+    ObservedPod,
+    Plan,
+    Revision,
+    plan,
+    pod_name,
+)
 
 NAME = "llm"
 NAMESPACE = "models"
@@ -166,6 +173,7 @@ def check_plan(observed: Observed, result: Plan, spec: ModelDeploymentSpec) -> N
     assert set(result.delete) <= existing, f"deletes unknown pods {set(result.delete) - existing}"
     assert set(result.relabel) <= existing - set(result.delete), "relabels a missing pod"
     identity = ident(spec)
+    revision = Revision.of(spec)
     for desired in result.create:
         assert desired.identity == identity
         assert desired.name == pod_name(NAME, identity, desired.replica)
@@ -195,15 +203,20 @@ def check_plan(observed: Observed, result: Plan, spec: ModelDeploymentSpec) -> N
     if serving_created:
         total = len(serving_after) + len(serving_created)
         assert total <= spec.replicas + spec.rollout.max_surge, "surge exceeded"
-        current_after = sum(p.identity == identity for p in serving_after) + len(serving_created)
-        assert current_after <= spec.replicas, "created more than replicas of the identity"
+        current_after = sum(map(revision.current, serving_after)) + len(serving_created)
+        assert current_after <= spec.replicas, "created more than replicas of the revision"
     if spares_created:
         assert not serving_created, "spares created before the serving replicas they would crowd"
-        current_spares = sum(p.identity == identity for p in spares_after)
+        current_spares = sum(map(revision.current, spares_after))
         assert current_spares + len(spares_created) <= spec.warm_spares, "more spares than wanted"
     spare_names = {p.name for p in observed.pods if p.spare and not p.terminating}
     assert result.unspare <= spare_names - set(result.delete), "wakes a pod that is no spare"
-    assert set(_identities(observed, result.unspare)) <= {identity}, "wakes an old spare"
+    woken = [p for p in observed.pods if p.name in result.unspare]
+    assert all(map(revision.current, woken)), "wakes an old spare"
+    # Only pods an older version made (no template label) are adopted, as the current revision.
+    unlabelled = {p.name for p in observed.pods if p.template is None and revision.current(p)}
+    assert set(result.adopt) <= unlabelled, "adopts a labelled pod or another identity's"
+    assert set(result.adopt.values()) <= {revision.template}
     assert result.status.replicas == sum(
         not p.spare or p.name in result.unspare for p in observed.pods if not p.terminating
     ), "status.replicas counts serving pods only"
@@ -228,10 +241,6 @@ def check_plan(observed: Observed, result: Plan, spec: ModelDeploymentSpec) -> N
         pod = by_name[name]
         assert pod.probe_gate is not None and pod.probe_gate != passed, f"{name}: no transition"
         assert passed == pod.inference_ready, f"{name}: gate {passed} for an unprobed replica"
-
-
-def _identities(observed: Observed, names: set[str]) -> list[str]:
-    return [p.identity for p in observed.pods if p.name in names]
 
 
 # ------------------------------------------------------------------------------ simulator
@@ -276,6 +285,8 @@ class Cluster:
             self.pods[name] = dataclasses.replace(self.pods[name], serving_labelled=True)
         for name, passed in result.gates.items():
             self.pods[name] = dataclasses.replace(self.pods[name], probe_gate=passed)
+        for name, template in result.adopt.items():
+            self.pods[name] = dataclasses.replace(self.pods[name], template=template)
         for desired in result.create:
             peers = [PeerCandidate(pod=s.pod, address=s.address) for s in desired.peers]
             self.pods[desired.name] = ObservedPod(
@@ -288,6 +299,7 @@ class Cluster:
                 # As pods.render_pod: the gate on every pod, the Service's label once handed.
                 probe_gate=False,
                 serving_labelled=not desired.spare and (desired.role == Role.SOURCE or bool(peers)),
+                template=pod_template_revision(self.spec),  # as pods.render_pod labels it
             )
         self.previous = result.status
         self.plans.append(result)

@@ -23,6 +23,10 @@ INFERENCE_PROBE_GATE = "weightlift.dev/inference-probe"
 WOKEN_ANNOTATION = "weightlift.dev/woken-at"
 # On worker pods and plan ConfigMaps: the first characters of the plan's sha256.
 PLAN_LABEL = "weightlift.dev/plan"
+# On worker pods: the pod template revision they were made from (operator/identity.py
+# pod_template_revision), as a Deployment's pods carry pod-template-hash. A pod of another
+# revision is rolled over; one without the label (made by an older version) is adopted.
+TEMPLATE_LABEL = "weightlift.dev/pod-template"
 # The CRD's selectableFields (field selectors, Kubernetes 1.32+). A reconcile finds the
 # ModelDeployments that publish Ready sources of one model identity with a field-selected LIST
 # (published_sources_selector): status.sources, readySources (their count) and modelIdentity go

@@ -1067,7 +1067,10 @@ class Rollout(ApiModel):
         1,
         ge=1,
         le=64,
-        description="Extra replicas allowed while rolling to a new model identity.",
+        description=(
+            "Extra replicas allowed while rolling to a new model identity or pod template "
+            "(spec.template, runtime, initHooks)."
+        ),
     )
 
 

@@ -46,7 +46,15 @@ from weightlift.api.worker import (
     PeerHandoff,
     WorkerPhase,
 )
-from weightlift.operator.planning import DesiredPod, ObservedPod, Plan, host_port, pod_name
+from weightlift.operator.planning import (
+    ROLLED_OVER,
+    SUPERSEDED,
+    DesiredPod,
+    ObservedPod,
+    Plan,
+    host_port,
+    pod_name,
+)
 from weightlift.operator.pods import render_pod
 from weightlift.operator.settings import Settings
 from weightlift.operator.shared_objects import PlanConfigMap
@@ -54,7 +62,7 @@ from weightlift.operator.shared_objects import PlanConfigMap
 LWS_KIND = "LeaderWorkerSet"
 # Planning's reasons for deleting a replica that delete its group's LeaderWorkerSet, rather
 # than its leader pod (a failed group: LWS recreates it).
-SHRINK_REASONS = ("scaled down", "superseded by a new model identity", "rolled over")
+SHRINK_REASONS = ("scaled down", SUPERSEDED, ROLLED_OVER)
 
 
 def lws_name(deployment: str, identity: str, replica: int) -> str:
@@ -263,6 +271,9 @@ def spread_handoffs(result: Plan, groups: Mapping[str, ObservedPod], size: int, 
     result.handoff, result.relabel = handoff, relabel
     result.serve = {_leader(groups, name) for name in result.serve}
     result.gates = {_leader(groups, name): passed for name, passed in result.gates.items()}
+    # The leader's labels are the group's (collapse); a set an older version made keeps its
+    # own pod template, so a group it recreates is adopted again, as it was made then.
+    result.adopt = {_leader(groups, name): rev for name, rev in result.adopt.items()}
 
 
 def _leader(groups: Mapping[str, ObservedPod], name: str) -> str:
@@ -286,13 +297,15 @@ def group_actions(
     existing: Iterable[str] = (),
     replicas: int | None = None,
     prefix: str = "",
+    template: str | None = None,
 ) -> GroupActions:
     """Planning creates and deletes replicas by name, and a group's LeaderWorkerSet has its
     replica's name: a creation makes the set, a scale-down or roll-over deletes the set planning
     chose, and a failed group is recreated by deleting its leader pod. `existing`: the sets
     known to exist (their pods seen, or just made); while a failed group is being recreated
     planning does not see it and would add another: the sets named `prefix...` (the current
-    identity's) are kept at most `replicas`."""
+    identity's) are kept at most `replicas`, those of an older pod template than `template`
+    left out of the count (planning rolls them over: a surge set is made beside them)."""
     delete_sets: dict[str, str] = {}
     delete_pods: dict[str, str] = {}
     for name, why in result.delete.items():
@@ -305,7 +318,8 @@ def group_actions(
             delete_pods[group.members[0].name] = why
     create = list(result.create)
     if replicas is not None:
-        current = {s for s in existing if s.startswith(prefix)} - set(delete_sets)
+        older = {s for s, g in groups.items() if template and g.template not in (None, template)}
+        current = {s for s in existing if s.startswith(prefix)} - set(delete_sets) - older
         room = max(0, replicas - len(current))
         create = [d for d in create if d.name not in current][:room]
     return GroupActions(create, delete_sets, delete_pods)

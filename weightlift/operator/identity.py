@@ -9,6 +9,7 @@ import json
 from weightlift.api.model import Engine, ModelDeploymentSpec
 
 IDENTITY_LENGTH = 16
+TEMPLATE_REVISION_LENGTH = 10
 
 
 def model_identity(spec: ModelDeploymentSpec) -> str:
@@ -38,3 +39,21 @@ def model_identity(spec: ModelDeploymentSpec) -> str:
         material["engineArgs"] = list(spec.runtime.engine_args)
     digest = hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
     return digest[:IDENTITY_LENGTH]
+
+
+def pod_template_revision(spec: ModelDeploymentSpec) -> str:
+    """Hash of what a worker pod is made of and starts with: spec.template, spec.runtime and
+    spec.initHooks. A change rolls the replicas onto new pods, as a Deployment's
+    pod-template-hash does; under the same identity the new pods pull from the old ones.
+    Loading, probe, Service and scale settings do not roll pods. Fields at their defaults are
+    left out, so a field a newer version adds (at its default) rolls nothing."""
+    hooks = spec.init_hooks
+    material = {
+        "template": spec.template.model_dump(mode="json", by_alias=True, exclude_defaults=True),
+        "runtime": spec.runtime.model_dump(mode="json", by_alias=True, exclude_defaults=True),
+        "initHooks": hooks.model_dump(mode="json", by_alias=True, exclude_defaults=True)
+        if hooks is not None
+        else None,
+    }
+    digest = hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
+    return digest[:TEMPLATE_REVISION_LENGTH]

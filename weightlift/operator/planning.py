@@ -38,7 +38,7 @@ from weightlift.api.uri import (
     path_allowed,
 )
 from weightlift.api.worker import PeerCandidate, PeerHandoff, WorkerPhase, WorkerReport
-from weightlift.operator.identity import model_identity
+from weightlift.operator.identity import model_identity, pod_template_revision
 from weightlift.operator.service import service_status
 
 # How soon to look again while something is in motion (seconds).
@@ -84,6 +84,9 @@ class ObservedPod:
     # False, as the kubelet reads it); None for a pod without the gate (made by an older version).
     probe_gate: bool | None = None
     container_restarts: int = 0  # its container restarted in place (a group's pods only)
+    # The pod template revision it was made from (its weightlift.dev/pod-template label); None
+    # for a pod an older version made, which is adopted as current (Plan.adopt).
+    template: str | None = None
     # A multi-pod replica (a LeaderWorkerSet group) is observed as its leader, the fields above
     # summing up the group (groups.py); `members` are all its pods, leader first.
     members: tuple[ObservedPod, ...] = ()
@@ -201,9 +204,34 @@ class Plan:
     # pod -> the status its inference-probe gate condition turns to (True: probed; False: it
     # stopped passing), only where that differs from what the pod shows.
     gates: dict[str, bool] = field(default_factory=dict)
+    # pod -> the pod template revision its label gets: current pods an older version made.
+    adopt: dict[str, str] = field(default_factory=dict)
     status: ModelDeploymentStatus = field(default_factory=ModelDeploymentStatus)
     events: list[Event] = field(default_factory=list)
     requeue_after: float = POLL_STEADY
+
+
+# Why planning deletes a replica of an older revision, followed by what changed: "model
+# identity" or "pod template" (groups.py deletes such a group's whole set).
+SUPERSEDED = "superseded by a new"
+ROLLED_OVER = "rolled over to the new"
+
+
+@dataclass(frozen=True)
+class Revision:
+    """What the current replicas are: their model identity (the bytes each rank holds) and
+    their pod template revision (what the pod is made of)."""
+
+    identity: str
+    template: str
+
+    @classmethod
+    def of(cls, spec: ModelDeploymentSpec) -> Revision:
+        return cls(model_identity(spec), pod_template_revision(spec))
+
+    def current(self, pod: ObservedPod) -> bool:
+        """Made from this revision (a pod without the template label is adopted)."""
+        return pod.identity == self.identity and pod.template in (None, self.template)
 
 
 def host_port(ip: str, port: int) -> str:
@@ -381,7 +409,8 @@ def plan(spec: ModelDeploymentSpec | SpecError, observed: Observed) -> Plan:
         observed = replace(observed, now=_aware(observed.now))
     if isinstance(spec, SpecError):
         return _unparsable(spec, observed)
-    identity = model_identity(spec)
+    revision = Revision.of(spec)
+    identity = revision.identity
     result = Plan()
     live = [p for p in observed.pods if not p.terminating]
 
@@ -389,9 +418,9 @@ def plan(spec: ModelDeploymentSpec | SpecError, observed: Observed) -> Plan:
     if problem is not None:
         # Lose nothing: existing replicas keep serving (and feeding others) until the spec is
         # fixed, and a wait for a source keeps its start time.
-        current = [p for p in live if p.identity == identity]
+        current = [p for p in live if revision.current(p)]
         sources = _ready_sources(spec, observed, identity, current)
-        result.status = _status(spec, observed, identity, live, sources, Phase.FAILED, problem)
+        result.status = _status(spec, observed, revision, live, sources, Phase.FAILED, problem)
         result.status.waiting_since = observed.previous.waiting_since if observed.previous else None
         result.status.conditions = _conditions(
             spec, observed, current, result.status, "InvalidSpec"
@@ -400,8 +429,11 @@ def plan(spec: ModelDeploymentSpec | SpecError, observed: Observed) -> Plan:
         _serving(live, result)
         return result
 
-    current = [p for p in live if p.identity == identity]
-    old = [p for p in live if p.identity != identity]
+    current = [p for p in live if revision.current(p)]
+    old = [p for p in live if not revision.current(p)]
+    result.adopt = {p.name: revision.template for p in current if p.template is None}
+    # An older pod template's Ready replicas hold the same bytes: new pods pull from them.
+    same_bytes = [p for p in old if p.identity == identity]
 
     failures = _replace_failed(spec, observed, identity, current, result)
     restarts, group_restarts = failures.restarts, failures.group_restarts
@@ -412,13 +444,13 @@ def plan(spec: ModelDeploymentSpec | SpecError, observed: Observed) -> Plan:
     spares = [p for p in current if p.spare]
     current = [p for p in current if not p.spare]
 
-    sources = _ready_sources(spec, observed, identity, current)
+    sources = _ready_sources(spec, observed, identity, [*current, *same_bytes])
     _scale_down(spec, current, spares, sources, result)
     current = [p for p in current if p.name not in result.delete]
-    # A replica being scaled down is no candidate for anyone any more.
-    sources = [s for s in sources if s.pod not in result.delete]
     _promote(current, result)
-    _roll_over(spec, current, old, result)
+    _roll_over(spec, identity, current, old, result)
+    # A replica being scaled down or rolled over is no candidate for anyone any more.
+    sources = [s for s in sources if s.pod not in result.delete]
     wait_expired = _wait_expired(spec, observed)
     woken = _wake_spares(spec, current, old, spares, sources, wait_expired, result)
     current = [*current, *woken]
@@ -446,7 +478,7 @@ def plan(spec: ModelDeploymentSpec | SpecError, observed: Observed) -> Plan:
         pod, left = backing_off[0]
         phase = Phase.DEGRADED if any(p.inference_ready for p in current) else Phase.PENDING
         message = f"{pod.name} failed ({pod.failure_message}); replacing it in {left:.0f}s"
-    result.status = _status(spec, observed, identity, live, sources, phase, message)
+    result.status = _status(spec, observed, revision, live, sources, phase, message)
     # The backoff starts over once the whole deployment is Ready again.
     result.status.restarts = 0 if phase == Phase.READY else restarts
     result.status.group_restarts = group_restarts or None
@@ -680,14 +712,19 @@ def _promote(current: list[ObservedPod], result: Plan) -> None:
 
 
 def _roll_over(
-    spec: ModelDeploymentSpec, current: list[ObservedPod], old: list[ObservedPod], result: Plan
+    spec: ModelDeploymentSpec,
+    identity: str,
+    current: list[ObservedPod],
+    old: list[ObservedPod],
+    result: Plan,
 ) -> None:
-    """Retire replicas of a previous identity without dropping below the ready count."""
+    """Retire replicas of a previous revision (identity or pod template) without dropping
+    below the ready count."""
     if not old:
         return
     for pod in old:
         if not pod.inference_ready:
-            result.delete[pod.name] = "superseded by a new model identity"
+            result.delete[pod.name] = f"{SUPERSEDED} {_changed(pod, identity)}"
     ready_old = sorted(
         (p for p in old if p.inference_ready),
         key=lambda p: (p.role == Role.SOURCE, -p.replica),
@@ -697,7 +734,11 @@ def _roll_over(
     if ready_new >= spec.replicas:
         retire = len(ready_old)
     for pod in ready_old[:retire]:
-        result.delete[pod.name] = "rolled over to the new model identity"
+        result.delete[pod.name] = f"{ROLLED_OVER} {_changed(pod, identity)}"
+
+
+def _changed(old: ObservedPod, identity: str) -> str:
+    return "pod template" if old.identity == identity else "model identity"
 
 
 def _wait_expired(spec: ModelDeploymentSpec, observed: Observed) -> bool:
@@ -1007,16 +1048,17 @@ def _phase(
 def _status(
     spec: ModelDeploymentSpec,
     observed: Observed,
-    identity: str,
+    revision: Revision,
     live: list[ObservedPod],
     sources: list[SourceEndpoint],
     phase: Phase,
     message: str,
 ) -> ModelDeploymentStatus:
+    identity = revision.identity
     ready = sum(p.inference_ready for p in live)
-    updated = sum(p.inference_ready for p in live if p.identity == identity)
-    current = [p for p in live if p.identity == identity and not p.spare]
-    warm = sum(p.spare and p.in_standby for p in live if p.identity == identity)
+    updated = sum(p.inference_ready for p in live if revision.current(p))
+    current = [p for p in live if revision.current(p) and not p.spare]
+    warm = sum(p.spare and p.in_standby for p in live if revision.current(p))
     # Each replica of the desired count contributes its fraction of bytes on the device; one
     # that does not exist yet contributes nothing (all replicas of an identity load the same
     # bytes, so this is the percentage of bytes).
@@ -1043,7 +1085,7 @@ def _status(
         service=service_status(observed.name, spec),
         replica_statuses=[
             _replica_status(p)
-            for p in sorted(live, key=lambda p: (p.identity != identity, p.replica))
+            for p in sorted(live, key=lambda p: (not revision.current(p), p.replica))
         ],
     )
 

@@ -14,6 +14,7 @@ from weightlift.api.labels import (
     ROLE_LABEL,
     SERVING_LABEL,
     SPARE_LABEL,
+    TEMPLATE_LABEL,
     WORKER_LABELS,
 )
 from weightlift.api.model import (
@@ -51,6 +52,7 @@ from weightlift.api.worker import (
     PeerHandoff,
     SharedPlan,
 )
+from weightlift.operator.identity import pod_template_revision
 from weightlift.operator.inject import inject_worker, injected
 from weightlift.operator.planning import DesiredPod
 from weightlift.operator.podtemplate import merge_template
@@ -391,6 +393,7 @@ def render_pod(
         ROLE_LABEL: str(desired.role),
         REPLICA_LABEL: str(desired.replica),
         PLAN_LABEL: plan.label,
+        TEMPLATE_LABEL: pod_template_revision(spec),
         # Off when a scale-up wakes the spare: the scale subresource's selector leaves it out.
         **({SPARE_LABEL: "true"} if desired.spare else {}),
         # Its Service's (service.py) once handed its weights; a standby Target gets it with its

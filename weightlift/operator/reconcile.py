@@ -26,6 +26,7 @@ from weightlift.api.labels import (
     ROLE_LABEL,
     SERVING_LABEL,
     SPARE_LABEL,
+    TEMPLATE_LABEL,
     WOKEN_ANNOTATION,
     published_sources_selector,
 )
@@ -48,7 +49,7 @@ from weightlift.operator.groups import (
     render_lws,
     spread_handoffs,
 )
-from weightlift.operator.identity import model_identity
+from weightlift.operator.identity import model_identity, pod_template_revision
 from weightlift.operator.inject import injection_failure
 from weightlift.operator.metrics import engine_of
 from weightlift.operator.planning import (
@@ -209,6 +210,7 @@ async def observe_pod(
         serving_labelled=labels.get(SERVING_LABEL) == "true",
         probe_gate=_probe_gate(pod),
         container_restarts=restarts,
+        template=labels.get(TEMPLATE_LABEL),
     )
     if observed.failed:
         record = state.pod(meta["uid"])
@@ -422,6 +424,7 @@ POD_LABELS_READ = (
     PLAN_LABEL,
     SPARE_LABEL,
     SERVING_LABEL,
+    TEMPLATE_LABEL,
     LWS_GROUP_INDEX_LABEL,
     LWS_WORKER_INDEX_LABEL,
     LWS_NAME_LABEL,  # a group's set: groups.collapse names the group by it
@@ -580,6 +583,8 @@ async def _patch_pods(
         )
     for pod in result.serve:  # mostly with its hand-off: the same patch
         patches.setdefault(pod, {}).setdefault("labels", {})[SERVING_LABEL] = "true"
+    for pod, revision in result.adopt.items():
+        patches.setdefault(pod, {}).setdefault("labels", {})[TEMPLATE_LABEL] = revision
 
     async def patch(pod: str, metadata: dict[str, Any]) -> None:
         if not state.should_patch(uids.get(pod), metadata):
@@ -702,7 +707,8 @@ async def _apply_groups(
         if LWS_NAME_LABEL in (labels := (raw.get("metadata") or {}).get("labels") or {})
     } | {s for s, made in record.lws.items() if now - made < LWS_JUST_MADE_SECONDS}
     prefix = pod_name(name, model_identity(spec), 0)[:-1]
-    actions = group_actions(groups, result, existing, spec.replicas, prefix)
+    template = pod_template_revision(spec)
+    actions = group_actions(groups, result, existing, spec.replicas, prefix, template)
     result.create = []
     for pod, why in actions.delete_pods.items():
         logger.info("deleting group leader %s (LWS recreates its group): %s", pod, why)

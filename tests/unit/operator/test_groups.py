@@ -31,6 +31,7 @@ from weightlift.operator.groups import (
     render_lws,
     spread_handoffs,
 )
+from weightlift.operator.identity import pod_template_revision
 from weightlift.operator.planning import ObservedPod, Plan, plan, pod_name
 from weightlift.operator.pods import plan_for
 from weightlift.operator.reconcile import pod_essentials
@@ -394,6 +395,29 @@ def test_a_group_being_recreated_is_not_replaced_by_another() -> None:
     result.create = [dataclasses.replace(result.create[0], name=g1, replica=1)]
     made = group_actions({}, result, {"llm-ffffff-0"}, spec.replicas, prefix)
     assert [d.name for d in made.create] == [g1]
+
+
+def test_a_template_rollout_makes_a_surge_group_beside_the_old_template_ones() -> None:
+    """Sets of an older pod template (same identity, same name prefix) leave the cap's count:
+    planning's surge set is made, or the old sets would never be rolled over."""
+    old_spec = group_spec(1)
+    spec = group_spec(1, template={"env": [{"name": "ROLL", "value": "2"}]})
+    identity = ident(spec)
+    g0 = lws_name(NAME, identity, 0)
+    old = dataclasses.replace(mkpod(old_spec, 0, Role.SOURCE, name=g0), template="0ld0ld0ld0")
+    result = plan(spec, observe([old]))
+    assert [d.replica for d in result.create] == [1]
+    prefix = g0[:-1]
+    made = group_actions(
+        {g0: old}, result, {g0}, spec.replicas, prefix, pod_template_revision(spec)
+    )
+    assert [d.name for d in made.create] == [lws_name(NAME, identity, 1)]
+    # Its own template's set counts, as before.
+    mine = dataclasses.replace(old, template=pod_template_revision(spec))
+    made = group_actions(
+        {g0: mine}, result, {g0}, spec.replicas, prefix, pod_template_revision(spec)
+    )
+    assert made.create == []
 
 
 def test_a_pod_between_its_exit_and_its_restart_still_fails_its_group() -> None:

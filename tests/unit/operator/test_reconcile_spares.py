@@ -19,18 +19,20 @@ from weightlift.api.labels import (
     ROLE_LABEL,
     SERVING_LABEL,
     SPARE_LABEL,
+    TEMPLATE_LABEL,
     WOKEN_ANNOTATION,
 )
 from weightlift.api.times import parse_rfc3339
 from weightlift.api.worker import ASSIGNMENT_ENV, Assignment, PeerHandoff
 from weightlift.operator import reconcile
-from weightlift.operator.identity import model_identity
+from weightlift.operator.identity import model_identity, pod_template_revision
 from weightlift.operator.planning import Plan, pod_name
 from weightlift.operator.state import OperatorState
 
 UID = "3c1f7c3e-0000-4000-8000-0000000000aa"
 SPEC: dict[str, Any] = {"model": {"uri": "pvc://models/llama"}, "replicas": 1, "warmSpares": 1}
 IDENTITY = model_identity(reconcile.parse_spec(SPEC))  # type: ignore[arg-type]
+TEMPLATE = pod_template_revision(reconcile.parse_spec(SPEC))  # type: ignore[arg-type]
 LOG = logging.getLogger("test")
 
 
@@ -45,7 +47,12 @@ def _body(replicas: int) -> dict[str, Any]:
 
 def _spare_pod(replica: int, spare: bool = True) -> dict[str, Any]:
     """A spare as the pod index holds it: scheduled, not Ready, nothing handed."""
-    labels = {REPLICA_LABEL: str(replica), IDENTITY_LABEL: IDENTITY, ROLE_LABEL: "Target"}
+    labels = {
+        REPLICA_LABEL: str(replica),
+        IDENTITY_LABEL: IDENTITY,
+        TEMPLATE_LABEL: TEMPLATE,
+        ROLE_LABEL: "Target",
+    }
     if spare:
         labels[SPARE_LABEL] = "true"
     return {

@@ -16,6 +16,7 @@ from pydantic import ValidationError
 from tests.unit.operator.test_pods import container, render
 from weightlift.api import limits
 from weightlift.api.crd import build_crd
+from weightlift.api.labels import TEMPLATE_LABEL
 from weightlift.api.model import (
     COMPLETION_PROTOCOL_MESSAGE,
     PROBE_NEEDS_COMPLETION_MESSAGE,
@@ -25,6 +26,7 @@ from weightlift.api.model import (
     ServingProtocol,
     inference_call,
 )
+from weightlift.operator.identity import pod_template_revision
 from weightlift.operator.probes import WorkerClient, probe_inference
 
 GOLDEN = Path(__file__).parent / "golden" / "pods_before_protocol.json"
@@ -350,9 +352,12 @@ def test_an_old_manifest_renders_the_same_pod_as_before(case: str) -> None:
     (running pods are kept, only new ones carry them): an External server's pod gained a
     startupProbe (a stock vLLM opens its port only once loaded), and every pod the
     inference-probe readiness gate and, handed its weights (replica 0 is a Source), the serving
-    label (issue 45)."""
+    label (issue 45), and the pod template revision label (running pods without it are adopted,
+    not rolled: test_planning_template)."""
     golden = _pods_before()[case]
-    pod = render(spec_of(golden["stored"]))
+    spec = spec_of(golden["stored"])
+    pod = render(spec)
+    assert pod["metadata"]["labels"].pop(TEMPLATE_LABEL) == pod_template_revision(spec)
     startup = container(pod).pop("startupProbe", None)
     assert (startup is not None) == case.startswith("external"), startup
     assert pod == golden["pod"]
