@@ -21,8 +21,10 @@ from tests.support.planning import (
 )
 from weightlift.api.model import ModelDeploymentSpec, ModelDeploymentStatus, Phase, Role
 from weightlift.api.times import rfc3339
-from weightlift.operator.planning import Observed, ObservedPod, Plan, plan, validate
+from weightlift.operator.identity import pod_template_revision
+from weightlift.operator.planning import Observed, ObservedPod, Plan, Revision, plan, validate
 
+OLD_TEMPLATE = "0ld0ld0ld0"  # a pod made from another pod template
 STATES = ["pending", "scheduled", "loading", "loaded", "probe-failed", "ready", "failed", "broken"]
 FAST = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 SIM = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -52,6 +54,8 @@ def worlds(draw: st.DrawFn) -> tuple[ModelDeploymentSpec, Observed]:
     spec = draw(specs())
     identity = ident(spec)
     identities = sorted({identity, *OTHER_IDENTITIES, identity[:6] + "0" * 10})
+    # None: made by an older version (adopted when its identity is current).
+    templates = [None, pod_template_revision(spec), OLD_TEMPLATE]
     pods: dict[str, ObservedPod] = {}
     for _ in range(draw(st.integers(0, 9))):
         pod = mkpod(
@@ -62,6 +66,7 @@ def worlds(draw: st.DrawFn) -> tuple[ModelDeploymentSpec, Observed]:
             terminating=draw(st.integers(0, 9)) == 0,
             # A spare is created a Target and loses its label when it is handed anything.
             spare=role == Role.TARGET and draw(st.integers(0, 3)) == 0,
+            template=draw(st.sampled_from(templates)),
         )
         pods.setdefault(pod.name, pod)  # the API server keeps names unique
     previous = draw(
@@ -106,6 +111,7 @@ def test_plan_invariants_hold_for_any_observed_state(
     result = plan(spec, observed)
     check_plan(observed, result, spec)
     identity = ident(spec)
+    revision = Revision.of(spec)
     assert result.status.ready == f"{result.status.ready_replicas}/{spec.replicas}"
     assert [c.type for c in result.status.conditions] in (
         [],
@@ -121,11 +127,15 @@ def test_plan_invariants_hold_for_any_observed_state(
         assert result.status.phase == Phase.FAILED
         return
 
-    current = [p for p in observed.pods if not p.terminating and p.identity == identity]
+    current = [p for p in observed.pods if not p.terminating and revision.current(p)]
     after = _after(observed, result)
-    current_after = [p for p in after if p.identity == identity]
+    current_after = [p for p in after if revision.current(p)]
+    # Every other pod is on its way out: deleted now, or kept Ready until enough current are.
+    for pod in observed.pods:
+        if not pod.terminating and not revision.current(pod) and not pod.inference_ready:
+            assert result.delete.get(pod.name, "").startswith("superseded by a new"), pod.name
 
-    # Transient failures of the current identity are always replaced; permanent ones are kept
+    # Transient failures of the current revision are always replaced; permanent ones are kept
     # unless scaled away.
     for pod in current:
         if pod.failed and not pod.permanent_failure:
@@ -139,7 +149,7 @@ def test_plan_invariants_hold_for_any_observed_state(
     ready_after = sum(p.inference_ready for p in after)
     assert ready_after >= min(spec.replicas, ready_before)
 
-    # Never more replicas of the current identity than wanted, unless they already existed;
+    # Never more replicas of the current revision than wanted, unless they already existed;
     # the same for spares. A woken spare counts as a replica from now on.
     def serving(pods: list[ObservedPod]) -> list[ObservedPod]:
         return [p for p in pods if not p.spare or p.name in result.unspare]
@@ -156,7 +166,7 @@ def test_plan_invariants_hold_for_any_observed_state(
     # Lowering warmSpares deletes spares only; old spares are never woken or handed anything.
     for name in result.unspare | set(result.handoff):
         pod = next(p for p in current_after if p.name == name)
-        assert pod.identity == identity
+        assert revision.current(pod)
     old_spares = [p for p in observed.pods if p.spare and not p.terminating and p not in current]
     assert all(p.name in result.delete for p in old_spares), "an old spare kept"
 
@@ -220,6 +230,7 @@ def test_plan_invariants_hold_for_any_observed_state(
     new_replicas=st.integers(0, 6),
     new_spares=st.integers(0, 2),
     change_identity=st.booleans(),
+    change_template=st.booleans(),
     change_at=st.integers(0, 12),
     picks=st.lists(st.integers(0, 5), min_size=60, max_size=60),
     failures=st.sets(st.integers(0, 59), max_size=3),
@@ -229,6 +240,7 @@ def test_random_sequences_keep_ready_replicas_and_converge(
     new_replicas: int,
     new_spares: int,
     change_identity: bool,
+    change_template: bool,
     change_at: int,
     picks: list[int],
     failures: set[int],
@@ -240,6 +252,8 @@ def test_random_sequences_keep_ready_replicas_and_converge(
         changes["warmSpares"] = new_spares
     if change_identity:
         changes["model"] = {**spec.model.model_dump(by_alias=True), "revision": "v3"}
+    if change_template:
+        changes["template"] = {"env": [{"name": "ROLL", "value": "2"}]}
     changed = ModelDeploymentSpec.model_validate({**spec.model_dump(by_alias=True), **changes})
     for step, pick in enumerate(picks):
         if step == change_at:
@@ -265,6 +279,8 @@ def test_random_sequences_keep_ready_replicas_and_converge(
     assert final.status.phase == Phase.READY
     assert cluster.ready_count() == changed.replicas == len(cluster.live())
     assert {p.identity for p in [*cluster.live(), *cluster.spares()]} <= {ident(changed)}
+    made = {p.template for p in [*cluster.live(), *cluster.spares()]}
+    assert made <= {pod_template_revision(changed)}, "a pod of an older template is left"
     # k spares, all warm, none Ready, none counted as replicas.
     assert len(cluster.spares()) == changed.warm_spares == final.status.spares
     assert all(p.in_standby and not p.inference_ready for p in cluster.spares())
