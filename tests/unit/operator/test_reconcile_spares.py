@@ -175,3 +175,22 @@ async def test_a_hand_off_the_index_does_not_show_yet_is_sent_once(
         state, "ns", Plan(handoff={"p-1": PeerHandoff(storage=True)}), LOG, uids
     )
     assert len(api.patches) == 4
+
+
+async def test_a_pod_an_older_version_made_is_labelled_with_the_current_template(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Adopted, not rolled (planning.Revision): one patch gives it the label the pod index
+    keeps, and the next pass, seeing it, patches nothing."""
+    api = RecordedApi(monkeypatch)
+    state = _state()
+    old = _spare_pod(0, spare=False)
+    del old["metadata"]["labels"][TEMPLATE_LABEL]
+    await reconcile.reconcile(state, _body(1), [old], no_sources, LOG)
+    adopted = [m for name, m in api.patches if name == old["metadata"]["name"]]
+    assert [m["labels"] for m in adopted] == [{TEMPLATE_LABEL: TEMPLATE}], api.patches
+    labelled = _spare_pod(0, spare=False)
+    assert reconcile.pod_essentials(labelled)["metadata"]["labels"][TEMPLATE_LABEL] == TEMPLATE
+    api.patches.clear()
+    await reconcile.reconcile(state, _body(1), [labelled], no_sources, LOG)
+    assert not [m for name, m in api.patches if name == old["metadata"]["name"]], api.patches
