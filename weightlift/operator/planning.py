@@ -464,6 +464,7 @@ def plan(spec: ModelDeploymentSpec | SpecError, observed: Observed) -> Plan:
 
     _serving(live, result)
     phase, message = _phase(spec, current, old, waiting, result)
+    message = _rolling(message, identity, old, result)
     if given_up and phase != Phase.FAILED:
         pod = given_up[0]
         phase = Phase.FAILED
@@ -739,6 +740,15 @@ def _roll_over(
 
 def _changed(old: ObservedPod, identity: str) -> str:
     return "pod template" if old.identity == identity else "model identity"
+
+
+def _rolling(message: str, identity: str, old: list[ObservedPod], result: Plan) -> str:
+    """The phase's message, saying what a rollover still waits for."""
+    left = [p for p in old if p.name not in result.delete]
+    if not left:
+        return message
+    changed = _changed(left[0], identity)
+    return f"{message}; rolling over to the new {changed}: {len(left)} older replica(s) left"
 
 
 def _wait_expired(spec: ModelDeploymentSpec, observed: Observed) -> bool:
