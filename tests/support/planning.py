@@ -215,7 +215,7 @@ def check_plan(observed: Observed, result: Plan, spec: ModelDeploymentSpec) -> N
     assert all(map(revision.current, woken)), "wakes an old spare"
     # Only pods an older version made (no template label) are adopted, as the current revision.
     unlabelled = {p.name for p in observed.pods if p.template is None and revision.current(p)}
-    assert set(result.adopt) <= unlabelled, "adopts a labelled pod or another identity's"
+    assert set(result.adopt) <= unlabelled - set(result.delete), "adopts a labelled or gone pod"
     assert set(result.adopt.values()) <= {revision.template}
     assert result.status.replicas == sum(
         not p.spare or p.name in result.unspare for p in observed.pods if not p.terminating

@@ -431,7 +431,6 @@ def plan(spec: ModelDeploymentSpec | SpecError, observed: Observed) -> Plan:
 
     current = [p for p in live if revision.current(p)]
     old = [p for p in live if not revision.current(p)]
-    result.adopt = {p.name: revision.template for p in current if p.template is None}
     # An older pod template's Ready replicas hold the same bytes: new pods pull from them.
     same_bytes = [p for p in old if p.identity == identity]
 
@@ -463,6 +462,9 @@ def plan(spec: ModelDeploymentSpec | SpecError, observed: Observed) -> Plan:
     live = [by_name.get(p.name, p) for p in live]
 
     _serving(live, result)
+    # Label the current pods an older version made (none that this plan deletes).
+    unlabelled = [p for p in [*current, *spares] if p.template is None]
+    result.adopt = {p.name: revision.template for p in unlabelled if p.name not in result.delete}
     phase, message = _phase(spec, current, old, waiting, result)
     message = _rolling(message, identity, old, result)
     if given_up and phase != Phase.FAILED:
