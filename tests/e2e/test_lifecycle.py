@@ -291,7 +291,7 @@ def test_a_template_change_rolls_onto_new_pods_that_pull_from_the_old_ones(
         return done and len(o.pods) == 2 and not made & old
 
     with History.deployment(stack.kubeconfig, stack.namespace, "tmpl") as history:
-        env = [{"name": "WEIGHTLIFT_TEST_ROLL", "value": "2"}]
+        env = [{"name": "ROLL_REVISION", "value": "2"}]
         stack.patch_md("tmpl", {"spec": {"template": {"env": env}}})
         obs.wait(rolled, READY_TIMEOUT * 2, "rollout onto the new pod template")
         assert obs.md is not None
@@ -307,7 +307,7 @@ def test_a_template_change_rolls_onto_new_pods_that_pull_from_the_old_ones(
     assert all(str(r["loadedFrom"]).startswith("peer:") for r in rows), rows
     for pod in obs.pods:
         (worker,) = [c for c in pod["spec"]["containers"] if c["name"] == "worker"]
-        assert {"name": "WEIGHTLIFT_TEST_ROLL", "value": "2"} in worker["env"], worker["env"]
+        assert {"name": "ROLL_REVISION", "value": "2"} in worker["env"], worker["env"]
     for r in rows:
         outputs = infer(_endpoint(obs, r["name"]), "tmpl", probe["request"])["outputs"]
         _assert_expected(outputs, probe)
