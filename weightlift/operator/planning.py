@@ -462,9 +462,7 @@ def plan(spec: ModelDeploymentSpec | SpecError, observed: Observed) -> Plan:
     live = [by_name.get(p.name, p) for p in live]
 
     _serving(live, result)
-    # Label the current pods an older version made (none that this plan deletes).
-    unlabelled = [p for p in [*current, *spares] if p.template is None]
-    result.adopt = {p.name: revision.template for p in unlabelled if p.name not in result.delete}
+    _adopt(revision, [*current, *spares], result)
     phase, message = _phase(spec, current, old, waiting, result)
     message = _rolling(message, identity, old, result)
     if given_up and phase != Phase.FAILED:
@@ -506,6 +504,12 @@ def plan(spec: ModelDeploymentSpec | SpecError, observed: Observed) -> Plan:
         # Wake up when the wait runs out, but never spin: at least a short pause.
         result.requeue_after = max(0.5, min(result.requeue_after, _wait_left(spec, observed)))
     return result
+
+
+def _adopt(revision: Revision, pods: list[ObservedPod], result: Plan) -> None:
+    """Label the current pods an older version made (none that this plan deletes)."""
+    unlabelled = [p for p in pods if p.template is None and p.name not in result.delete]
+    result.adopt = {p.name: revision.template for p in unlabelled}
 
 
 def _serving(live: list[ObservedPod], result: Plan) -> None:
