@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from typing import Any
 
 from weightlift.api.model import Engine, ModelDeploymentSpec
 
@@ -37,8 +38,7 @@ def model_identity(spec: ModelDeploymentSpec) -> str:
         # started alike meet. Builtin identities stay as they were.
         material["engine"] = str(spec.runtime.engine)
         material["engineArgs"] = list(spec.runtime.engine_args)
-    digest = hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
-    return digest[:IDENTITY_LENGTH]
+    return _digest(material, IDENTITY_LENGTH)
 
 
 def pod_template_revision(spec: ModelDeploymentSpec) -> str:
@@ -47,13 +47,15 @@ def pod_template_revision(spec: ModelDeploymentSpec) -> str:
     pod-template-hash does; under the same identity the new pods pull from the old ones.
     Loading, probe, Service and scale settings do not roll pods. Fields at their defaults are
     left out, so a field a newer version adds (at its default) rolls nothing."""
-    hooks = spec.init_hooks
+    parts = {"template": spec.template, "runtime": spec.runtime, "initHooks": spec.init_hooks}
     material = {
-        "template": spec.template.model_dump(mode="json", by_alias=True, exclude_defaults=True),
-        "runtime": spec.runtime.model_dump(mode="json", by_alias=True, exclude_defaults=True),
-        "initHooks": hooks.model_dump(mode="json", by_alias=True, exclude_defaults=True)
-        if hooks is not None
-        else None,
+        key: part.model_dump(mode="json", by_alias=True, exclude_defaults=True)
+        if part is not None
+        else None
+        for key, part in parts.items()
     }
-    digest = hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
-    return digest[:TEMPLATE_REVISION_LENGTH]
+    return _digest(material, TEMPLATE_REVISION_LENGTH)
+
+
+def _digest(material: dict[str, Any], length: int) -> str:
+    return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()[:length]
